@@ -1,0 +1,1 @@
+"""One module per `bertjax` subcommand; each exposes `main(argv: list[str]) -> int`."""

@@ -1,0 +1,156 @@
+"""SentencePiece tokenizer with BERT's special tokens at fixed ids.
+
+Every model trained by `train_tokenizer` (or `bertjax tokenizer train`) has
+
+    id  piece    role
+    0   [PAD]    padding; attention_mask is 0 here
+    1   [UNK]    unknown piece (rare: byte fallback covers unseen characters)
+    2   [CLS]    first token of every example; NSP/SOP head reads it
+    3   [SEP]    ends segment A and segment B
+    4   [MASK]   replaces 80% of the tokens chosen for MLM
+
+[CLS], [SEP] and [MASK] are SentencePiece *control* symbols: `encode` never produces them from
+text (the string "[MASK]" in a corpus is tokenized as ordinary characters), so the only way
+into a sequence is the input pipeline. Word starts carry SentencePiece's "▁" prefix, which the
+whole-word masking option uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import pathlib
+import tempfile
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+NUM_SPECIAL = len(SPECIAL_PIECES)
+WORD_START = "\u2581"  # "▁", SentencePiece's whitespace marker
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that is missing, damaged, or lacks BERT's special tokens."""
+
+
+class Tokenizer:
+    """A loaded SentencePiece model; ids of the special tokens are the constants above."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        if not self.path.is_file():
+            raise TokenizerError(f"{self.path}: tokenizer model not found "
+                                 "(train one with `bertjax tokenizer train`)")
+        blob = self.path.read_bytes()
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(blob)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError by version
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TokenizerError(f"{self.path}: not a SentencePiece model, or truncated "
+                                 f"({len(blob)} bytes): {first}") from None
+        found = tuple(self._sp.id_to_piece(i) for i in range(min(NUM_SPECIAL, len(self._sp))))
+        if found != SPECIAL_PIECES:
+            raise TokenizerError(f"{self.path}: ids 0-4 are {found}, expected {SPECIAL_PIECES}; "
+                                 "retrain it with `bertjax tokenizer train`")
+        self.sha256 = hashlib.sha256(blob).hexdigest()
+        self._word_start = [self._sp.id_to_piece(i).startswith(WORD_START)
+                            for i in range(len(self._sp))]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._sp)
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+    def piece_to_id(self, piece: str) -> int:
+        return self._sp.piece_to_id(piece)
+
+    def is_word_start(self, i: int) -> bool:
+        """True when piece `i` begins a word (has the "▁" prefix); False for special tokens."""
+        return self._word_start[int(i)]
+
+    def word_start_table(self) -> list[bool]:
+        """`is_word_start` for every id, for vectorised whole-word masking."""
+        return list(self._word_start)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    vocab_size: int = 8000  # BERT's own is 30522; 8k suits a few MB of text
+    model_type: str = "unigram"  # or "bpe"
+    # Fraction of characters given their own piece: 1.0 for alphabetic languages; 0.9995 is
+    # SentencePiece's advice for CJK, where rare characters then fall back to bytes.
+    character_coverage: float = 1.0
+    # Characters outside the coverage become UTF-8 byte pieces instead of [UNK].
+    byte_fallback: bool = True
+    # Sentences sampled for training: memory stays bounded on a large corpus.
+    input_sentence_size: int = 2_000_000
+    num_threads: int = max(1, os.cpu_count() or 1)
+
+
+def expand_inputs(patterns: Sequence[str]) -> list[str]:
+    """Expands globs; a pattern matching nothing is an error naming it."""
+    files = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matched = [m for m in matched if os.path.isfile(m)]
+        if not matched:
+            raise FileNotFoundError(f"{pattern}: no such file")
+        files.extend(matched)
+    return files
+
+
+def train_tokenizer(inputs: Sequence[str], output_prefix: str,
+                    options: TrainOptions = TrainOptions()) -> Tokenizer:
+    """Trains `output_prefix.model` + `.vocab` on text files (one sentence per line)."""
+    if options.model_type not in ("unigram", "bpe"):
+        raise ValueError(f"model_type {options.model_type!r}: valid options are 'unigram', 'bpe'")
+    files = expand_inputs(inputs)
+    minimum = NUM_SPECIAL + (256 if options.byte_fallback else 0) + 10
+    if options.vocab_size < minimum:
+        raise ValueError(f"vocab_size {options.vocab_size} is too small: need >= {minimum} "
+                         "(5 special tokens" + (" + 256 byte pieces)" if options.byte_fallback
+                                                 else ")"))
+    pathlib.Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        # SentencePiece logs a page per run to stderr; keep it unless training fails.
+        log = pathlib.Path(tmp) / "spm.log"
+        try:
+            with open(log, "w") as log_f:
+                spm.SentencePieceTrainer.train(
+                    input=files, model_prefix=output_prefix, logstream=log_f,
+                    vocab_size=options.vocab_size, model_type=options.model_type,
+                    character_coverage=options.character_coverage,
+                    byte_fallback=options.byte_fallback,
+                    input_sentence_size=options.input_sentence_size,
+                    shuffle_input_sentence=True, num_threads=options.num_threads,
+                    hard_vocab_limit=False,  # small corpora: fewer pieces rather than a crash
+                    pad_id=PAD_ID, pad_piece="[PAD]", unk_id=UNK_ID, unk_piece="[UNK]",
+                    bos_id=-1, eos_id=-1, control_symbols=list(SPECIAL_PIECES[2:]),
+                    # Sentences are whole lines; digits split so numbers share pieces.
+                    split_digits=True, max_sentence_length=1 << 16,
+                    # Deterministic output for the same input.
+                    seed_sentencepiece_size=1_000_000)
+        except (RuntimeError, OSError) as e:
+            lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()]
+            detail = lines[-1] if lines else str(e)
+            raise ValueError(f"tokenizer training failed: {str(e).strip() or detail}") from None
+    return Tokenizer(output_prefix + ".model")
