@@ -17,6 +17,7 @@ whole-word masking option uses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -49,10 +50,9 @@ class Tokenizer:
         self._sp = spm.SentencePieceProcessor()
         try:
             self._sp.LoadFromSerializedProto(blob)
-        except Exception as e:  # sentencepiece raises RuntimeError/OSError by version
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        except Exception:  # sentencepiece raises RuntimeError/OSError by version
             raise TokenizerError(f"{self.path}: not a SentencePiece model, or truncated "
-                                 f"({len(blob)} bytes): {first}") from None
+                                 f"({len(blob)} bytes)") from None
         found = tuple(self._sp.id_to_piece(i) for i in range(min(NUM_SPECIAL, len(self._sp))))
         if found != SPECIAL_PIECES:
             raise TokenizerError(f"{self.path}: ids 0-4 are {found}, expected {SPECIAL_PIECES}; "
@@ -118,6 +118,19 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
     return files
 
 
+@contextlib.contextmanager
+def _stderr_to(path: pathlib.Path):
+    """Redirects file descriptor 2, where SentencePiece's C++ code logs, into `path`."""
+    saved = os.dup(2)
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def train_tokenizer(inputs: Sequence[str], output_prefix: str,
                     options: TrainOptions = TrainOptions()) -> Tokenizer:
     """Trains `output_prefix.model` + `.vocab` on text files (one sentence per line)."""
@@ -134,9 +147,9 @@ def train_tokenizer(inputs: Sequence[str], output_prefix: str,
         # SentencePiece logs a page per run to stderr; keep it unless training fails.
         log = pathlib.Path(tmp) / "spm.log"
         try:
-            with open(log, "w") as log_f:
+            with _stderr_to(log):
                 spm.SentencePieceTrainer.train(
-                    input=files, model_prefix=output_prefix, logstream=log_f,
+                    input=files, model_prefix=output_prefix,
                     vocab_size=options.vocab_size, model_type=options.model_type,
                     character_coverage=options.character_coverage,
                     byte_fallback=options.byte_fallback,
@@ -152,5 +165,7 @@ def train_tokenizer(inputs: Sequence[str], output_prefix: str,
         except (RuntimeError, OSError) as e:
             lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()]
             detail = lines[-1] if lines else str(e)
-            raise ValueError(f"tokenizer training failed: {str(e).strip() or detail}") from None
+            message = (str(e).strip() or detail).splitlines()[0]
+            message = message.rsplit("] ", 1)[-1]  # drop SentencePiece's source location
+            raise ValueError(f"tokenizer training failed: {message}") from None
     return Tokenizer(output_prefix + ".model")

@@ -1,0 +1,247 @@
+"""The Hugging Face peers of `bertjax bench --compare`: the same BERT, batch and step elsewhere.
+
+  hf-torch          transformers' `BertForPreTraining`, PyTorch eager, `torch.optim.AdamW`
+  hf-torch-compile  the same module under `torch.compile` (inductor; needs a C++ compiler on CPU)
+  hf-flax           `FlaxBertForPreTraining` from transformers 4.x (the last release with Flax)
+                    with optax AdamW, run as a subprocess in its own virtualenv (see
+                    docs/performance.md); transformers 5 dropped the Flax models.
+
+Each peer trains in the same way bertjax does: forward, MLM + NSP loss, backward, AdamW update,
+on the same synthetic batch (`synthetic_batch`), with dropout on. The peers score the MLM head
+at every position (their models have no gathered head) and mask the loss with label -100; that
+extra work is exactly what bertjax skips, so it is not counted in their model FLOPs either.
+
+Every peer returns a dict: `{"name", "status": "ok"|"unavailable"|"failed", "reason", ...}` and,
+when ok, `step_ms`, `step_ms_min`, `compile_s`, `tokens_per_sec`, `seq_per_sec`, `version`.
+A missing package or virtualenv is "unavailable", an exception inside a peer is "failed"; the
+benchmark reports both and carries on.
+
+This file imports nothing from bertjax (only NumPy at module level): the hf-flax peer runs it as
+a script with the other virtualenv's Python: `python bench_peers.py hf-flax '<json spec>'`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+PEERS = ("hf-torch", "hf-torch-compile", "hf-flax")
+# The hf-flax virtualenv, relative to the repository root (overridable with BERTJAX_HF4_PYTHON).
+HF4_VENV_PYTHON = os.path.join(".venv-hf4", "bin", "python")
+FIRST_TOKEN_ID = 5  # ids 0..4 are PAD UNK CLS SEP MASK; synthetic tokens avoid them
+
+
+def num_cores() -> int:
+  """The cores this process may run on: XLA's CPU thread pool uses the same count."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # macOS
+    return os.cpu_count() or 1
+
+
+def max_predictions(seq_len: int, mask_prob: float = 0.15) -> int:
+  """BERT's max_predictions_per_seq: ceil(mask_prob * L), 20 at seq 128."""
+  return max(1, int(np.ceil(mask_prob * seq_len - 1e-9)))
+
+
+def synthetic_batch(batch_size: int, seq_len: int, num_masked: int, vocab_size: int,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+  """One full-length pretraining batch of random tokens, in the data pipeline's layout.
+
+  Every row is real tokens (no padding, as packed pretraining data), two segments split at a
+  random point, `num_masked` distinct masked positions (never [CLS] at 0), random NSP labels.
+  """
+  if num_masked > seq_len - 1:
+    raise ValueError(f"synthetic_batch: num_masked={num_masked} must be < seq_len={seq_len}")
+  rng = np.random.default_rng(seed)
+  ids_BxL = rng.integers(FIRST_TOKEN_ID, vocab_size, (batch_size, seq_len), dtype=np.int32)
+  split_B = rng.integers(seq_len // 4, 3 * seq_len // 4, batch_size)
+  types_BxL = (np.arange(seq_len)[None, :] >= split_B[:, None]).astype(np.int32)
+  pos_BxP = np.stack([np.sort(rng.choice(np.arange(1, seq_len), num_masked, replace=False))
+                      for _ in range(batch_size)]).astype(np.int32)
+  return dict(
+      input_ids=ids_BxL, attention_mask=np.ones_like(ids_BxL), token_type_ids=types_BxL,
+      masked_positions=pos_BxP,
+      masked_ids=rng.integers(FIRST_TOKEN_ID, vocab_size, pos_BxP.shape, dtype=np.int32),
+      masked_weights=np.ones(pos_BxP.shape, np.float32),
+      nsp_labels=rng.integers(0, 2, batch_size, dtype=np.int32))
+
+
+def mlm_labels(batch: dict[str, np.ndarray]) -> np.ndarray:
+  """[B, L] labels for a full-sequence MLM head: the masked ids at masked positions, else -100."""
+  labels_BxL = np.full(batch["input_ids"].shape, -100, np.int64)
+  np.put_along_axis(labels_BxL, batch["masked_positions"].astype(np.int64),
+                    batch["masked_ids"].astype(np.int64), axis=1)
+  return labels_BxL
+
+
+def time_steps(step: Callable[[], Any], sync: Callable[[Any], Any], warmup: int,
+               steps: int) -> dict[str, float]:
+  """Run `step` warmup + steps times, syncing after each; the first call's time is `compile_s`.
+
+  Each step is synced, so a step's time is its full latency; on an accelerator the host's
+  dispatch of the next step is not overlapped, which costs microseconds against a step of ms.
+  """
+  if steps < 1 or warmup < 1:
+    raise ValueError(f"time_steps: need warmup >= 1 (compiles) and steps >= 1, got "
+                     f"warmup={warmup} steps={steps}")
+  times = []
+  for _ in range(warmup + steps):
+    t0 = time.perf_counter()
+    sync(step())
+    times.append(time.perf_counter() - t0)
+  timed = times[warmup:]
+  return {"compile_s": times[0], "step_ms": 1e3 * statistics.median(timed),
+          "step_ms_min": 1e3 * min(timed), "steps_timed": len(timed)}
+
+
+def _throughput(result: dict, batch_size: int, seq_len: int) -> dict:
+  result["seq_per_sec"] = batch_size * 1e3 / result["step_ms"]
+  result["tokens_per_sec"] = result["seq_per_sec"] * seq_len
+  return result
+
+
+def _hf_config(transformers, spec: dict):
+  return transformers.BertConfig(
+      vocab_size=spec["vocab_size"], hidden_size=spec["hidden_size"],
+      num_hidden_layers=spec["num_layers"], num_attention_heads=spec["num_heads"],
+      intermediate_size=spec["intermediate_size"],
+      max_position_embeddings=spec["max_position_embeddings"], hidden_act="gelu",
+      hidden_dropout_prob=spec["hidden_dropout_rate"],
+      attention_probs_dropout_prob=spec["attention_dropout_rate"])
+
+
+def run_torch(spec: dict, compiled: bool) -> dict:
+  """transformers' BertForPreTraining + torch AdamW, eager or under torch.compile."""
+  name = "hf-torch-compile" if compiled else "hf-torch"
+  try:
+    import torch
+    import transformers
+  except ImportError as e:
+    return {"name": name, "status": "unavailable", "reason": f"{e}; pip install torch transformers"}
+  try:
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(_hf_config(transformers, spec)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"],
+                        spec["vocab_size"])
+    inputs = {k: torch.from_numpy(b[k].astype(np.int64))
+              for k in ("input_ids", "attention_mask", "token_type_ids")}
+    inputs["labels"] = torch.from_numpy(mlm_labels(b))
+    inputs["next_sentence_label"] = torch.from_numpy(b["nsp_labels"].astype(np.int64))
+
+    def train_step():
+      loss = fwd(**inputs).loss
+      loss.backward()
+      opt.step()
+      opt.zero_grad(set_to_none=True)
+      return loss
+
+    fwd = torch.compile(model) if compiled else model
+    t = time_steps(train_step, lambda loss: float(loss.detach()), spec["warmup"], spec["steps"])
+  except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
+    return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
+  return _throughput({"name": name, "status": "ok", "reason": "", **t,
+                      "version": f"transformers {transformers.__version__}, torch "
+                                 f"{torch.__version__}, {torch.get_num_threads()} threads, "
+                                 f"attention {model.config._attn_implementation}"},
+                     spec["batch_size"], spec["seq_len"])
+
+
+def run_flax_inline(spec: dict) -> dict:
+  """FlaxBertForPreTraining (transformers 4.x) + optax AdamW; runs inside the 4.x virtualenv."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  import transformers
+  from transformers import FlaxBertForPreTraining
+
+  model = FlaxBertForPreTraining(_hf_config(transformers, spec), seed=0, dtype=jnp.float32)
+  tx = optax.adamw(1e-4, weight_decay=0.01)
+  b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"],
+                      spec["vocab_size"])
+  labels_BxL = jnp.asarray(mlm_labels(b), jnp.int32)
+  inputs = {k: jnp.asarray(b[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+  nsp_B = jnp.asarray(b["nsp_labels"])
+
+  def loss_fn(params, rng):
+    out = model(**inputs, params=params, dropout_rng=rng, train=True)
+    weights_BxL = (labels_BxL >= 0).astype(jnp.float32)
+    mlm = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits,
+                                                          jnp.maximum(labels_BxL, 0))
+    nsp = optax.softmax_cross_entropy_with_integer_labels(out.seq_relationship_logits, nsp_B)
+    return (mlm * weights_BxL).sum() / weights_BxL.sum() + nsp.mean()
+
+  @jax.jit
+  def train_step(params, opt_state, rng):
+    rng, sub = jax.random.split(rng)
+    loss, grads = jax.value_and_grad(loss_fn)(params, sub)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, rng, loss
+
+  state = [model.params, tx.init(model.params), jax.random.PRNGKey(0)]
+
+  def step():
+    *new, loss = train_step(*state)
+    state[:] = new
+    return loss
+
+  t = time_steps(step, jax.block_until_ready, spec["warmup"], spec["steps"])
+  return _throughput({"name": "hf-flax", "status": "ok", "reason": "", **t,
+                      "version": f"transformers {transformers.__version__}, jax {jax.__version__}"},
+                     spec["batch_size"], spec["seq_len"])
+
+
+def hf4_python(repo_root: str) -> str:
+  return os.environ.get("BERTJAX_HF4_PYTHON", os.path.join(repo_root, HF4_VENV_PYTHON))
+
+
+def run_flax_subprocess(spec: dict, repo_root: str, timeout_s: float = 1800) -> dict:
+  """Run `run_flax_inline` in the transformers-4.x virtualenv; parse its one JSON line."""
+  python = hf4_python(repo_root)
+  if not os.path.exists(python):
+    return {"name": "hf-flax", "status": "unavailable",
+            "reason": f"no transformers-4.x virtualenv at {python}: create it as in "
+                      f"docs/performance.md, or set BERTJAX_HF4_PYTHON"}
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  env["XLA_FLAGS"] = spec.get("xla_flags", "")  # the same XLA flags bertjax ran with
+  env["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "")
+  try:
+    proc = subprocess.run([python, os.path.abspath(__file__), "hf-flax", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=timeout_s, env=env)
+  except subprocess.TimeoutExpired:
+    return {"name": "hf-flax", "status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+  if proc.returncode != 0 or not lines:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"name": "hf-flax", "status": "failed",
+            "reason": f"{python} exited {proc.returncode}: {' | '.join(tail)}"[:500]}
+  return json.loads(lines[-1])
+
+
+def _script_main(argv: list[str]) -> int:
+  if len(argv) != 2 or argv[0] != "hf-flax":
+    print("usage: bench_peers.py hf-flax '<json spec>'", file=sys.stderr)
+    return 2
+  spec = json.loads(argv[1])
+  try:
+    result = run_flax_inline(spec)
+  except ImportError as e:
+    result = {"name": "hf-flax", "status": "unavailable",
+              "reason": f"{e}; this virtualenv needs 'transformers<5' flax jax optax"}
+  except Exception as e:  # reported by the parent, never a crash
+    result = {"name": "hf-flax", "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(_script_main(sys.argv[1:]))

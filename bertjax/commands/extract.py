@@ -1,0 +1,179 @@
+"""`bertjax extract`: per-token (or pooled) features of chosen layers, as .jsonl or .npy.
+
+  bertjax extract --init ckpt/bert_base --input sentences.txt --layers -1,-2,-3,-4 \\
+      --output features.jsonl
+  bertjax extract --init hf/bert_base --input pairs.txt --layers -1,-2,-3,-4 --concat \\
+      --pooling mean --output features.npy
+
+Each input line is one example, "text" or "text_a ||| text_b". The .jsonl output follows
+google-research/bert's extract_features.py: one object per line,
+  {"linex_index": 0, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
+  ...]}, ...]}
+With --concat, each token has one entry {"index": [-1, -2, -3, -4], "values": [4H floats]}.
+With --pooling cls|mean, "features" is replaced by "layers" (one pooled vector per layer).
+
+The .npy output is float32: [N, K, H] pooled ([N, K*H] with --concat); per token
+[N, max_seq_len, K, H] ([N, max_seq_len, K*H]), zero past each line's tokens, which are listed
+in OUT.tokens.jsonl beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="bertjax extract", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--init", required=True,
+                 help="bertjax checkpoint (workdir, step dir or pretrained dir), Hugging Face "
+                      "model directory, or Google BERT directory")
+  p.add_argument("--input", required=True, help="UTF-8 text file, one example per line")
+  p.add_argument("--output", required=True, help="OUT.jsonl or OUT.npy")
+  p.add_argument("--layers", default="-1,-2,-3,-4",
+                 help="hidden states to output: 0 = embeddings, i = layer i, -1 = last "
+                      "(default: -1,-2,-3,-4)")
+  p.add_argument("--concat", action="store_true",
+                 help="concatenate the chosen layers into one vector per token")
+  p.add_argument("--pooling", choices=("none", "cls", "mean"), default="none",
+                 help="one vector per example: [CLS] or the mean over its tokens "
+                      "(default: none, per token)")
+  p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
+  p.add_argument("--max-seq-len", type=int, default=None,
+                 help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
+                      "(default: 128, or the model's max_position_embeddings if smaller)")
+  p.add_argument("--vocab", help="tokenizer (vocab.txt or .model) if the checkpoint has none")
+  p.add_argument("--lower-case", choices=("auto", "true", "false"), default="auto",
+                 help="WordPiece only: uncased? (default: auto)")
+  return p
+
+
+def _round(values) -> list[float]:
+  return [round(float(x), 6) for x in values]
+
+
+def _jsonl_record(example, feats, layers, concat: bool, pooling: str) -> dict:
+  def entries(x_KxH):
+    if concat:
+      return [{"index": list(layers), "values": _round(x_KxH.reshape(-1))}]
+    return [{"index": li, "values": _round(x_KxH[k])} for k, li in enumerate(layers)]
+
+  if pooling != "none":
+    return {"linex_index": example.index, "pooling": pooling, "layers": entries(feats)}
+  return {"linex_index": example.index,
+          "features": [{"token": t, "layers": entries(feats[j])}
+                       for j, t in enumerate(example.tokens)]}
+
+
+def _check_args(args) -> Path:
+  out = Path(args.output)
+  if out.suffix not in (".jsonl", ".npy"):
+    raise ValueError(f"--output {out}: use a .jsonl or .npy file name")
+  if not Path(args.input).is_file():
+    raise FileNotFoundError(f"--input {args.input}: no such file")
+  if args.batch_size < 1:
+    raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
+  return out
+
+
+def _read_lines(path: str) -> list[str]:
+  try:
+    return Path(path).read_text(encoding="utf-8").splitlines()
+  except UnicodeDecodeError as e:
+    line = Path(path).read_bytes()[:e.start].count(b"\n") + 1
+    raise ValueError(f"{path}:{line}: invalid UTF-8") from None
+
+
+def _join_layers(argv: list[str]) -> list[str]:
+  """`--layers -1,-2` -> `--layers=-1,-2`: argparse reads "-1,-2" as an option otherwise."""
+  out = list(argv)
+  for i, a in enumerate(out[:-1]):
+    if a == "--layers" and re.fullmatch(r"-\d+(,\s*-?\d+)*", out[i + 1]):
+      out[i:i + 2] = [f"--layers={out[i + 1]}"]
+      break
+  return out
+
+
+def main(argv: list[str]) -> int:
+  args = _parser().parse_args(_join_layers(argv))
+  from bertjax import convert as convert_lib
+  from bertjax import wordpiece
+
+  try:
+    out = _check_args(args)
+    return _run(args, out)
+  except (convert_lib.ConversionError, wordpiece.WordPieceError, FileNotFoundError,
+          ValueError) as e:
+    print(f"bertjax extract: error: {e}", file=sys.stderr)
+    return 1
+
+
+def _run(args, out: Path) -> int:
+  import jax
+  import numpy as np
+  from tqdm import tqdm
+
+  from bertjax import features
+  from bertjax import sharding
+  from bertjax import wordpiece
+
+  print(f"extract: loading {args.init}", file=sys.stderr, flush=True)
+  enc = features.load_encoder(args.init)
+  vocab = args.vocab or enc.tokenizer_path
+  if vocab is None:
+    raise ValueError(f"{args.init}: no tokenizer recorded with this checkpoint; pass --vocab")
+  lower = {"auto": None, "true": True, "false": False}[args.lower_case]
+  tok = wordpiece.load_tokenizer(vocab, lower)
+  cfg = enc.config
+  if args.max_seq_len is None:
+    args.max_seq_len = min(128, cfg.max_position_embeddings)
+  if args.max_seq_len > cfg.max_position_embeddings:
+    raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's "
+                     f"max_position_embeddings={cfg.max_position_embeddings}")
+  layers = features.parse_layers(args.layers, cfg.num_layers)
+  lines = _read_lines(args.input)
+  examples = [features.make_example(i, line, tok, args.max_seq_len)
+              for i, line in enumerate(tqdm(lines, desc="tokenize", unit="line",
+                                            file=sys.stderr, disable=len(lines) < 1000))]
+  mesh = sharding.make_mesh(data=-1) if jax.process_count() == 1 else None
+  k, h = len(layers), cfg.hidden_size
+  print(f"extract: {len(examples)} examples, {enc.source} model with {cfg.num_layers} layers, "
+        f"layers {layers}, pooling {args.pooling}{', concat' if args.concat else ''}",
+        file=sys.stderr, flush=True)
+  stream = features.extract(enc, examples, layers, args.pooling, args.batch_size,
+                            args.max_seq_len, mesh)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  bar = tqdm(total=len(examples), desc="extract", unit="ex", file=sys.stderr)
+  if out.suffix == ".jsonl":
+    with out.open("w") as f:
+      for e, x in stream:
+        f.write(json.dumps(_jsonl_record(e, x, layers, args.concat, args.pooling)) + "\n")
+        bar.update(1)
+  else:
+    per_token = args.pooling == "none"
+    shape = ((len(examples),) + ((args.max_seq_len,) if per_token else ())
+             + ((k * h,) if args.concat else (k, h)))
+    array = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=shape)
+    tokens = (out.with_suffix(".tokens.jsonl").open("w") if per_token
+              else contextlib.nullcontext())
+    with tokens as tokens_f:
+      for e, x in stream:
+        x = x.reshape(x.shape[:-2] + (k * h,)) if args.concat else x
+        if per_token:  # rows past the example's tokens stay zero
+          array[e.index, :len(x)] = x
+          tokens_f.write(json.dumps({"linex_index": e.index, "tokens": e.tokens}) + "\n")
+        else:
+          array[e.index] = x
+        bar.update(1)
+    array.flush()
+    del array
+  bar.close()
+  print(f"extract: wrote {out}" + (f" and {out.with_suffix('.tokens.jsonl')}"
+                                   if out.suffix == ".npy" and args.pooling == "none" else ""),
+        file=sys.stderr)
+  return 0

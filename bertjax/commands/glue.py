@@ -1,0 +1,229 @@
+"""`bertjax glue`: fine-tune a pretrained checkpoint on GLUE (or a custom TSV task) and score it.
+
+  bertjax glue --task sst2 --init runs/base --data GLUE_DIR --workdir out/glue
+  bertjax glue --task all --init runs/base --data tfds --tfds-data-dir ~/tfds --workdir out/glue
+  bertjax glue --task rte --init runs/base --data GLUE_DIR --workdir out/rte --sweep --seeds 5
+  bertjax glue --task custom --name reviews --train r/train.tsv --dev r/dev.tsv \\
+      --text-columns review --label-column stars --init runs/base --workdir out/reviews
+
+Writes OUT/results.json (task -> metric -> value), OUT/results.md, OUT/submission/<Name>.tsv
+for every test set it has, and per task OUT/<task>/ with metrics.jsonl and the best epoch's
+checkpoint (best/, best.json). See docs/glue.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+BERT_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)  # the BERT paper's GLUE grid
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="bertjax glue", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--task", required=True,
+                 help="cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|ax|all|custom "
+                      "(ax = the MNLI model's predictions on the diagnostic)")
+  p.add_argument("--init", required=True,
+                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face model "
+                      "directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  p.add_argument("--data", default="tfds", help="'tfds' (glue/<task>) or a GLUE_DIR in the "
+                 "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)")
+  p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir holding prepared glue/*")
+  p.add_argument("--workdir", required=True, help="output directory (OUT)")
+  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
+                 "SentencePiece .model or a WordPiece vocab.txt")
+  p.add_argument("--preset", default="tiny", help="model preset for --init random")
+  g = p.add_argument_group("recipe (BERT's defaults)")
+  g.add_argument("--max-seq-len", type=int, default=128)
+  g.add_argument("--learning-rate", type=float, default=2e-5)
+  g.add_argument("--epochs", type=int, default=3)
+  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
+  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
+  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
+  g.add_argument("--weight-decay", type=float, default=0.01)
+  g.add_argument("--dropout", type=float, default=0.1)
+  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--sweep", action="store_true",
+                 help="run every learning rate of --learning-rates x every seed of --seeds")
+  g.add_argument("--learning-rates", default=",".join(str(x) for x in BERT_LEARNING_RATES),
+                 help="comma-separated grid for --sweep")
+  g.add_argument("--seeds", default="1",
+                 help="with --sweep: a count N (seeds 0..N-1) or a comma list (0,7,9)")
+  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
+  g.add_argument("--max-train-examples", type=int, default=0,
+                 help="use only the first N training examples (smoke runs)")
+  g.add_argument("--no-progress", action="store_true", help="no progress bars")
+  c = p.add_argument_group("custom tasks (--task custom)")
+  c.add_argument("--name", default="custom", help="results key and submission file name")
+  c.add_argument("--train", help="training TSV with a header row")
+  c.add_argument("--dev", help="dev TSV (same columns)")
+  c.add_argument("--test", help="optional test TSV (labels not needed)")
+  c.add_argument("--text-columns", help="one or two column names: a[,b]")
+  c.add_argument("--label-column", help="label column name")
+  c.add_argument("--regression", action="store_true", help="float labels, MSE loss")
+  return p
+
+
+def _seeds(arg: str, sweep: bool, seed: int) -> list[int]:
+  if not sweep:
+    return [seed]
+  parts = [s for s in arg.split(",") if s.strip()]
+  try:
+    values = [int(s) for s in parts]
+  except ValueError:
+    raise SystemExit(f"glue: --seeds={arg!r}: expected a count or a comma list of integers")
+  return list(range(values[0])) if len(values) == 1 else values
+
+
+def _task_list(args) -> list:
+  from bertjax.glue import tasks, tsv
+
+  if args.task == "custom":
+    missing = [f"--{n.replace('_', '-')}" for n in ("train", "dev", "text_columns", "label_column")
+               if not getattr(args, n)]
+    if missing:
+      raise SystemExit(f"glue: --task custom needs {', '.join(missing)}")
+    cols = tuple(c.strip() for c in args.text_columns.split(",") if c.strip())
+    if len(cols) not in (1, 2):
+      raise SystemExit(f"glue: --text-columns={args.text_columns!r}: give one or two columns")
+    labels = None if args.regression else tsv.custom_labels(args.train, cols, args.label_column)
+    return [tasks.custom(args.name, args.train, args.dev, args.test, cols, args.label_column,
+                         labels)]
+  if args.task == "all":
+    return [tasks.TASKS[n] for n in tasks.ALL]
+  return [tasks.get(args.task)]
+
+
+def _load_data(task, args):
+  """Examples of every split, from TFDS, a GLUE_DIR, or the custom files."""
+  from bertjax.glue import tfds_source, tsv
+
+  if args.task == "custom":
+    return tsv.load_task(task, "")
+  if args.data == "tfds":
+    return tfds_source.load_task(task, args.tfds_data_dir)
+  if not os.path.isdir(args.data):
+    raise SystemExit(f"glue: --data {args.data}: not 'tfds' and not a directory")
+  return tsv.load_task(task, args.data)
+
+
+def _report_skipped(task, examples, out_dir: str) -> None:
+  bad = [s for ex in examples.values() for s in ex.skipped]
+  if not bad:
+    return
+  path = os.path.join(out_dir, task.name, "skipped_rows.txt")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(bad) + "\n")
+  shown = "; ".join(bad[:3]) + ("; ..." if len(bad) > 3 else "")
+  print(f"glue: {task.name}: skipped {len(bad)} malformed rows ({shown}); all listed in {path}")
+
+
+def run_task(task, enc, args, recipes) -> dict:
+  """Fine-tune `task` once per recipe; write its submissions; return its results entry."""
+  import numpy as np
+
+  from bertjax.glue import features, finetune, submission
+
+  examples = _load_data(task, args)
+  _report_skipped(task, examples, args.workdir)
+  if args.max_train_examples:
+    ex = examples["train"]
+    n = args.max_train_examples
+    examples["train"] = features.Examples(ex.text_a[:n], ex.text_b and ex.text_b[:n],
+                                          None if ex.labels is None else ex.labels[:n],
+                                          ex.index[:n])
+  print("glue: " + task.name + ": " + ", ".join(f"{k} {len(v)}" for k, v in examples.items()),
+        flush=True)
+  feats = {k: features.encode(enc.tokenizer, v, args.max_seq_len) for k, v in examples.items()}
+  runs = []
+  for r in recipes:
+    sub = "" if len(recipes) == 1 else f"lr{r.learning_rate:g}-seed{r.seed}"
+    res = finetune.train_and_evaluate(task, enc, feats, r, os.path.join(args.workdir, task.name,
+                                                                        sub),
+                                      progress=not args.no_progress)
+    runs.append((r, res))
+  best_recipe, best = max(runs, key=lambda rr: rr[1].dev[task.main_metric])
+  entry = dict(best.dev)
+  if len(runs) > 1:
+    entry.update(_spread(task, runs))
+    _write_sweep(task, runs, best, args.workdir)
+  for split in task.test:
+    if split.name in best.test:
+      path = submission.write_submission(task, split, examples[split.name].index,
+                                         best.test[split.name], args.workdir)
+      print(f"glue: wrote {path}")
+  if task.labels is not None and task.dev:
+    dev0 = task.dev[0].name
+    base = finetune.metrics.majority_baseline(feats["train"].labels_N, feats[dev0].labels_N)
+    print(f"glue: {task.name}: majority-class dev accuracy {base:.4f}")
+  print(f"glue: {task.name}: best {task.main_metric} {best.dev[task.main_metric]:.4f} "
+        f"(epoch {best.best_epoch}, lr {best_recipe.learning_rate:g}, seed {best_recipe.seed})")
+  del np
+  return entry
+
+
+def _spread(task, runs) -> dict[str, float]:
+  """Mean and std over seeds at the learning rate whose seeds average best on dev."""
+  import numpy as np
+
+  by_lr: dict[float, list] = {}
+  for r, res in runs:
+    by_lr.setdefault(r.learning_rate, []).append(res.dev)
+  lr = max(by_lr, key=lambda k: np.mean([d[task.main_metric] for d in by_lr[k]]))
+  devs = by_lr[lr]
+  out = {}
+  for m in devs[0]:
+    values = np.array([d[m] for d in devs])
+    out[f"{m}_mean"], out[f"{m}_std"] = float(values.mean()), float(values.std())
+    out[f"{m}_runs"] = float(len(values))
+  return out
+
+
+def _write_sweep(task, runs, best, out_dir: str) -> None:
+  rows = [dict(learning_rate=r.learning_rate, seed=r.seed, best_epoch=res.best_epoch, **res.dev,
+               best=res is best) for r, res in runs]
+  with open(os.path.join(out_dir, task.name, "sweep.json"), "w") as f:
+    json.dump(rows, f, indent=2)
+
+
+def main(argv: list[str]) -> int:
+  args = _parser().parse_args(argv)
+  import dataclasses
+
+  from bertjax.glue import finetune, submission, tfds_source, tsv
+
+  try:
+    task_list = _task_list(args)
+    enc = finetune.load_encoder(args.init, args.tokenizer, args.preset)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"glue: {e}", file=sys.stderr)
+    return 2
+  print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
+        f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
+  base = finetune.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                         warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                         dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  lrs = [float(x) for x in args.learning_rates.split(",")] if args.sweep else [args.learning_rate]
+  recipes = [dataclasses.replace(base, learning_rate=lr, seed=s)
+             for lr in lrs for s in _seeds(args.seeds, args.sweep, args.seed)]
+  os.makedirs(args.workdir, exist_ok=True)
+  for task in task_list:
+    try:
+      entry = run_task(task, enc, args, recipes)
+    except tsv.GlueDataError as e:
+      print(f"glue: {task.name}: {e}", file=sys.stderr)
+      if len(task_list) == 1:
+        return 1
+      continue
+    json_path, md_path = submission.write_results(args.workdir, {task.name: entry})
+    print(f"glue: {task.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in entry.items()
+                                             if not k.endswith("_runs")))
+  print(f"glue: results in {json_path} and {md_path}")
+  del tfds_source
+  return 0

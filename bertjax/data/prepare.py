@@ -1,0 +1,369 @@
+"""`bertjax prepare`: raw text or a TFDS corpus -> TFRecord shards of tokenized documents.
+
+Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries,
+a pool of worker processes cleans and tokenizes them, and the parent writes the documents
+round-robin into the shards as results arrive in input order. At most `2 * processes` chunks
+are in flight, so memory stays flat whatever the corpus size, and the output does not depend
+on the number of processes. Documents go to the held-out `eval` split by a hash of their
+tokens, so the split is the same however the work is divided, and duplicates stay together.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import pathlib
+import shutil
+import sys
+import time
+from typing import Iterator
+
+from bertjax import tokenizer as tokenizer_lib
+from bertjax.data import records, text
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareConfig:
+    output: str  # output directory (created)
+    tokenizer: str  # PREFIX.model from `bertjax tokenizer train`
+    inputs: tuple[str, ...] = ()  # text files or globs, google-research/bert format
+    tfds: str | None = None  # NAME[:SPLIT] of a TFDS text dataset, instead of `inputs`
+    tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
+    tfds_text_key: str = "text"  # feature holding the document text
+    num_shards: int = 8  # train shards per worker; >= the number of training hosts
+    eval_fraction: float = 0.0  # share of documents held out for evaluation
+    eval_shards: int = 1  # eval shards per worker (when eval_fraction > 0)
+    worker_index: int = 0  # this worker's index, for preparing on several machines
+    num_workers: int = 1  # machines preparing the same corpus
+    processes: int = max(1, os.cpu_count() or 1)  # tokenizer processes on this machine
+    chunk_bytes: int = 4 << 20  # input read per task; bounds memory per process
+    max_line_chars: int = 20_000  # longer lines are split (a sentence is never this long)
+    max_doc_sentences: int = 10_000  # longer documents are split
+    max_reports: int = 10  # first problems printed as `file:line: reason`
+    progress: bool = True  # tqdm bar on stderr
+
+
+@dataclasses.dataclass
+class _Task:
+    source: str  # file name, or "tfds NAME:SPLIT"
+    first_line: int  # line (or record) number of the chunk's first line, 0-based
+    data: bytes | list[bytes]  # file chunk, or the texts of TFDS records
+    first_chunk: bool = True
+
+
+@dataclasses.dataclass
+class _Result:
+    source: str
+    first_line: int
+    docs: list[list[list[int]]]
+    eval_flags: list[bool]
+    problems: list[tuple[int, str]]  # (absolute line, reason)
+    sentences: int
+    tokens: int
+    nbytes: int
+
+
+_TOKENIZER: tokenizer_lib.Tokenizer | None = None
+_CONFIG: PrepareConfig | None = None
+
+
+def _init_worker(cfg: PrepareConfig) -> None:
+    global _TOKENIZER, _CONFIG
+    _TOKENIZER, _CONFIG = tokenizer_lib.Tokenizer(cfg.tokenizer), cfg
+
+
+def _is_eval(doc: list[list[int]], fraction: float) -> bool:
+    if fraction <= 0:
+        return False
+    digest = hashlib.blake2b(repr(doc).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def _documents(task: _Task, cfg: PrepareConfig, problems: list[text.Problem]
+               ) -> list[list[tuple[int, str]]]:
+    """Groups a task's text into documents of (line, sentence)."""
+    if isinstance(task.data, bytes):  # google-research/bert format: a line is a sentence
+        lines, found = text.clean_lines(task.data, cfg.max_line_chars, task.first_chunk)
+        problems.extend(found)
+        docs, current = [], []
+        for lineno, line in lines:
+            if line:
+                current.append((lineno, line))
+            elif current:
+                docs.append(current)
+                current = []
+        return docs + ([current] if current else [])
+    docs = []
+    for i, raw in enumerate(task.data, start=1):  # TFDS: one record is one document
+        lines, found = text.clean_lines(raw, cfg.max_line_chars, True)
+        problems.extend(text.Problem(i, p.reason) for p in found)
+        docs.append([(i, s) for _, para in lines if para for s in text.split_sentences(para)])
+    return [d for d in docs if d]
+
+
+def _process(task: _Task) -> _Result:
+    cfg, tok = _CONFIG, _TOKENIZER
+    problems: list[text.Problem] = []
+    docs = _documents(task, cfg, problems)
+    flat = [s for doc in docs for _, s in doc]
+    ids = iter(tok.encode_batch(flat))
+    out_docs = []
+    for doc in docs:
+        sentences = []
+        for lineno, _ in doc:
+            sentence_ids = next(ids)
+            if sentence_ids:
+                sentences.append(sentence_ids)
+            else:
+                problems.append(text.Problem(lineno, text.NO_TOKENS))
+        for start in range(0, len(sentences), cfg.max_doc_sentences):
+            if start:
+                problems.append(text.Problem(doc[0][0], text.LONG_DOCUMENT))
+            out_docs.append(sentences[start:start + cfg.max_doc_sentences])
+    return _Result(source=task.source, first_line=task.first_line, docs=out_docs,
+                   eval_flags=[_is_eval(d, cfg.eval_fraction) for d in out_docs],
+                   problems=[(task.first_line + p.line, p.reason) for p in problems],
+                   sentences=sum(len(d) for d in out_docs),
+                   tokens=sum(len(s) for d in out_docs for s in d),
+                   nbytes=len(task.data) if isinstance(task.data, bytes)
+                   else sum(len(t) for t in task.data))
+
+
+def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """(first line, bytes) pieces of a file, cut after a blank line when there is one."""
+    first_line, carry = 0, b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk_bytes)
+            buf = carry + block
+            if not block:
+                if buf:
+                    yield first_line, buf
+                return
+            cut = max(buf.rfind(b"\n\n"), buf.rfind(b"\n\r\n")) + 1
+            if cut <= 0 and len(buf) >= 16 * chunk_bytes:
+                # A document of > 16 chunks: cut at a line end (or anywhere) to bound memory.
+                cut = buf.rfind(b"\n") + 1 or len(buf)
+            if cut <= 0:
+                carry = buf
+                continue
+            yield first_line, buf[:cut]
+            first_line += buf.count(b"\n", 0, cut)
+            carry = buf[cut:]
+
+
+class _Tasks:
+    """Tasks for this worker, with per-file bookkeeping of empty and blank files."""
+
+    def __init__(self, cfg: PrepareConfig):
+        self.cfg = cfg
+        self.total_bytes = 0
+        self.empty_files: list[str] = []
+        if cfg.tfds:
+            self.files = []
+        else:
+            self.files = tokenizer_lib.expand_inputs(cfg.inputs)
+            self.total_bytes = sum(os.path.getsize(f) for f in self.files)
+
+    def __iter__(self) -> Iterator[_Task]:
+        return self._tfds_tasks() if self.cfg.tfds else self._file_tasks()
+
+    def _file_tasks(self) -> Iterator[_Task]:
+        cfg, index = self.cfg, 0
+        for path in self.files:
+            if os.path.getsize(path) == 0:
+                self.empty_files.append(path)
+                continue
+            for first_line, data in _file_chunks(path, cfg.chunk_bytes):
+                # Chunks go round-robin to the workers, so even one big file is shared.
+                if index % cfg.num_workers == cfg.worker_index:
+                    yield _Task(path, first_line, data, first_chunk=first_line == 0)
+                index += 1
+
+    def _tfds_tasks(self) -> Iterator[_Task]:
+        import tensorflow_datasets as tfds
+
+        name, _, split = self.cfg.tfds.partition(":")
+        split = split or "train"
+        builder = tfds.builder(name, data_dir=self.cfg.tfds_data_dir)
+        part = tfds.even_splits(split, n=self.cfg.num_workers)[self.cfg.worker_index]
+        ds = builder.as_dataset(split=part, shuffle_files=False)
+        batch, first, source = [], 0, f"tfds {name}:{part}"
+        for i, example in enumerate(ds.as_numpy_iterator()):
+            if self.cfg.tfds_text_key not in example:
+                raise KeyError(f"{source}: record {i} has no feature "
+                               f"{self.cfg.tfds_text_key!r} (has {sorted(example)}); "
+                               "pass --tfds-text-key")
+            batch.append(example[self.cfg.tfds_text_key])
+            self.total_bytes += len(batch[-1])
+            if len(batch) == 256:
+                yield _Task(source, first, batch)
+                batch, first = [], i + 1
+        if batch:
+            yield _Task(source, first, batch)
+
+
+class _Writers:
+    """Round-robin TFRecord writers for the train and eval splits."""
+
+    def __init__(self, cfg: PrepareConfig):
+        import tensorflow as tf
+
+        self.shards, self._writers, self._next = [], {}, {"train": 0, "eval": 0}
+        counts = {"train": cfg.num_shards, "eval": cfg.eval_shards if cfg.eval_fraction else 0}
+        for split, n in counts.items():
+            for i in range(n):
+                name = records.shard_name(split, cfg.worker_index * n + i, cfg.num_workers * n)
+                self._writers.setdefault(split, []).append(
+                    tf.io.TFRecordWriter(str(pathlib.Path(cfg.output) / name)))
+                self.shards.append({"file": name, "split": split, "documents": 0,
+                                    "sentences": 0, "tokens": 0})
+        self._offset = {"train": 0, "eval": counts["train"]}
+
+    def write(self, doc: list[list[int]], split: str) -> None:
+        k = self._next[split]
+        self._next[split] = (k + 1) % len(self._writers[split])
+        self._writers[split][k].write(records.encode_document(doc))
+        shard = self.shards[self._offset[split] + k]
+        shard["documents"] += 1
+        shard["sentences"] += len(doc)
+        shard["tokens"] += sum(len(s) for s in doc)
+
+    def close(self) -> None:
+        for ws in self._writers.values():
+            for w in ws:
+                w.close()
+
+
+_SKIPPED = (text.EMPTY_FILE, text.BLANK_FILE, text.NO_TOKENS)
+_WARNINGS = (text.SINGLE_DOCUMENT,)
+_ONCE_PER_FILE = (text.CRLF, text.BOM)
+
+
+class _Tally:
+    """Counts, per-file document numbers and the first few `file:line: reason` reports."""
+
+    def __init__(self, cfg: PrepareConfig):
+        self.cfg = cfg
+        self.counts = {"skipped": collections.Counter(), "repaired": collections.Counter(),
+                       "warnings": collections.Counter()}
+        self.reports: list[str] = []
+        self.docs_per_source: dict[str, int] = {}
+        self._seen_once: set[tuple[str, str]] = set()
+
+    def problem(self, source: str, line: int | None, reason: str) -> None:
+        if reason in _ONCE_PER_FILE:
+            if (source, reason) in self._seen_once:
+                return
+            self._seen_once.add((source, reason))
+        kind = ("skipped" if reason in _SKIPPED else
+                "warnings" if reason in _WARNINGS else "repaired")
+        self.counts[kind][reason] += 1
+        where = source if line is None else (
+            f"{source}:record {line}" if source.startswith("tfds ") else f"{source}:{line}")
+        if len(self.reports) < self.cfg.max_reports:
+            self.reports.append(f"{where}: {reason}")
+            print(f"prepare: {where}: {reason}", file=sys.stderr)
+
+    def finish_files(self, files: list[str], empty: list[str]) -> None:
+        for path in empty:
+            self.problem(path, None, text.EMPTY_FILE)
+        for path in files:
+            n = self.docs_per_source.get(path, 0)
+            if n == 0 and path not in empty:
+                self.problem(path, None, text.BLANK_FILE)
+            elif n == 1:
+                self.problem(path, None, text.SINGLE_DOCUMENT)
+
+
+def _check(cfg: PrepareConfig) -> None:
+    if bool(cfg.inputs) == bool(cfg.tfds):
+        raise ValueError("give either --input FILES or --tfds NAME[:SPLIT], not both/neither")
+    if cfg.num_shards < 1 or cfg.eval_shards < 1:
+        raise ValueError("--num-shards and --eval-shards must be >= 1")
+    if not 0.0 <= cfg.eval_fraction < 1.0:
+        raise ValueError(f"--eval-fraction {cfg.eval_fraction}: must be in [0, 1)")
+    if not 0 <= cfg.worker_index < cfg.num_workers:
+        raise ValueError(f"--worker-index {cfg.worker_index}: must be in "
+                         f"[0, --num-workers={cfg.num_workers})")
+
+
+def _run_tasks(cfg: PrepareConfig, tasks: "_Tasks", handle) -> None:
+    """Runs `_process` over the tasks, in order, with a bounded number in flight."""
+    if cfg.processes <= 1:
+        _init_worker(cfg)
+        for task in tasks:
+            handle(_process(task))
+        return
+    # spawn, not fork: the parent may have started TensorFlow's threads already.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(cfg.processes, initializer=_init_worker, initargs=(cfg,)) as pool:
+        pending: collections.deque = collections.deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_process, (task,)))
+            while len(pending) >= 2 * cfg.processes:
+                handle(pending.popleft().get())
+        while pending:
+            handle(pending.popleft().get())
+
+
+def prepare(cfg: PrepareConfig) -> dict:
+    """Prepares the shards and metadata of this worker; returns the metadata."""
+    from tqdm import tqdm
+
+    _check(cfg)
+    tok = tokenizer_lib.Tokenizer(cfg.tokenizer)  # fail early on a bad model file
+    out = pathlib.Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"tokenizer.model.{cfg.worker_index}.tmp"
+    shutil.copyfile(tok.path, tmp)  # the data directory carries its own tokenizer
+    os.replace(tmp, out / "tokenizer.model")
+    tasks, tally, writers = _Tasks(cfg), _Tally(cfg), _Writers(cfg)
+    totals = collections.Counter()
+    start = time.perf_counter()
+    bar = tqdm(total=tasks.total_bytes or None, unit="B", unit_scale=True, desc="prepare",
+               disable=not cfg.progress, file=sys.stderr, smoothing=0.1)
+
+    def handle(result: _Result) -> None:
+        for line, reason in result.problems:
+            tally.problem(result.source, line, reason)
+        for doc, is_eval in zip(result.docs, result.eval_flags):
+            writers.write(doc, "eval" if is_eval else "train")
+        tally.docs_per_source[result.source] = (
+            tally.docs_per_source.get(result.source, 0) + len(result.docs))
+        totals.update(documents=len(result.docs), sentences=result.sentences,
+                      tokens=result.tokens, input_bytes=result.nbytes)
+        bar.update(result.nbytes)
+        bar.set_postfix_str(f"{totals['documents'] / (time.perf_counter() - start):.0f} docs/s",
+                            refresh=False)
+
+    try:
+        _run_tasks(cfg, tasks, handle)
+    finally:
+        writers.close()
+        bar.close()
+    tally.finish_files(tasks.files, tasks.empty_files)
+    seconds = time.perf_counter() - start
+    meta = {
+        "format_version": records.FORMAT_VERSION,
+        **{k: totals[k] for k in ("documents", "sentences", "tokens", "input_bytes")},
+        **{k: dict(sorted(v.items())) for k, v in tally.counts.items()},
+        "examples_of_problems": tally.reports,
+        "tokenizer": {"file": "tokenizer.model", "sha256": tok.sha256,
+                      "vocab_size": tok.vocab_size},
+        "shards": writers.shards,
+        "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
+        "eval_fraction": cfg.eval_fraction,
+        "worker_index": cfg.worker_index,
+        "num_workers": cfg.num_workers,
+        "seconds": round(seconds, 3),
+    }
+    path = records.write_metadata(out, meta, cfg.worker_index, cfg.num_workers)
+    n_problems = sum(sum(v.values()) for v in tally.counts.values())
+    if n_problems > len(tally.reports):
+        print(f"prepare: {n_problems - len(tally.reports)} more problems; counts in {path}",
+              file=sys.stderr)
+    return meta

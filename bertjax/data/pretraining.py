@@ -1,0 +1,337 @@
+"""The pretraining input stream: endless, deterministic, per-host MLM/NSP batches.
+
+    stream = make_stream(cfg, global_batch_size=256, process_index=jax.process_index(),
+                         process_count=jax.process_count())
+    batch = next(stream)        # host-local numpy rows: global_batch_size // process_count
+    state = stream.get_state()  # small JSON dict; make_stream(..., state=state) resumes exactly
+
+Features (all int32; B = host rows, L = seq_len, P = max_predictions_per_seq):
+    input_ids [B,L], attention_mask [B,L], token_type_ids [B,L],
+    masked_positions [B,P], masked_ids [B,P], masked_weights [B,P] (1 = real prediction),
+    nsp_labels [B] (nsp: 0 = IsNext, 1 = NotNext; sop: 1 = swapped; none: all 0).
+The model computes the MLM loss only at masked_positions, weighted by masked_weights.
+
+Prepared source. Hosts take whole shard files (`shards[process_index::process_count]`), so in
+each epoch every document is used exactly once across hosts. An epoch visits the host's shards
+in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
+are built (instances.py), shuffled together and masked (masking.py) as batches are drawn. The
+state is (epoch, block, offset in block): resuming re-reads that block's documents, skipping
+the records before it in one shard (no replay of the stream), and rebuilds the same instances.
+TensorFlow (tf.data) is used only to read and parse the shards, and is imported only then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import random
+from typing import Iterator
+
+import numpy as np
+
+from bertjax import tokenizer as tokenizer_lib
+from bertjax.data import instances as instances_lib
+from bertjax.data import masking, synthetic
+from bertjax.tokenizer import CLS_ID, SEP_ID
+
+FEATURES = ("input_ids", "attention_mask", "token_type_ids", "masked_positions", "masked_ids",
+            "masked_weights", "nsp_labels")
+_FILE_ORDER, _BLOCK_ORDER, _DOC_RNG = 21, 22, 23  # purposes of the stream's hashes
+
+
+@dataclasses.dataclass(frozen=True)
+class InputConfig:
+    source: str = "prepared"  # "prepared" (shards from `bertjax prepare`) | "synthetic"
+    path: str = ""  # prepared data directory (metadata.json, *.tfrecord, tokenizer.model)
+    seq_len: int = 128  # L: tokens per example, [CLS] and [SEP]s included
+    max_predictions_per_seq: int = 20  # P: BERT used 20 at L=128, 80 at L=512
+    pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
+    mask_prob: float = 0.15  # share of real non-special tokens predicted
+    short_seq_prob: float = 0.1  # share of examples with a random shorter target length
+    whole_word_mask: bool = False  # mask all pieces of a word together (uses "▁" starts)
+    seed: int = 0  # the same seed gives the same stream
+    vocab_size: int | None = None  # synthetic: required; prepared: checked against metadata
+    shuffle_buffer: int = 1024  # documents whose instances are shuffled together
+    mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
+    random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
+
+
+def _check(cfg: InputConfig, global_batch_size: int, process_index: int,
+           process_count: int, split: str) -> None:
+    if cfg.source not in ("prepared", "synthetic"):
+        raise ValueError(f"source {cfg.source!r}: valid options are 'prepared', 'synthetic'")
+    if cfg.pair_mode not in ("nsp", "sop", "none"):
+        raise ValueError(f"pair_mode {cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'")
+    if cfg.seq_len < (5 if cfg.pair_mode != "none" else 3):
+        raise ValueError(f"seq_len {cfg.seq_len} is too short for pair_mode {cfg.pair_mode!r}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    if global_batch_size % process_count:
+        raise ValueError(f"global_batch_size {global_batch_size} is not divisible by "
+                         f"process_count {process_count}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split {split!r}: valid options are 'train', 'eval'")
+
+
+def _fingerprint(cfg: InputConfig, global_batch_size: int, process_index: int,
+                 process_count: int, split: str) -> dict:
+    """What a saved state must agree with to resume exactly."""
+    return {"source": cfg.source, "split": split, "seed": cfg.seed, "seq_len": cfg.seq_len,
+            "pair_mode": cfg.pair_mode, "global_batch_size": global_batch_size,
+            "process_index": process_index, "process_count": process_count}
+
+
+class SyntheticStream:
+    """Global batch at step s = f(seed, s); this host yields its slice of rows."""
+
+    def __init__(self, cfg: InputConfig, spec: masking.MaskSpec, rows: np.ndarray,
+                 fingerprint: dict, step: int):
+        self.cfg, self.spec, self.rows, self.fingerprint, self.step = cfg, spec, rows, \
+            fingerprint, step
+
+    def __iter__(self) -> "SyntheticStream":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = synthetic.synthetic_batch(
+            seed=self.cfg.seed, step=self.step, rows=self.rows, seq_len=self.cfg.seq_len,
+            pair_mode=self.cfg.pair_mode, short_seq_prob=self.cfg.short_seq_prob,
+            spec=self.spec)
+        self.step += 1
+        return {k: batch[k] for k in FEATURES}
+
+    def get_state(self) -> dict:
+        return {**self.fingerprint, "step": self.step}
+
+
+class PreparedStream:
+    """Batches built on the fly from this host's shards; see the module docstring."""
+
+    def __init__(self, cfg: InputConfig, spec: masking.MaskSpec, shards: list[dict],
+                 rows: int, fingerprint: dict, state: dict):
+        self.cfg, self.spec, self.shards, self.rows = cfg, spec, shards, rows
+        self.fingerprint = fingerprint
+        self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
+        self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
+        self.offset, self.step = state.get("offset", 0), state.get("step", 0)
+        self._docs: Iterator | None = None  # documents of the epoch from the current block on
+        self._block_items: list | None = None  # the current block's (shard, record, instance)
+
+    def _epoch_order(self, epoch: int) -> list[dict]:
+        order = list(self.shards)
+        random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
+        return order
+
+    def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
+        """(shard id, record, sentences) of the epoch from document `first_doc` on."""
+        from bertjax.data import records
+
+        for shard in self._epoch_order(epoch):
+            if first_doc >= shard["documents"]:
+                first_doc -= shard["documents"]
+                continue
+            for record, doc in enumerate(records.read_documents(shard["path"], first_doc),
+                                         start=first_doc):
+                yield shard["id"], record, doc
+            first_doc = 0
+
+    def _load_block(self) -> None:
+        """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
+        k = self.cfg.shuffle_buffer
+        if self._docs is None:
+            self._docs = self._read_from(self.epoch, self.block * k)
+        docs = [d for _, d in zip(range(k), self._docs)]
+        if not docs:  # the epoch is over
+            self.epoch, self.block, self._docs = self.epoch + 1, 0, None
+            return self._load_block()
+        sentences = [d[2] for d in docs]
+        items = []
+        for j, (shard_id, record, _) in enumerate(docs):
+            rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, self.epoch, shard_id,
+                                                record)))
+            items.extend((self.epoch, shard_id, record, inst) for inst in
+                         instances_lib.create_instances(sentences, j, self.pairs, rng))
+        random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, self.epoch,
+                                      self.block))).shuffle(items)
+        self._block_items = items
+
+    def __iter__(self) -> "PreparedStream":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        picked = []
+        while len(picked) < self.rows:
+            if self._block_items is None:
+                self._load_block()
+            take = self._block_items[self.offset:self.offset + self.rows - len(picked)]
+            picked.extend(take)
+            self.offset += len(take)
+            if self.offset >= len(self._block_items):
+                self.block, self.offset, self._block_items = self.block + 1, 0, None
+        self.step += 1
+        return self._features(picked)
+
+    def _features(self, picked: list) -> dict[str, np.ndarray]:
+        B, L = len(picked), self.cfg.seq_len
+        ids = np.zeros((B, L), np.int32)
+        types = np.zeros((B, L), np.int32)
+        labels = np.zeros((B,), np.int32)
+        epoch_B, shard_B, record_B, index_B = (np.array(x, np.int64) for x in zip(
+            *[(e, s, r, inst.index) for e, s, r, inst in picked]))
+        for row, (_, _, _, inst) in enumerate(picked):
+            a, b = inst.tokens_a, inst.tokens_b
+            la, lb = len(a), len(b)
+            ids[row, 0], ids[row, 1:1 + la], ids[row, 1 + la] = CLS_ID, a, SEP_ID
+            if lb:
+                ids[row, 2 + la:2 + la + lb], ids[row, 2 + la + lb] = b, SEP_ID
+                types[row, 2 + la:3 + la + lb] = 1
+            labels[row] = inst.label
+        # The masking key: (seed, epoch, document identity, instance number) and nothing else.
+        keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
+        masked = masking.mask_batch(ids, keys, self.spec)
+        return {**masked, "attention_mask": (ids != 0).astype(np.int32),
+                "token_type_ids": types, "nsp_labels": labels}
+
+    def get_state(self) -> dict:
+        return {**self.fingerprint, "epoch": self.epoch, "block": self.block,
+                "offset": self.offset, "step": self.step}
+
+
+def _mask_spec(cfg: InputConfig, vocab_size: int, word_start: np.ndarray | None
+               ) -> masking.MaskSpec:
+    return masking.MaskSpec(vocab_size=vocab_size, max_predictions=cfg.max_predictions_per_seq,
+                            mask_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob,
+                            random_token_prob=cfg.random_token_prob,
+                            whole_word=cfg.whole_word_mask, word_start=word_start)
+
+
+def host_shards(cfg: InputConfig, process_index: int, process_count: int,
+                split: str = "train") -> tuple[dict, list[dict]]:
+    """(metadata, this host's shards): whole files, `shards[process_index::process_count]`."""
+    from bertjax.data import records
+
+    meta = records.load_metadata(cfg.path)
+    shards = records.split_shards(meta, cfg.path, split)
+    for i, shard in enumerate(shards):
+        shard["id"] = i  # stable across host counts: part of every example's identity
+    if len(shards) < process_count:
+        raise ValueError(f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
+                         f"{process_count} hosts; every host needs at least one file: prepare "
+                         f"with --num-shards (or --eval-shards) >= {process_count}")
+    return meta, shards[process_index::process_count]
+
+
+def make_stream(cfg: InputConfig, *, global_batch_size: int, process_index: int,
+                process_count: int, state: dict | None = None, split: str = "train"
+                ) -> SyntheticStream | PreparedStream:
+    """This host's endless stream of batches; `state` from `get_state()` resumes exactly."""
+    _check(cfg, global_batch_size, process_index, process_count, split)
+    rows = global_batch_size // process_count
+    fingerprint = _fingerprint(cfg, global_batch_size, process_index, process_count, split)
+    state = dict(state or {})
+    mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
+    if mismatched:
+        raise ValueError("input state was saved with different settings "
+                         f"(saved, now): {mismatched}; resume with the same config and hosts")
+    if cfg.source == "synthetic":
+        if not cfg.vocab_size:
+            raise ValueError("source 'synthetic' needs InputConfig.vocab_size")
+        word_start = synthetic.word_start_table(cfg.vocab_size)
+        return SyntheticStream(cfg, _mask_spec(cfg, cfg.vocab_size, word_start),
+                               np.arange(process_index * rows, (process_index + 1) * rows),
+                               fingerprint, state.get("step", 0))
+    meta, shards = host_shards(cfg, process_index, process_count, split)
+    vocab_size = meta["tokenizer"]["vocab_size"]
+    if cfg.vocab_size and cfg.vocab_size != vocab_size:
+        raise ValueError(f"InputConfig.vocab_size={cfg.vocab_size} but {cfg.path} was "
+                         f"tokenized with vocab_size={vocab_size}")
+    word_start = None
+    if cfg.whole_word_mask:
+        tok = tokenizer_lib.Tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
+        word_start = np.array(tok.word_start_table(), bool)
+    return PreparedStream(cfg, _mask_spec(cfg, vocab_size, word_start), shards, rows,
+                          fingerprint, state)
+
+
+def _feature_sharding(sharding, name: str, ndim: int):
+    """Per-feature sharding: a dict, or one NamedSharding whose first axis is the batch."""
+    if isinstance(sharding, dict):
+        return sharding[name]
+    import jax
+
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        batch_axis = sharding.spec[0] if len(sharding.spec) else None
+        spec = jax.sharding.PartitionSpec(batch_axis, *([None] * (ndim - 1)))
+        return jax.sharding.NamedSharding(sharding.mesh, spec)
+    return sharding
+
+
+def global_batch(batch: dict[str, np.ndarray], sharding) -> dict:
+    """Host-local rows -> global jax.Arrays of global_batch_size rows on `sharding`."""
+    import jax
+
+    out = {}
+    for name, local in batch.items():
+        global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+        out[name] = jax.make_array_from_process_local_data(
+            _feature_sharding(sharding, name, local.ndim), local, global_shape)
+    return out
+
+
+class Prefetcher:
+    """Iterator of global batches, `size` ahead, built by a background thread.
+
+    The thread draws host batches and starts their transfer while the device runs the current
+    step. `get_state()` is the input state *after the last batch handed out* (not after the
+    ones prefetched), which is what a checkpoint must store.
+    """
+
+    def __init__(self, iterator, sharding, size: int = 2):
+        import queue
+        import threading
+
+        self._it, self._sharding = iterator, sharding
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, size))
+        self._state = iterator.get_state() if hasattr(iterator, "get_state") else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        try:
+            for host_batch in self._it:
+                state = self._it.get_state() if hasattr(self._it, "get_state") else None
+                item = (global_batch(host_batch, self._sharding), state, None)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except Exception:  # queue.Full
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as e:  # surfaced in the consumer, not lost in the thread
+            self._queue.put((None, None, e))
+            return
+        self._queue.put((None, None, StopIteration()))
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> dict:
+        batch, state, error = self._queue.get()
+        if error is not None:
+            raise error
+        self._state = state
+        return batch
+
+    def get_state(self) -> dict | None:
+        return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def prefetch_to_device(iterator, sharding, size: int = 2) -> Prefetcher:
+    """Global jax.Array batches from a host-batch iterator, overlapping host and device."""
+    return Prefetcher(iterator, sharding, size)

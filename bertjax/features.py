@@ -1,0 +1,181 @@
+"""Per-token and pooled BERT features: the library behind `bertjax extract`.
+
+As google-research/bert's `extract_features.py`: each input line is one example ("text" or
+"text_a ||| text_b"), tokenized as [CLS] a [SEP] (b [SEP]) and truncated to `max_seq_len`;
+the encoder's hidden states of the chosen layers are returned per token, optionally
+concatenated (the "last four layers" representation of the BERT paper's feature-based NER
+experiment) or pooled to one vector per example ([CLS] or mean over real tokens).
+
+Layer indices follow `BertModel(..., output_hidden_states=True).hidden_states`: 0 is the
+embedding output, i is layer i, and negative indices count from the last layer (-1), as
+google's do.
+
+Shape letters: B batch, L length, K chosen layers, H hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import model as model_lib
+
+POOLINGS = ("none", "cls", "mean")
+
+
+@dataclasses.dataclass
+class Encoder:
+  config: model_lib.BertConfig
+  bert_params: Any  # the `params["bert"]` subtree
+  tokenizer_path: str | None
+  source: str  # "bertjax", "hf" or "google", for messages
+
+
+@dataclasses.dataclass
+class Example:
+  index: int  # line number in the input, from 0
+  tokens: list[str]  # pieces, [CLS] and [SEP] included
+  input_ids: list[int]
+  token_type_ids: list[int]
+
+
+def load_encoder(path: str | Path) -> Encoder:
+  """A bertjax checkpoint, a Hugging Face model directory, or a Google BERT directory."""
+  path = Path(path)
+  if (path / "config.json").is_file():
+    from bertjax import convert
+
+    cfg, params = convert.load_hf(path)
+    return Encoder(cfg, params["bert"], _tokenizer_in(path), "hf")
+  if any(path.glob("*.ckpt.index")) or Path(str(path) + ".index").is_file():
+    from bertjax import google_ckpt
+
+    cfg, params = google_ckpt.load_google(path)
+    base = path if path.is_dir() else path.parent
+    return Encoder(cfg, params["bert"], _tokenizer_in(base), "google")
+  from bertjax import checkpoint
+
+  loaded = checkpoint.load_pretrained(str(path))
+  return Encoder(loaded.config, loaded.params["bert"], loaded.tokenizer_path, "bertjax")
+
+
+def _tokenizer_in(directory: Path) -> str | None:
+  for name in ("vocab.txt", "tokenizer.model"):
+    if (directory / name).is_file():
+      return str(directory / name)
+  return None
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+  """"-1,-2,-3,-4" -> indices into hidden_states (length num_layers + 1), checked."""
+  try:
+    layers = [int(x) for x in spec.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--layers {spec!r}: expected comma-separated integers, e.g. -1,-2,-3,-4"
+                     ) from None
+  if not layers:
+    raise ValueError("--layers is empty; e.g. -1,-2,-3,-4")
+  for i in layers:
+    if not -(num_layers + 1) <= i <= num_layers:
+      raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
+                       f"0 = embeddings .. {num_layers}, or -1 = last .. -{num_layers + 1})")
+  return layers
+
+
+def _special_ids(tok) -> tuple[int, int, int]:
+  """(pad, cls, sep): WordPiece reads them from the vocab; SentencePiece fixes them."""
+  if hasattr(tok, "cls_id"):
+    return tok.pad_id, tok.cls_id, tok.sep_id
+  from bertjax import tokenizer as sp
+
+  return sp.PAD_ID, sp.CLS_ID, sp.SEP_ID
+
+
+def make_example(index: int, line: str, tok, max_seq_len: int) -> Example:
+  """[CLS] a [SEP] (b [SEP]) for "a" or "a ||| b"; the longer side is truncated first."""
+  _, cls_id, sep_id = _special_ids(tok)
+  a, _, b = line.partition(" ||| ")
+  ids_a, ids_b = tok.encode(a.strip()), (tok.encode(b.strip()) if b else None)
+  budget = max_seq_len - (3 if ids_b is not None else 2)
+  if budget < 1:
+    raise ValueError(f"--max-seq-len {max_seq_len} leaves no room for text")
+  if ids_b is None:
+    ids_a = ids_a[:budget]
+  else:
+    while len(ids_a) + len(ids_b) > budget:  # google's _truncate_seq_pair
+      (ids_a if len(ids_a) > len(ids_b) else ids_b).pop()
+  ids = [cls_id] + ids_a + [sep_id]
+  types = [0] * len(ids)
+  if ids_b is not None:
+    ids += ids_b + [sep_id]
+    types += [1] * (len(ids_b) + 1)
+  return Example(index, [tok.id_to_piece(i) for i in ids], ids, types)
+
+
+def _padded_len(n: int, max_seq_len: int) -> int:
+  """Round up to a power of two (>= 16): a handful of compiled shapes, little padding."""
+  return min(max_seq_len, max(16, 1 << (n - 1).bit_length()))
+
+
+def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int], pooling: str,
+                    mesh: jax.sharding.Mesh | None = None):
+  """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]."""
+  if pooling not in POOLINGS:
+    raise ValueError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+  model = model_lib.BertModel(cfg.replace(scan_layers=False))
+  layers = tuple(layers)
+
+  def fn(params, ids_BxL, types_BxL, mask_BxL):
+    out = model.apply({"params": params}, ids_BxL, types_BxL, mask_BxL, deterministic=True,
+                      output_hidden_states=True)
+    x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
+    if pooling == "cls":
+      return x_BxLxKxH[:, 0]
+    if pooling == "mean":
+      m_BxLx1x1 = mask_BxL[:, :, None, None].astype(jnp.float32)
+      return (x_BxLxKxH * m_BxLx1x1).sum(1) / jnp.maximum(m_BxLx1x1.sum(1), 1.0)
+    return x_BxLxKxH
+
+  if mesh is None:
+    return jax.jit(fn)
+  from bertjax import sharding
+
+  rows = sharding.batch_sharding(mesh)
+  return jax.jit(fn, in_shardings=(sharding.replicated(mesh), rows, rows, rows),
+                 out_shardings=rows)
+
+
+def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int],
+            pooling: str = "none", batch_size: int = 32, max_seq_len: int = 128,
+            mesh: jax.sharding.Mesh | None = None) -> Iterator[tuple[Example, np.ndarray]]:
+  """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).
+
+  Batches are padded to `batch_size` rows (a multiple of the mesh's batch shards) and to a
+  power-of-two length, so only a few shapes are compiled.
+  """
+  if mesh is not None:
+    from bertjax import sharding
+
+    shards = sharding.num_batch_shards(mesh)
+    batch_size = -(-batch_size // shards) * shards
+    params = jax.device_put(encoder.bert_params, sharding.replicated(mesh))
+  else:
+    params = encoder.bert_params
+  fn = make_extract_fn(encoder.config, layers, pooling, mesh)
+  for start in range(0, len(examples), batch_size):
+    chunk = examples[start:start + batch_size]
+    length = _padded_len(max(len(e.input_ids) for e in chunk), max_seq_len)
+    ids_BxL = np.zeros((batch_size, length), np.int32)
+    types_BxL = np.zeros_like(ids_BxL)
+    mask_BxL = np.zeros_like(ids_BxL)
+    for r, e in enumerate(chunk):
+      n = len(e.input_ids)
+      ids_BxL[r, :n], types_BxL[r, :n], mask_BxL[r, :n] = e.input_ids, e.token_type_ids, 1
+    feats = np.asarray(fn(params, ids_BxL, types_BxL, mask_BxL))
+    for r, e in enumerate(chunk):
+      yield e, (feats[r] if pooling != "none" else feats[r, :len(e.input_ids)])

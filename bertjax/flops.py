@@ -1,0 +1,61 @@
+"""Model FLOPs of one BERT pretraining step, and device peaks, for MFU.
+
+MFU = model FLOPs per step / (step time * devices * peak FLOP/s of one device). "Model" FLOPs
+count the matmuls of forward + backward (x3 of forward) and not the recomputation that remat
+adds, so MFU compares fairly across remat settings (Chowdhery et al. 2022, appendix B).
+"""
+
+from __future__ import annotations
+
+import jax
+
+# bf16 dense peak FLOP/s per device (per chip for TPUs), from the vendors' data sheets.
+PEAK_FLOPS: dict[str, float] = {
+    "TPU v2": 45e12 / 2,  # per core
+    "TPU v3": 123e12 / 2,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,  # v5p
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "TPU v6e": 918e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA A100": 312e12,
+    "NVIDIA L4": 121e12,
+}
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
+  """The bf16 peak of `device` (default: the first), or None when unknown (e.g. CPU)."""
+  kind = (device or jax.devices()[0]).device_kind
+  # Longest matching prefix, so "TPU v5 lite" is not read as "TPU v5".
+  for name in sorted(PEAK_FLOPS, key=len, reverse=True):
+    if kind.startswith(name):
+      return PEAK_FLOPS[name]
+  return None
+
+
+def non_embedding_params(cfg) -> int:
+  """Parameters of the encoder layers, pooler and heads (everything except lookup tables)."""
+  h, f, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+  layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h  # attention, MLP, 2 LayerNorms
+  return n * layer
+
+
+def pretraining_flops_per_step(cfg, batch_size: int, seq_len: int,
+                               max_predictions: int) -> float:
+  """Training FLOPs (forward + backward) of one step of `BertForPreTraining`.
+
+  6 x encoder params x tokens, plus attention scores and mixing (12 * L * H * T per token:
+  QK^T and AV, 2 matmuls x 2 FLOPs x 3 for the backward), plus the MLM head on the gathered
+  positions only (transform H x H, then the tied decoder H x V) and the pooler + NSP head.
+  """
+  h, v = cfg.hidden_size, cfg.vocab_size
+  tokens = batch_size * seq_len
+  encoder = 6 * non_embedding_params(cfg) * tokens
+  attention = 12 * cfg.num_layers * h * seq_len * tokens
+  mlm_head = 6 * (h * h + h * v) * batch_size * max_predictions
+  nsp_head = 6 * (h * h + 2 * h) * batch_size
+  return float(encoder + attention + mlm_head + nsp_head)

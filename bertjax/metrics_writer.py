@@ -1,0 +1,89 @@
+"""Run output: a progress line, WORKDIR/metrics.jsonl and TensorBoard event files.
+
+Only process 0 writes; the others get a writer whose methods do nothing. TensorBoard uses
+`tf.summary` when TensorFlow imports, and is skipped (with one notice) when it does not, so
+training still runs where only JAX is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Mapping
+
+from etils import epath
+
+# Columns of the progress line: (metrics key, label, format).
+_PROGRESS = (("loss", "loss", ".4f"), ("mlm_accuracy", "mlm_acc", ".3f"),
+             ("nsp_accuracy", "nsp_acc", ".3f"), ("learning_rate", "lr", ".2e"))
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(0, seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(step: int, total: int, m: Mapping[str, float]) -> str:
+  """`step 100/2000 | loss 7.1 | mlm_acc ... | 310 seq/s | 40k tok/s | MFU 12.3% | ETA 3m10s`."""
+  parts = [f"step {step}/{total}"]
+  parts += [f"{label} {m[k]:{fmt}}" for k, label, fmt in _PROGRESS if k in m]
+  if "seq_per_sec" in m:
+    parts.append(f"{m['seq_per_sec']:.1f} seq/s")
+    parts.append(f"{m['tokens_per_sec'] / 1e3:.1f}k tok/s")
+  mfu = m.get("mfu")
+  parts.append(f"MFU {100 * mfu:.1f}%" if mfu is not None else "MFU -")
+  if "eta_sec" in m:
+    parts.append(f"ETA {format_duration(m['eta_sec'])}")
+  return " | ".join(parts)
+
+
+class MetricsWriter:
+  """Writes scalars to metrics.jsonl and TensorBoard (WORKDIR/tensorboard) on process 0."""
+
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+    self.enabled = enabled
+    self.workdir = epath.Path(workdir)
+    self._tb = None
+    self._start = time.time()
+    if not enabled:
+      return
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self._jsonl = (self.workdir / "metrics.jsonl").open("a")
+    if tensorboard:
+      try:
+        import tensorflow as tf
+
+        self._tf = tf
+        self._tb = tf.summary.create_file_writer(str(self.workdir / "tensorboard"))
+      except ImportError:
+        print("metrics: TensorFlow not installed, no TensorBoard logs "
+              "(metrics.jsonl is still written)", file=sys.stderr)
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    """One JSON line {"step": ..., **metrics} and one TensorBoard scalar per key."""
+    if not self.enabled:
+      return
+    row = {"step": int(step), **{k: (None if v is None else float(v))
+                                 for k, v in metrics.items()}}
+    row["elapsed_sec"] = round(time.time() - self._start, 3)
+    self._jsonl.write(json.dumps(row) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      with self._tb.as_default(step=int(step)):
+        for k, v in metrics.items():
+          if v is not None:
+            self._tf.summary.scalar(k, float(v))
+      self._tb.flush()
+
+  def log(self, line: str) -> None:
+    if self.enabled:
+      print(line, flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      if self._tb is not None:
+        self._tb.close()

@@ -1,0 +1,110 @@
+"""`bertjax convert` end to end: google -> bertjax -> hf and hf -> bertjax -> hf keep the logits."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax import cli
+from bertjax import convert
+
+from test_google_ckpt import (HF_CONFIG, batch, google_variables, random_torch_model,
+                              torch_logits, write_google_checkpoint)
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = ("the quick brown fox jump ##s ##ed over lazy dog . , ! un ##aff ##able caf ##e "
+         "我 爱 北 京").split()
+
+
+def _vocab(path, size):
+  pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(WORDS)
+  pieces += [f"[unused{i}]" for i in range(size - len(pieces))]
+  path.write_text("\n".join(pieces) + "\n", encoding="utf-8")
+  return path
+
+
+@pytest.fixture(scope="module")
+def google_dir(tmp_path_factory):
+  m = random_torch_model(seed=3)
+  d = tmp_path_factory.mktemp("cli") / "uncased_L-2_H-32_A-4"
+  write_google_checkpoint(d, google_variables(m.state_dict(), 2), HF_CONFIG)
+  _vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
+  return m, d
+
+
+def _run(*argv) -> int:
+  return cli.main(["convert", *map(str, argv)])
+
+
+def _assert_same_logits(m_ref, hf_dir, seed=0):
+  m = transformers.BertForPreTraining.from_pretrained(hf_dir).eval()
+  b = batch(HF_CONFIG["vocab_size"], seed)
+  for got, want in zip(torch_logits(m, *b), torch_logits(m_ref, *b)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_google_to_hf_with_tokenizer(google_dir, tmp_path, capsys):
+  m, d = google_dir
+  assert _run("--from", "google", d, "--to", "hf", tmp_path / "hf") == 0
+  assert "wrote config.json, model.safetensors, vocab.txt" in capsys.readouterr().out
+  _assert_same_logits(m, tmp_path / "hf")
+  # The vocab is all lower case: recorded as an uncased tokenizer that transformers reads.
+  assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["do_lower_case"]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  from bertjax import wordpiece
+  ours = wordpiece.WordPieceTokenizer(d / "vocab.txt")
+  text = "The quick brown fox jumped over the LAZY dog! Unaffable café 我爱北京"
+  assert hf_tok.encode(text, add_special_tokens=False) == ours.encode(text)
+  assert ours.unk_id not in ours.encode(text)
+
+
+def test_google_roundtrip_through_cli(google_dir, tmp_path):
+  m, d = google_dir
+  assert _run("--from", "google", d, "--to", "google", tmp_path / "g") == 0
+  assert (tmp_path / "g" / "vocab.txt").read_text() == (d / "vocab.txt").read_text()
+  assert _run("--from", "google", tmp_path / "g" / "bert_model.ckpt", "--to", "hf",
+              tmp_path / "hf") == 0
+  _assert_same_logits(m, tmp_path / "hf", seed=2)
+
+
+def test_hf_to_hf(google_dir, tmp_path):
+  m, _ = google_dir
+  m.save_pretrained(tmp_path / "src")
+  assert _run("--from", "hf", tmp_path / "src", "--to", "hf", tmp_path / "out") == 0
+  _assert_same_logits(m, tmp_path / "out")
+
+
+def test_through_bertjax_checkpoint(google_dir, tmp_path):
+  pytest.importorskip("bertjax.checkpoint")
+  m, d = google_dir
+  # google -> bertjax -> hf
+  assert _run("--from", "google", d, "--to", "bertjax", tmp_path / "bj") == 0
+  assert _run("--from", "bertjax", tmp_path / "bj", "--to", "hf", tmp_path / "hf") == 0
+  _assert_same_logits(m, tmp_path / "hf")
+  assert (tmp_path / "hf" / "vocab.txt").read_text() == (d / "vocab.txt").read_text()
+  # hf -> bertjax -> hf
+  assert _run("--from", "hf", tmp_path / "hf", "--to", "bertjax", tmp_path / "bj2") == 0
+  assert _run("--from", "bertjax", tmp_path / "bj2", "--to", "hf", tmp_path / "hf2") == 0
+  _assert_same_logits(m, tmp_path / "hf2", seed=1)
+
+
+def test_help_and_errors(google_dir, tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    _run("--help")
+  assert e.value.code == 0 and "--from" in capsys.readouterr().out
+  assert _run("--from", "google", tmp_path, "--to", "hf", tmp_path / "x") == 1
+  assert "no bert_model.ckpt.index" in capsys.readouterr().err
+  _, d = google_dir
+  small = _vocab(tmp_path / "big_vocab.txt", HF_CONFIG["vocab_size"] + 5)
+  assert _run("--from", "google", d, "--to", "hf", tmp_path / "x", "--vocab", small) == 1
+  assert "big_vocab.txt: 104 pieces but the model's vocab_size is 99" in capsys.readouterr().err
+  assert _run("--from", "hf", tmp_path, "--to", "hf", tmp_path / "x") == 1
+  assert "config.json: not found" in capsys.readouterr().err
+
+
+def test_save_hf_then_load_hf_keeps_the_config(google_dir, tmp_path):
+  _, d = google_dir
+  assert _run("--from", "google", d, "--to", "hf", tmp_path / "hf") == 0
+  cfg, _ = convert.load_hf(tmp_path / "hf")
+  assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) == (2, 32, 64)

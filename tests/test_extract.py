@@ -1,0 +1,149 @@
+"""`bertjax extract`: features equal transformers' hidden states, in both output formats."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax import cli
+from bertjax import features
+
+from test_convert_cli import _vocab
+from test_google_ckpt import HF_CONFIG, random_torch_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+LINES = ["The quick brown fox jumped over the lazy dog!",
+         "un ##aff café",
+         "我爱北京 ||| the dog jumps",  # a sentence pair: segment B gets token type 1
+         "fox"]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  m = random_torch_model(seed=5)
+  d = tmp_path_factory.mktemp("extract") / "hf"
+  m.save_pretrained(d)
+  _vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
+  (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+  return m, d
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("extract_in") / "input.txt"
+  path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+  return path
+
+
+def _reference(m, d, line):
+  """Tokens and all hidden states [layers + 1, L, H] from transformers."""
+  tok = transformers.BertTokenizer.from_pretrained(str(d))
+  a, _, b = line.partition(" ||| ")
+  enc = tok(a, b or None, return_tensors="pt")
+  with torch.no_grad():
+    out = m.bert(**enc, output_hidden_states=True)
+  tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
+  return tokens, np.stack([h[0].numpy() for h in out.hidden_states])
+
+
+def _extract(*argv) -> int:
+  return cli.main(["extract", *map(str, argv)])
+
+
+def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
+  m, d = hf_dir
+  out = tmp_path / "f.jsonl"
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,0",
+                  "--output", out, "--batch-size", 3) == 0
+  records = [json.loads(l) for l in out.read_text().splitlines()]
+  assert [r["linex_index"] for r in records] == list(range(len(LINES)))
+  for line, rec in zip(LINES, records):
+    tokens, hidden = _reference(m, d, line)
+    assert [f["token"] for f in rec["features"]] == tokens
+    for j, f in enumerate(rec["features"]):
+      assert [e["index"] for e in f["layers"]] == [-1, -2, 0]
+      for e in f["layers"]:
+        np.testing.assert_allclose(e["values"], hidden[e["index"], j], atol=2e-5)
+
+
+def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
+  m, d = hf_dir
+  h = HF_CONFIG["hidden_size"]
+  out = tmp_path / "mean.npy"
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,-3", "--concat",
+                  "--pooling", "mean", "--output", out) == 0
+  got = np.load(out)
+  assert got.shape == (len(LINES), 3 * h)  # 2 layers + embeddings
+  cls_out = tmp_path / "cls.npy"
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1", "--pooling", "cls",
+                  "--output", cls_out) == 0
+  per_tok = tmp_path / "tok.npy"
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2", "--concat",
+                  "--output", per_tok, "--max-seq-len", 24) == 0
+  cls_feats, tok_feats = np.load(cls_out), np.load(per_tok)
+  assert cls_feats.shape == (len(LINES), 1, h) and tok_feats.shape == (len(LINES), 24, 2 * h)
+  listed = [json.loads(l) for l in per_tok.with_suffix(".tokens.jsonl").read_text().splitlines()]
+  for i, line in enumerate(LINES):
+    tokens, hidden = _reference(m, d, line)
+    assert listed[i]["tokens"] == tokens
+    three = np.concatenate([hidden[k] for k in (-1, -2, -3)], axis=-1)  # [L, 3H]
+    np.testing.assert_allclose(got[i], three.mean(0), atol=2e-5)
+    np.testing.assert_allclose(cls_feats[i, 0], hidden[-1, 0], atol=2e-5)
+    n = len(tokens)
+    np.testing.assert_allclose(tok_feats[i, :n], np.concatenate([hidden[-1], hidden[-2]], -1),
+                               atol=2e-5)
+    assert not tok_feats[i, n:].any()
+
+
+def test_features_do_not_depend_on_batching(hf_dir):
+  _, d = hf_dir
+  enc = features.load_encoder(d)
+  from bertjax import wordpiece
+  tok = wordpiece.load_tokenizer(enc.tokenizer_path)
+  examples = [features.make_example(i, l, tok, 32) for i, l in enumerate(LINES)]
+  one = [x for _, x in features.extract(enc, examples, [-1], batch_size=1)]
+  many = [x for _, x in features.extract(enc, examples, [-1], batch_size=8)]
+  for a, b in zip(one, many):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_truncation_and_pairs(hf_dir):
+  _, d = hf_dir
+  from bertjax import wordpiece
+  tok = wordpiece.load_tokenizer(d / "vocab.txt")
+  e = features.make_example(0, "the quick brown fox ||| the lazy dog", tok, 8)
+  # google's _truncate_seq_pair: pop from the longer side, segment B on ties.
+  assert e.tokens == ["[CLS]", "the", "quick", "brown", "[SEP]", "the", "lazy", "[SEP]"]
+  assert e.token_type_ids == [0] * 5 + [1] * 3
+  single = features.make_example(1, "the quick brown fox jump", tok, 4)
+  assert single.tokens == ["[CLS]", "the", "quick", "[SEP]"]
+
+
+def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
+  pytest.importorskip("bertjax.checkpoint")
+  m, d = hf_dir
+  assert cli.main(["convert", "--from", "hf", str(d), "--to", "bertjax",
+                   str(tmp_path / "bj")]) == 0
+  out = tmp_path / "bj.npy"
+  assert _extract("--init", tmp_path / "bj", "--input", input_file, "--layers", "-1",
+                  "--pooling", "cls", "--output", out) == 0
+  for i, line in enumerate(LINES):
+    _, hidden = _reference(m, d, line)
+    np.testing.assert_allclose(np.load(out)[i, 0], hidden[-1, 0], atol=2e-5)
+
+
+def test_errors(hf_dir, input_file, tmp_path, capsys):
+  _, d = hf_dir
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,5",
+                  "--output", tmp_path / "x.npy") == 1
+  assert "--layers: 5 is out of range for a 2-layer model" in capsys.readouterr().err
+  assert _extract("--init", d, "--input", input_file, "--output", tmp_path / "x.txt") == 1
+  assert "use a .jsonl or .npy" in capsys.readouterr().err
+  assert _extract("--init", d, "--input", tmp_path / "none.txt", "--output",
+                  tmp_path / "x.npy") == 1
+  assert "none.txt: no such file" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    _extract("--help")
+  assert e.value.code == 0 and "--layers" in capsys.readouterr().out

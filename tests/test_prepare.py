@@ -1,0 +1,228 @@
+"""`bertjax prepare`: bad input never crashes nor loses good text; workers; eval split; TFDS."""
+
+import json
+import pathlib
+
+import pytest
+
+from bertjax import tokenizer as tok_lib
+from bertjax.commands import prepare as prepare_cmd
+from bertjax.data import prepare, records, text
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOKENIZER = str(REPO / "data" / "tokenizer.model")
+GOOD_DOCS = [
+    ["Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years.",
+     "She was the youngest of the two daughters of a most affectionate father."],
+    ["Sir Walter Elliot never took up any book but the Baronetage.", "There he found occupation."],
+    ["It is a truth universally acknowledged.", "However little known the feelings may be.",
+     "This truth is so well fixed in the minds of the surrounding families."],
+]
+
+
+def _bert_format(docs, newline="\n") -> str:
+    return (newline * 2).join(newline.join(d) for d in docs) + newline
+
+
+def _bad_corpus(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """One file per kind of bad input; each also carries good sentences that must survive."""
+    files = {
+        "good": _bert_format(GOOD_DOCS).encode(),
+        "empty": b"",
+        "blank": b"\n  \n\t\n\n",
+        "utf8": _bert_format(GOOD_DOCS[:2]).encode().replace(b"Sir Walter", b"Sir \xff\xfeWalter"),
+        "nul": _bert_format(GOOD_DOCS[1:]).encode().replace(b"There he", b"There\x00 he"),
+        "crlf": _bert_format(GOOD_DOCS, newline="\r\n").encode(),
+        "bom": b"\xef\xbb\xbf" + _bert_format(GOOD_DOCS[:1]).encode() + b"\n"
+               + _bert_format(GOOD_DOCS[2:]).encode(),
+        "long": (_bert_format(GOOD_DOCS[:1]) + "\n" + "x" * (1 << 20) + "\n\n"
+                 + _bert_format(GOOD_DOCS[1:2])).encode(),
+        "single": "\n".join(GOOD_DOCS[2]).encode() + b"\n",
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = root / f"{name}.txt"
+        paths[name].write_bytes(data)
+    return paths
+
+
+def _decoded_docs(out: pathlib.Path, split: str = "train") -> list[list[str]]:
+    tok = tok_lib.Tokenizer(out / "tokenizer.model")
+    meta = records.load_metadata(out)
+    docs = []
+    for shard in records.split_shards(meta, out, split):
+        for doc in records.read_documents(shard["path"]):
+            docs.append([tok.decode(s) for s in doc])
+    return docs
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    paths = _bad_corpus(root)
+    out = root / "out"
+    cfg = prepare.PrepareConfig(output=str(out), tokenizer=TOKENIZER,
+                                inputs=(str(root / "*.txt"),), num_shards=3, processes=1,
+                                max_line_chars=10_000, max_reports=50, progress=False)
+    meta = prepare.prepare(cfg)
+    return paths, out, meta
+
+
+def test_bad_input_is_counted(bad_run):
+    _, out, meta = bad_run
+    assert meta == json.loads((out / "metadata.json").read_text()) | {}
+    assert meta["skipped"] == {text.EMPTY_FILE: 1, text.BLANK_FILE: 1}
+    repaired = meta["repaired"]
+    assert repaired[text.INVALID_UTF8] == 1
+    assert repaired[text.NUL_BYTES] == 1
+    assert repaired[text.CRLF] == 1  # counted once per file, not per line
+    assert repaired[text.BOM] == 1
+    assert repaired[text.LONG_LINE] == 1
+    assert meta["warnings"] == {text.SINGLE_DOCUMENT: 1}
+    assert meta["tokenizer"]["sha256"] == tok_lib.Tokenizer(TOKENIZER).sha256
+    assert meta["tokenizer"]["vocab_size"] == tok_lib.Tokenizer(TOKENIZER).vocab_size
+    assert sum(s["documents"] for s in meta["shards"]) == meta["documents"]
+    assert sum(s["tokens"] for s in meta["shards"]) == meta["tokens"]
+
+
+def test_bad_input_reports_file_and_line(bad_run):
+    paths, _, meta = bad_run
+    reports = meta["examples_of_problems"]
+    # "Sir Walter" is on line 4 of utf8.txt (2 sentences, blank line, then line 4).
+    assert f"{paths['utf8']}:4: {text.INVALID_UTF8}" in reports
+    assert f"{paths['nul']}:2: {text.NUL_BYTES}" in reports
+    assert f"{paths['long']}:4: {text.LONG_LINE}" in reports
+    assert f"{paths['empty']}: {text.EMPTY_FILE}" in reports
+
+
+def test_bad_input_keeps_all_good_text(bad_run):
+    _, out, meta = bad_run
+    sentences = {s for doc in _decoded_docs(out) for s in doc}
+    for doc in GOOD_DOCS:
+        for sentence in doc:
+            assert sentence in sentences
+    # The line with invalid bytes is kept (SentencePiece's normaliser drops the U+FFFD).
+    every = [s for doc in _decoded_docs(out) for s in doc]
+    assert every.count(GOOD_DOCS[1][0]) == 5  # good, utf8, nul, crlf and long files
+    assert not any("\x00" in s or "\ufeff" in s or "\r" in s for s in sentences)
+    # The 1 MB line was split, not dropped: its characters are all there.
+    assert sum(s.count("x") for s in every) >= 1 << 20
+    # good 3 + utf8 2 + nul 2 + crlf 3 + bom 2 + long 2 (+1 for the split line) + single 1.
+    assert meta["documents"] == 3 + 2 + 2 + 3 + 2 + 3 + 1
+
+
+def test_output_independent_of_processes_and_chunking(bad_run, tmp_path):
+    paths, out, _ = bad_run
+    cfg = prepare.PrepareConfig(output=str(tmp_path / "p2"), tokenizer=TOKENIZER,
+                                inputs=tuple(str(p) for p in sorted(paths.values())),
+                                num_shards=3, processes=2, chunk_bytes=1 << 17,
+                                max_line_chars=10_000, progress=False)
+    prepare.prepare(cfg)
+    # Same set of documents; shard order may differ as the file order does.
+    assert sorted(map(tuple, _decoded_docs(tmp_path / "p2"))) == \
+        sorted(map(tuple, _decoded_docs(out)))
+
+
+def test_small_chunks_keep_line_numbers(tmp_path):
+    lines = [f"Sentence number {i} is here." for i in range(200)]
+    body = "\n\n".join("\n".join(lines[i:i + 4]) for i in range(0, 200, 4)) + "\n"
+    body = body.replace("number 150 ", "number 150 \x00")
+    (tmp_path / "a.txt").write_text(body)
+    meta = prepare.prepare(prepare.PrepareConfig(
+        output=str(tmp_path / "out"), tokenizer=TOKENIZER, inputs=(str(tmp_path / "a.txt"),),
+        num_shards=2, processes=1, chunk_bytes=100, progress=False))
+    line = body.splitlines().index("Sentence number 150 \x00is here.") + 1
+    assert meta["examples_of_problems"] == [f"{tmp_path / 'a.txt'}:{line}: {text.NUL_BYTES}"]
+    assert meta["documents"] == 50 and meta["sentences"] == 200
+
+
+def test_workers_split_the_input_and_metadata_merges(tmp_path):
+    body = _bert_format(GOOD_DOCS * 20)
+    (tmp_path / "a.txt").write_text(body)
+    out = tmp_path / "out"
+    for k in range(2):
+        rc = prepare_cmd.main(["--input", str(tmp_path / "a.txt"), "--tokenizer", TOKENIZER,
+                               "--output", str(out), "--num-shards", "2", "--worker-index",
+                               str(k), "--num-workers", "2", "--processes", "1",
+                               "--no-progress"])
+        assert rc == 0
+        if k == 0:  # one worker's part alone is an incomplete dataset
+            with pytest.raises(FileNotFoundError, match=r"workers \[1\] of 2"):
+                records.load_metadata(out)
+    meta = records.load_metadata(out)
+    assert meta["documents"] == 60
+    assert sorted(s["file"] for s in meta["shards"]) == [
+        records.shard_name("train", i, 4) for i in range(4)]
+    assert sorted(map(tuple, _decoded_docs(out))) == sorted(map(tuple, GOOD_DOCS * 20))
+
+
+def test_eval_split_is_disjoint_and_stable(tmp_path):
+    docs = [[f"Document {i} opens here.", f"Document {i} closes there."] for i in range(200)]
+    (tmp_path / "a.txt").write_text(_bert_format(docs))
+    metas = []
+    for name in ("x", "y"):
+        metas.append(prepare.prepare(prepare.PrepareConfig(
+            output=str(tmp_path / name), tokenizer=TOKENIZER, inputs=(str(tmp_path / "a.txt"),),
+            num_shards=2, eval_fraction=0.2, eval_shards=2, processes=1, progress=False)))
+    train, held = _decoded_docs(tmp_path / "x"), _decoded_docs(tmp_path / "x", "eval")
+    assert 20 <= len(held) <= 60 and len(train) + len(held) == 200
+    assert not set(map(tuple, train)) & set(map(tuple, held))
+    assert sorted(map(tuple, _decoded_docs(tmp_path / "y", "eval"))) == sorted(map(tuple, held))
+    assert {s["split"] for s in metas[0]["shards"]} == {"train", "eval"}
+
+
+def test_chinese_text(tmp_path):
+    chinese = REPO / "tests" / "fixtures" / "data" / "chinese.txt"
+    tok_lib.train_tokenizer([str(chinese)], str(tmp_path / "zh"),
+                            tok_lib.TrainOptions(vocab_size=700, num_threads=1))
+    meta = prepare.prepare(prepare.PrepareConfig(
+        output=str(tmp_path / "out"), tokenizer=str(tmp_path / "zh.model"),
+        inputs=(str(chinese),), num_shards=1, processes=1, progress=False))
+    assert meta["documents"] == 4 and meta["skipped"] == {} and meta["repaired"] == {}
+    docs = _decoded_docs(tmp_path / "out")
+    assert "学而时习之,不亦说乎?" in [s for d in docs for s in d]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    rc = prepare_cmd.main(["--input", str(tmp_path / "none.txt"), "--tokenizer", TOKENIZER,
+                           "--output", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err == f"bertjax prepare: {tmp_path / 'none.txt'}: no such file"
+    (tmp_path / "a.txt").write_text("Hello there.\n")
+    rc = prepare_cmd.main(["--input", str(tmp_path / "a.txt"), "--tokenizer",
+                           str(tmp_path / "a.txt"), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "not a SentencePiece model" in err and len(err.splitlines()) == 1
+
+
+def test_tfds_mock_corpus(tmp_path):
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    texts = ["Mr. Darcy danced. He did not smile!\nA new paragraph starts here.",
+             "道可道，非常道。名可名，非常名。", "", "One more document. It has two sentences."]
+
+    def as_dataset(self, split, *args, **kwargs):
+        del self, split, args, kwargs
+        return tf.data.Dataset.from_tensor_slices(
+            {"text": texts, "title": ["t"] * len(texts)})
+
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+        meta = prepare.prepare(prepare.PrepareConfig(
+            output=str(tmp_path / "out"), tokenizer=TOKENIZER, tfds="wikipedia/20230601.en",
+            tfds_data_dir=str(tmp_path / "tfds"), num_shards=2, processes=1, progress=False))
+    assert meta["documents"] == 3 and meta["inputs"] == ["tfds:wikipedia/20230601.en"]
+    docs = _decoded_docs(tmp_path / "out")
+    assert ["Mr. Darcy danced.", "He did not smile!", "A new paragraph starts here."] in docs
+    assert ["One more document.", "It has two sentences."] in docs
+    assert any(len(d) == 2 and d[0].endswith("。") for d in docs)  # Chinese split at 。
+
+
+def test_tfds_default_mock_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=12):
+        meta = prepare.prepare(prepare.PrepareConfig(
+            output=str(tmp_path / "out"), tokenizer=TOKENIZER, tfds="wikipedia/20230601.en:train",
+            num_shards=2, processes=1, progress=False))
+    assert 0 < meta["documents"] <= 12 and meta["tokens"] > 0

@@ -1,0 +1,124 @@
+"""Tokenizer: fixed special ids, training (unigram/BPE, English/Chinese), clear load errors."""
+
+import pathlib
+import unicodedata
+
+import pytest
+
+from bertjax import tokenizer as tok_lib
+from bertjax.commands import tokenizer as tokenizer_cmd
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BUNDLED = REPO / "data" / "tokenizer.model"
+CHINESE = REPO / "tests" / "fixtures" / "data" / "chinese.txt"
+
+
+def test_bundled_tokenizer_has_fixed_special_ids():
+    tok = tok_lib.Tokenizer(BUNDLED)
+    pieces = [tok.id_to_piece(i) for i in range(5)]
+    assert pieces == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert (tok_lib.PAD_ID, tok_lib.UNK_ID, tok_lib.CLS_ID, tok_lib.SEP_ID,
+            tok_lib.MASK_ID) == (0, 1, 2, 3, 4)
+    assert 7000 <= tok.vocab_size <= 8000
+    assert len(tok.sha256) == 64
+
+
+def test_encode_decode_roundtrip_and_word_starts():
+    tok = tok_lib.Tokenizer(BUNDLED)
+    text = "It is a truth universally acknowledged, that a single man in 1811."
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert tok_lib.UNK_ID not in ids
+    assert tok.is_word_start(ids[0]) and tok.id_to_piece(ids[0]).startswith("\u2581")
+    comma = tok.piece_to_id(",")
+    assert not tok.is_word_start(comma)
+    assert not any(tok.is_word_start(i) for i in range(5))
+
+
+def test_special_token_text_is_not_a_special_token():
+    tok = tok_lib.Tokenizer(BUNDLED)
+    ids = tok.encode("[MASK] [CLS] [SEP] [PAD]")
+    assert not set(ids) & {0, 2, 3, 4}
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_train_english(tmp_path, model_type):
+    sample = tmp_path / "sample.txt"
+    lines = (REPO / "data" / "austen.txt").read_text().splitlines()[:3000]
+    sample.write_text("\n".join(lines))
+    tok = tok_lib.train_tokenizer([str(sample)], str(tmp_path / "en"),
+                                  tok_lib.TrainOptions(vocab_size=600, model_type=model_type,
+                                                       num_threads=1))
+    assert (tmp_path / "en.model").is_file() and (tmp_path / "en.vocab").is_file()
+    assert [tok.id_to_piece(i) for i in range(5)] == list(tok_lib.SPECIAL_PIECES)
+    ids = tok.encode("Elinor and Marianne walked to Barton.")
+    assert tok.decode(ids) == "Elinor and Marianne walked to Barton."
+
+
+def test_train_chinese_characters_do_not_become_unk(tmp_path, capsys):
+    rc = tokenizer_cmd.main(["train", "--input", str(CHINESE), "--vocab-size", "700",
+                             "--output", str(tmp_path / "zh")])
+    assert rc == 0, capsys.readouterr().err
+    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    for line in CHINESE.read_text(encoding="utf-8").splitlines():
+        if line:
+            ids = tok.encode(line)
+            assert tok_lib.UNK_ID not in ids, line
+            # SentencePiece applies NFKC: full-width punctuation becomes ASCII.
+            assert tok.decode(ids) == unicodedata.normalize("NFKC", line)
+    # A character never seen in training falls back to bytes, not [UNK].
+    ids = tok.encode("龘")
+    assert tok_lib.UNK_ID not in ids and tok.decode(ids) == "龘"
+
+
+def test_too_small_vocab_is_a_one_line_error(tmp_path, capsys):
+    rc = tokenizer_cmd.main(["train", "--input", str(CHINESE), "--vocab-size", "300",
+                             "--output", str(tmp_path / "zh")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "vocab" in err.lower() and len(err.strip().splitlines()) == 1
+
+
+def test_glob_input_and_missing_input(tmp_path, capsys):
+    rc = tokenizer_cmd.main(["train", "--input", str(tmp_path / "nothing*.txt"),
+                             "--vocab-size", "400", "--output", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "nothing*.txt: no such file" in err and len(err.strip().splitlines()) == 1
+
+
+def _one_line_error(path) -> str:
+    with pytest.raises(tok_lib.TokenizerError) as e:
+        tok_lib.Tokenizer(path)
+    message = str(e.value)
+    assert str(path) in message and "\n" not in message
+    return message
+
+
+def test_missing_truncated_and_foreign_files(tmp_path):
+    assert "not found" in _one_line_error(tmp_path / "missing.model")
+    truncated = tmp_path / "truncated.model"
+    truncated.write_bytes(BUNDLED.read_bytes()[:1000])
+    assert "truncated" in _one_line_error(truncated)
+    text_file = tmp_path / "notes.model"
+    text_file.write_text("this is not a model\n")
+    assert "not a SentencePiece model" in _one_line_error(text_file)
+
+
+def test_model_without_bert_special_tokens_is_rejected(tmp_path):
+    import sentencepiece as spm
+
+    sample = tmp_path / "sample.txt"
+    sample.write_text("\n".join((REPO / "data" / "austen.txt").read_text().splitlines()[:500]))
+    with tok_lib._stderr_to(tmp_path / "log"):
+        spm.SentencePieceTrainer.train(input=str(sample), model_prefix=str(tmp_path / "plain"),
+                                       vocab_size=300)
+    assert "expected" in _one_line_error(tmp_path / "plain.model")
+
+
+def test_cli_info_and_encode(capsys):
+    assert tokenizer_cmd.main(["info", "--model", str(BUNDLED)]) == 0
+    assert '"[MASK]": 4' in capsys.readouterr().out
+    assert tokenizer_cmd.main(["encode", "--model", str(BUNDLED), "Pride", "and"]) == 0
+    pieces, ids = capsys.readouterr().out.strip().splitlines()
+    tok = tok_lib.Tokenizer(BUNDLED)
+    assert [int(i) for i in ids.split()] == tok.encode("Pride and")
+    assert "".join(pieces.split()).replace("\u2581", " ").strip() == "Pride and"
