@@ -1,19 +1,18 @@
 """How fast one BERT config trains here: tokens/s, model FLOPs, MFU, and the Hugging Face peers.
 
-`run(spec)` times the full train step (forward, MLM + NSP loss, backward, AdamW update) on one
-synthetic batch after warm-up and returns one flat dict (what `bertjax bench --json` prints).
+`run(spec)` times `bertjax.train`'s step (forward, MLM + NSP loss, backward, clipping, AdamW
+update: exactly what `bertjax pretrain` runs) on one synthetic batch after warm-up, and returns
+one flat dict (what `bertjax bench --json` prints).
 
-Model FLOPs count only useful work (PaLM appendix B / Chinchilla convention, adapted to BERT):
-  6 x (encoder parameters) x (B L tokens)          matmuls, forward (2) + backward (4)
-  + 12 x layers x H x L per token                   attention scores QK^T and probs x V
-  + 6 x (MLM head parameters) x (B P masked rows)   the head runs at masked positions only
-  + 6 x (pooler + NSP parameters) x B               the pooler sees [CLS] only
-Embedding lookups are free. Nothing recomputed (remat) or wasted (a full-sequence MLM head, as
-the peers run) is counted, so MFU is comparable across implementations of the same model.
+Model FLOPs are `bertjax.flops.pretraining_flops_per_step`: 6 x encoder parameters x tokens,
++ 12 x layers x H x L per token for attention, + the MLM head on the P gathered masked rows
+only, + pooler and NSP on [CLS]. Nothing recomputed (remat) or wasted (a full-sequence MLM
+head, as the peers run) counts, so MFU compares implementations of the same model fairly.
 
 MFU = model FLOPs per second / peak FLOP/s of the devices used. On CPU the peak is measured in
-the same run: the best dense matmul FLOP/s that JAX reaches here (`measure_cpu_peak`). On
-GPU/TPU it is the published dense bf16 peak of the chip (`PUBLISHED_PEAK_FLOPS`).
+the same run: the best dense matmul FLOP/s that JAX reaches on this machine, all cores
+(`measure_cpu_peak`; fake host devices share those cores, so it is not multiplied). On GPU/TPU
+it is the published dense bf16 peak per chip (`bertjax.flops.PEAK_FLOPS`) x chips.
 
 Shape letters: B batch, L sequence length, H hidden, P masked positions, V vocabulary.
 """
@@ -28,24 +27,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from bertjax import bench_peers
+from bertjax import flops as flops_lib
 from bertjax import model as model_lib
 
-# device_kind substring -> published dense bf16 peak FLOP/s per chip (vendor datasheets).
-# Order matters: the first substring found in `device.device_kind` wins.
-PUBLISHED_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989e12),
-    ("H100 PCIe", 0.0),  # a different part from H100 SXM; pass --peak-flops
-    ("H100", 989e12),  # SXM
-    ("A100", 312e12),
-    ("TPU v4", 275e12),
-    ("TPU v5 lite", 197e12),  # v5e
-    ("TPU v5p", 459e12),
-    ("TPU v5", 459e12),  # v5p reports itself as "TPU v5"
-    ("TPU v6 lite", 918e12),  # v6e (Trillium)
-)
 CPU_PEAK_SIZES = (512, 1024, 2048)  # square matmuls; the best of these is the CPU's peak
 
 
@@ -87,35 +73,6 @@ class BenchSpec:
     return self.num_masked or bench_peers.max_predictions(self.seq_len)
 
 
-# ------------------------------------------------------------------------------------ FLOPs
-
-
-def param_groups(cfg: model_lib.BertConfig) -> dict[str, int]:
-  """Parameter counts of BertForPreTraining by where they act (sums to `count_params`)."""
-  H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-  layer = (3 * H * H + 3 * H) + (H * H + H) + 2 * H + (H * F + F) + (F * H + H) + 2 * H
-  return {
-      "embeddings": (V + cfg.max_position_embeddings + cfg.type_vocab_size) * H + 2 * H,
-      "encoder": cfg.num_layers * layer,
-      # transform dense + LayerNorm + the tied decoder (V x H, counted again: it is a matmul
-      # here, a lookup in the embeddings) + output bias.
-      "mlm_head": (H * H + H) + 2 * H + V * H + V,
-      "pooler_nsp": (H * H + H) + (2 * H + 2),
-  }
-
-
-def model_flops_per_step(cfg: model_lib.BertConfig, batch_size: int, seq_len: int,
-                         num_masked: int) -> float:
-  """Training FLOPs of one step: see the module docstring for the formula."""
-  g = param_groups(cfg)
-  tokens = batch_size * seq_len
-  encoder = 6 * g["encoder"] * tokens
-  attention = 12 * cfg.num_layers * cfg.hidden_size * seq_len * tokens
-  mlm = 6 * (g["mlm_head"] - cfg.vocab_size) * batch_size * num_masked  # the bias is an add
-  cls = 6 * g["pooler_nsp"] * batch_size
-  return float(encoder + attention + mlm + cls)
-
-
 # ------------------------------------------------------------------------------------- peak
 
 
@@ -142,52 +99,49 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
     dtypes = sorted({"float32", spec.dtype})
     peak = max(measure_cpu_peak(d) for d in dtypes)
     return peak, f"measured: best jitted {'/'.join(dtypes)} matmul on {bench_peers.num_cores()} cores"
-  for kind, flops in PUBLISHED_PEAK_FLOPS:
-    if kind in dev.device_kind and flops > 0:
-      return flops * len(devices), f"published dense bf16 peak of {dev.device_kind} x {len(devices)}"
+  per_device = flops_lib.peak_flops_per_device(dev)
+  if per_device:
+    return per_device * len(devices), (f"published dense bf16 peak of {dev.device_kind} x "
+                                       f"{len(devices)}")
   raise ValueError(f"bench: no published peak for device kind {dev.device_kind!r}; pass "
                    f"--peak-flops FLOPS (the dense bf16 peak of all {len(devices)} devices)")
 
 
 # ------------------------------------------------------------------------------- train step
 
-
-def mlm_nsp_loss(out: model_lib.PretrainingOutput, batch: dict[str, jax.Array]) -> jax.Array:
-  """Mean MLM cross-entropy over real masked positions + mean NSP cross-entropy."""
-  w_BxP = batch["masked_weights"].astype(jnp.float32)
-  mlm_BxP = optax.softmax_cross_entropy_with_integer_labels(out.mlm_logits, batch["masked_ids"])
-  nsp_B = optax.softmax_cross_entropy_with_integer_labels(out.nsp_logits, batch["nsp_labels"])
-  return (mlm_BxP * w_BxP).sum() / jnp.maximum(w_BxP.sum(), 1.0) + nsp_B.mean()
+_PRETRAIN_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "experiments", "pretrain.py")
 
 
-def standin_step(cfg: model_lib.BertConfig, batch: dict[str, np.ndarray], seed: int):
-  """(state, jitted step) for model + AdamW + MLM/NSP loss on one device, state donated."""
-  model = model_lib.BertForPreTraining(cfg)
-  tx = optax.adamw(1e-4, weight_decay=0.01)
+def train_config(spec: BenchSpec):
+  """experiments/pretrain.py's config for `spec.preset`, with the benchmark's shape and numerics.
 
-  def init(key):
-    params = model.init(key, batch["input_ids"][:1], batch["token_type_ids"][:1],
-                        batch["attention_mask"][:1], batch["masked_positions"][:1])["params"]
-    params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params,
-                          is_leaf=lambda x: hasattr(x, "unbox"))
-    return {"params": params, "opt": tx.init(params), "rng": jax.random.key(seed + 1)}
+  The optimizer, clipping, loss and step are exactly those of `bertjax pretrain`; only what the
+  benchmark varies is overridden (a preset's paper defaults such as bf16 and scan_layers too,
+  so every flag means what it says).
+  """
+  if not os.path.exists(_PRETRAIN_CONFIG):
+    raise FileNotFoundError(f"bench: {_PRETRAIN_CONFIG} not found; it ships in the source tree: "
+                            "run from a git checkout")
+  import importlib.util  # a fixed file path, not a module chosen by a string
 
-  def step(state, batch):
-    rng, dropout_key = jax.random.split(state["rng"])
-
-    def loss_fn(params):
-      out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
-                        batch["attention_mask"], batch["masked_positions"],
-                        deterministic=False, rngs={"dropout": dropout_key})
-      return mlm_nsp_loss(out, batch)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-    updates, opt = tx.update(grads, state["opt"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates), "opt": opt,
-            "rng": rng}, {"loss": loss}
-
-  state = jax.jit(init)(jax.random.key(seed))
-  return state, jax.jit(step, donate_argnums=0)
+  mod_spec = importlib.util.spec_from_file_location("bertjax_pretrain_config", _PRETRAIN_CONFIG)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  c = mod.get_config(spec.preset)
+  c.seed = spec.seed
+  c.model.vocab_size = spec.vocab_size
+  c.model.dtype = spec.dtype
+  c.model.remat = spec.remat
+  c.model.scan_layers = spec.scan_layers
+  c.model.attention_dropout_rate = spec.attention_dropout
+  c.data.source = "synthetic"
+  c.data.seq_len = spec.seq_len
+  c.data.max_predictions_per_seq = spec.masked()
+  c.train.batch_size = spec.batch_size
+  c.train.microbatches = 1
+  c.phase2.fraction = 0.0  # one phase: the schedule must not switch shapes mid-benchmark
+  return c
 
 
 def _memory_bytes(compiled, device: jax.Device) -> tuple[int | None, str]:
@@ -201,14 +155,19 @@ def _memory_bytes(compiled, device: jax.Device) -> tuple[int | None, str]:
     return None, "unavailable"
 
 
-def time_bertjax(spec: BenchSpec) -> dict[str, Any]:
-  """Compile (timed, ahead of time) and run the bertjax train step; the step's numbers."""
-  cfg = spec.model_config()
-  batch = {k: jnp.asarray(v) for k, v in bench_peers.synthetic_batch(
-      spec.batch_size, spec.seq_len, spec.masked(), spec.vocab_size, spec.seed).items()}
-  state, step = standin_step(cfg, batch, spec.seed)
+def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Compile (timed, ahead of time) and run `bertjax.train`'s step on one synthetic batch."""
+  from bertjax import sharding
+  from bertjax import train
+
+  mesh = mesh or sharding.make_mesh(data=-1)
+  setup = train.setup(train_config(spec), mesh)
+  state = setup.init_state(spec.seed)
+  host_batch = bench_peers.synthetic_batch(spec.batch_size, spec.seq_len, spec.masked(),
+                                           spec.vocab_size, spec.seed)
+  batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   t0 = time.perf_counter()
-  compiled = step.lower(state, batch).compile()
+  compiled = setup.train_step.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
   box = [state]
 
@@ -217,10 +176,10 @@ def time_bertjax(spec: BenchSpec) -> dict[str, Any]:
     return metrics["loss"]
 
   t = bench_peers.time_steps(one, jax.block_until_ready, spec.warmup, spec.steps)
-  mem, mem_source = _memory_bytes(compiled, jax.devices()[0])
+  mem, mem_source = _memory_bytes(compiled, mesh.devices.flat[0])
   return {**t, "compile_s": compile_s, "first_step_s": t["compile_s"],
           "peak_memory_bytes": mem, "memory_source": mem_source,
-          "params": model_lib.count_params(box[0]["params"])}
+          "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
 
 
 def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None
@@ -231,9 +190,10 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
     raise ValueError(f"bench: unknown peer(s) {unknown} in --compare; valid: "
                      f"{', '.join(bench_peers.PEERS)}")
   cfg = spec.model_config()
-  devices = jax.devices()[:1]
+  devices = jax.devices()
   peak, peak_source = device_peak(devices, spec)
-  flops = model_flops_per_step(cfg, spec.batch_size, spec.seq_len, spec.masked())
+  flops = flops_lib.pretraining_flops_per_step(cfg, spec.batch_size, spec.seq_len,
+                                                 spec.masked())
   res = time_bertjax(spec)
   out = {"name": "bertjax", **dataclasses.asdict(spec), "num_masked": spec.masked(),
          "device": f"{devices[0].device_kind} x {len(devices)}", "platform": devices[0].platform,

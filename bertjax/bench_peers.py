@@ -92,14 +92,18 @@ def time_steps(step: Callable[[], Any], sync: Callable[[Any], Any], warmup: int,
   if steps < 1 or warmup < 1:
     raise ValueError(f"time_steps: need warmup >= 1 (compiles) and steps >= 1, got "
                      f"warmup={warmup} steps={steps}")
-  times = []
+  times, cpu_times = [], []
   for _ in range(warmup + steps):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sync(step())
     times.append(time.perf_counter() - t0)
+    cpu_times.append(time.process_time() - c0)
   timed = times[warmup:]
+  # CPU seconds of this process per step: steadier than wall time when other jobs share the
+  # cores, so it is the better number for A/B comparisons on a busy machine.
   return {"compile_s": times[0], "step_ms": 1e3 * statistics.median(timed),
-          "step_ms_min": 1e3 * min(timed), "steps_timed": len(timed)}
+          "step_ms_min": 1e3 * min(timed), "steps_timed": len(timed),
+          "cpu_ms": 1e3 * statistics.median(cpu_times[warmup:])}
 
 
 def _throughput(result: dict, batch_size: int, seq_len: int) -> dict:

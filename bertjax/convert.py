@@ -135,6 +135,11 @@ def _hf_entries(cfg: BertConfig) -> Iterator[_Entry]:
   yield from dense(("nsp",), "cls.seq_relationship")
 
 
+def hf_tensor_names(cfg: BertConfig) -> set[str]:
+  """Every HF tensor name `hf_to_params` reads for this config."""
+  return {n for _, names, _, _ in _hf_entries(cfg) for n in names}
+
+
 def _legacy_names(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """Old checkpoints name LayerNorm parameters gamma/beta."""
   out = {}

@@ -14,7 +14,7 @@ A released model directory holds `bert_config.json`, `vocab.txt` and a V2 checkp
 
 Each Google name maps to exactly one Hugging Face `BertForPreTraining` name, so the tensors go
 through `convert.hf_to_params` / `convert.params_to_hf`, and the QKV fusing and head layouts
-live in one place (`convert._hf_entries`). Optimizer slots (`adam_m`, `adam_v`) and
+live in one place (`convert.py`). Optimizer slots (`adam_m`, `adam_v`) and
 `global_step` of fine-tuning checkpoints are skipped.
 
 TensorFlow is imported only inside the functions that touch the bundle.
@@ -169,7 +169,7 @@ def load_google(src: str | Path, config_path: str | Path | None = None
   config_path = Path(config_path) if config_path else Path(prefix).parent / CONFIG_NAME
   cfg = read_config(config_path)
   state, origin, _ = read_state(prefix)
-  unused = sorted(set(state) - {n for _, names, _, _ in convert._hf_entries(cfg) for n in names})
+  unused = sorted(set(state) - convert.hf_tensor_names(cfg))
   if unused:
     raise convert.ConversionError(
         f"{prefix}: variable {origin[unused[0]]!r} is not part of BERT "

@@ -157,6 +157,20 @@ def _init_from(setup: train.Setup, state: train.TrainState, path: str) -> train.
   return state.replace(params=params)
 
 
+def _data_state(config, saved: list | None, writer) -> dict | None:
+  """This process's saved input position; adapted when the number of processes changed."""
+  if not saved:
+    return None
+  if len(saved) == jax.process_count():
+    return saved[jax.process_index()]
+  first = saved[0]
+  if config.data.source == "synthetic":  # batch s is f(seed, s) for any host count
+    return {"phase": first["phase"], "stream": {"step": first["stream"]["step"]}}
+  writer.log(f"warning: the checkpoint's input position was saved by {len(saved)} processes "
+             f"and cannot carry over to {jax.process_count()}; the input stream restarts")
+  return None
+
+
 def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, float]:
   """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed."""
   from bertjax.data import pretraining
@@ -227,7 +241,8 @@ def train_and_evaluate(config, workdir: str) -> int:
                               "config.train.batch_size" if ph.index == 0
                               else "config.phase2.batch_size")
   is_main = jax.process_index() == 0
-  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main)
+  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main,
+                                        tensorboard=config.get("tensorboard", True))
   if is_main:
     (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   setups = {ph.index: train.setup(phase_config(config, ph), mesh) for ph in plan}
@@ -249,8 +264,7 @@ def train_and_evaluate(config, workdir: str) -> int:
     checkpoint.check_compatible(saved["bert_config"], setup0.bert_config, where,
                                 saved.get("optimizer"), config.train.optimizer)
     state, data_states, _ = mngr.restore(latest, setup0.abstract_state)
-    data_state = data_states[jax.process_index()] if data_states and len(data_states) == \
-        jax.process_count() else None
+    data_state = _data_state(config, data_states, writer)
     writer.log(f"resumed from {where}")
   else:
     state = setup0.init_state(config.seed)

@@ -93,9 +93,13 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int =
       arr = np.asarray(devices).reshape(ici)  # CPU / unknown topologies
   else:
     is_tpu = devices[0].platform == "tpu"
-    arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
-                                               process_is_granule=not is_tpu,
-                                               allow_split_physical_axes=True)
+    try:
+      arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                                 process_is_granule=not is_tpu,
+                                                 allow_split_physical_axes=True)
+    except ValueError:  # fewer slices/processes than dcn asks (e.g. fake CPU devices)
+      grid = np.asarray(devices).reshape(dcn + ici).transpose(0, 3, 1, 4, 2, 5)
+      arr = grid.reshape([d * i for d, i in zip(dcn, ici)])
   return Mesh(arr, MESH_AXES)
 
 

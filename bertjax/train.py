@@ -182,7 +182,7 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
     poison = jnp.where(state.step == inject_nan_at_step, jnp.nan, 1.0)
     loss = loss * poison
     grads = jax.tree.map(lambda g: g * poison, grads)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, new_opt = tx.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
@@ -191,7 +191,7 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
   new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
                             opt_state=keep(new_opt, state.opt_state))
   metrics.update(loss=loss, grad_norm=grad_norm, finite=ok.astype(jnp.float32),
-                 learning_rate=schedule(state.step), param_norm=optax.global_norm(new_params))
+                 learning_rate=schedule(state.step), param_norm=optax.tree.norm(new_params))
   return new_state, metrics
 
 

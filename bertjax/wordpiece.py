@@ -55,7 +55,8 @@ def read_vocab(path: str | os.PathLike) -> list[str]:
   try:
     pieces = path.read_text(encoding="utf-8").split("\n")
   except UnicodeDecodeError as e:
-    raise WordPieceError(f"{path}: not UTF-8 text at byte {e.start}; is this a vocab.txt?") from None
+    raise WordPieceError(f"{path}: not UTF-8 text at byte {e.start}; is this a vocab.txt?"
+                         ) from None
   if pieces and pieces[-1] == "":
     pieces.pop()  # the final newline
   pieces = [p.rstrip("\r") for p in pieces]

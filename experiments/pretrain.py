@@ -2,6 +2,7 @@ r"""BERT pretraining (MLM + NSP), from a CPU smoke run to the paper's BERT-base/
 
 Purpose: one config file for every model size. `arg` picks the variant:
 
+  demo                           `bertjax demo`: tiny model, seq 64, 600 steps, ~5 min on CPU
   tiny | mini | small | medium   CPU / single-accelerator scale on the bundled corpus
   base | large                   Devlin et al. 2018: batch 256 x 1M steps, 90% of the steps at
                                  seq 128 then 10% at seq 512, Adam lr 1e-4, 10k warmup steps,
@@ -31,6 +32,7 @@ import ml_collections
 
 # variant -> (model preset, global batch, steps, peak lr, warmup steps)
 _SCALES = {
+    "demo": ("tiny", 32, 600, 1e-3, 60),
     "tiny": ("tiny", 64, 2000, 1e-3, 100),
     "mini": ("mini", 128, 10_000, 5e-4, 500),
     "small": ("small", 256, 20_000, 3e-4, 1000),
@@ -122,8 +124,16 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval.batch_size = min(batch, 64) if not paper else 256  # GLOBAL eval batch
 
   c.log_every_steps = 50 if not paper else 100  # progress line / metrics.jsonl interval
+  c.tensorboard = True  # also write TensorBoard event files (needs TensorFlow)
   c.peak_flops_per_device = ml_collections.FieldReference(None, field_type=float)  # MFU; None: from device kind
 
+  if variant == "demo":  # short sequences: 4x the steps of seq 128 in the same CPU time
+    c.data.seq_len = 64
+    c.data.max_predictions_per_seq = 10
+    c.log_every_steps = 50
+    c.checkpoint.every_steps = 200
+    c.eval.every_steps = 200
+    c.eval.steps = 4
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563

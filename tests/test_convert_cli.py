@@ -108,3 +108,29 @@ def test_save_hf_then_load_hf_keeps_the_config(google_dir, tmp_path):
   assert _run("--from", "google", d, "--to", "hf", tmp_path / "hf") == 0
   cfg, _ = convert.load_hf(tmp_path / "hf")
   assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size) == (2, 32, 64)
+
+
+def test_sentencepiece_tokenizer_for_transformers(tmp_path):
+  # A model pretrained here uses the bundled SentencePiece model (vocab 8000).
+  import pathlib
+
+  import sentencepiece as spm
+
+  torch = pytest.importorskip("torch")
+  root = pathlib.Path(__file__).parents[1]
+  sp_path = root / "data" / "tokenizer.model"
+  sp = spm.SentencePieceProcessor(model_file=str(sp_path))
+  torch.manual_seed(0)
+  hf_cfg = transformers.BertConfig(**{**HF_CONFIG, "vocab_size": sp.get_piece_size()})
+  transformers.BertForPreTraining(hf_cfg).save_pretrained(tmp_path / "src")
+  assert _run("--from", "hf", tmp_path / "src", "--vocab", sp_path, "--to", "hf",
+              tmp_path / "hf") == 0
+  hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  lines = [l for l in (root / "data" / "austen.txt").read_text().splitlines() if l.strip()][:300]
+  lines += ["Numbers 1,234.50 and 1st; café naïve ﬁ  double  spaces", "中文 😀"]
+  for line in lines:
+    assert hf_tok.encode(line) == [2] + sp.encode(line) + [3], line
+  pair = hf_tok("Elinor.", "Marianne.")
+  assert pair["input_ids"] == [2] + sp.encode("Elinor.") + [3] + sp.encode("Marianne.") + [3]
+  assert pair["token_type_ids"][-1] == 1
+  assert hf_tok.mask_token_id == 4 and hf_tok.pad_token_id == 0

@@ -129,6 +129,15 @@ def test_tfds_mock_every_task(name):
       assert ((0 <= ex.labels) & (ex.labels < task.num_labels)).all()
 
 
+def test_tfds_not_prepared_says_how(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  from bertjax.glue import tfds_source
+
+  task = tasks.TASKS["sst2"]
+  with pytest.raises(tsv.GlueDataError, match=r"tfds build glue --config sst2 --data_dir DIR"):
+    tfds_source.load_split(task, task.train, str(tmp_path), labelled=True)
+
+
 class _Chars:
   """A tokenizer with WordPiece-style special ids: one id per character."""
 

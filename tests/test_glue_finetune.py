@@ -91,7 +91,7 @@ def test_checkpoint_from_8_devices_finetuned_on_1_beats_majority(tmp_path):
   proc = subprocess.run(cmd, env=_one_device_env(), capture_output=True, text=True, timeout=600,
                         cwd=str(tmp_path))
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "@7:" in proc.stdout  # the encoder came from the checkpoint (step 7)
+  assert f"bertjax:{tmp_path / 'ckpt'}" in proc.stdout  # restored, not random
   results = json.loads((out / "results.json").read_text())
   acc = results["sst2"]["accuracy"]
   assert acc > majority + 0.05, (acc, majority, proc.stdout)
@@ -100,13 +100,43 @@ def test_checkpoint_from_8_devices_finetuned_on_1_beats_majority(tmp_path):
   assert [h["epoch"] for h in history] == list(range(1, 7))
   assert max(h["accuracy"] for h in history) == acc
   best = json.loads((out / "sst2" / "best.json").read_text())
-  assert best["dev"]["accuracy"] == acc and best["init"].endswith("@7")
+  assert best["dev"]["accuracy"] == acc and best["init"].startswith("bertjax:")
   assert (out / "sst2" / "best").is_dir()
   lines = (out / "submission" / "SST-2.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 11
   assert [l.split("\t")[0] for l in lines[1:]] == [str(i) for i in range(10)]
   assert {l.split("\t")[1] for l in lines[1:]} <= {"0", "1"}
   assert "| sst2 | accuracy |" in (out / "results.md").read_text()
+
+
+def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
+  import shutil
+
+  import jax
+
+  from bertjax import convert, model as model_lib
+  from bertjax.glue import finetune, restore
+
+  cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
+  d = model_lib.dummy_inputs()
+  params = model_lib.nn.unbox(model_lib.BertForPreTraining(cfg).init(
+      jax.random.key(3), d["input_ids"], d["token_type_ids"], d["attention_mask"],
+      d["masked_positions"])["params"])
+  convert.save_hf(params, cfg, tmp_path / "hf")
+  shutil.copy(TOKENIZER, tmp_path / "hf" / "tokenizer.model")
+  enc = restore.load_encoder(str(tmp_path / "hf"))
+  assert enc.source.startswith("hf:") and enc.tokenizer.vocab_size == 8000
+  trainer = finetune.Trainer(tasks.TASKS["mnli"], enc, finetune.Recipe(), total_steps=10)
+  state = trainer.init_state(seed=0, learning_rate=2e-5)
+  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(state.params["bert"]),
+                               jax.tree.leaves(params["bert"])):
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, err_msg=str(path))
+  assert state.params["classifier"]["kernel"].shape == (cfg.hidden_size, 3)
+  assert float(state.learning_rate) == pytest.approx(2e-5)
+  with pytest.raises(ValueError, match="--init random needs --tokenizer"):
+    restore.load_encoder("random")
+  with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+    restore.load_encoder(str(tmp_path / "missing"))
 
 
 def _run_cli(argv):
@@ -116,15 +146,25 @@ def _run_cli(argv):
 
 
 @pytest.mark.slow
-def test_tfds_mnli_writes_matched_mismatched_and_ax(tmp_path):
+def test_tfds_mnli_sweep_writes_matched_mismatched_ax_and_spread(tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
   out = tmp_path / "out"
   with tfds.testing.mock_data(num_examples=40):
     _run_cli(["--task", "mnli", "--init", "random", "--tokenizer", TOKENIZER, "--data", "tfds",
               "--workdir", str(out), "--max-seq-len", "16", "--epochs", "1", "--max-steps", "2",
-              "--no-progress"])
-  results = json.loads((out / "results.json").read_text())
-  assert set(results["mnli"]) == {"matched_accuracy", "mismatched_accuracy"}
+              "--sweep", "--learning-rates", "1e-4", "--seeds", "2", "--no-progress"])
+  row = json.loads((out / "results.json").read_text())["mnli"]
+  assert set(row) == {f"{m}{s}" for m in ("matched_accuracy", "mismatched_accuracy")
+                      for s in ("", "_mean", "_std", "_runs")}
+  assert row["matched_accuracy_runs"] == 2
+  assert row["matched_accuracy"] >= row["matched_accuracy_mean"]
+  sweep = json.loads((out / "mnli" / "sweep.json").read_text())
+  assert [(s["learning_rate"], s["seed"]) for s in sweep] == [(1e-4, 0), (1e-4, 1)]
+  assert sum(s["best"] for s in sweep) == 1
+  kept = [s["seed"] for s in sweep
+          if (out / "mnli" / f"lr0.0001-seed{s['seed']}" / "best").is_dir()]
+  assert kept == [s["seed"] for s in sweep if s["best"]]  # only the best run's checkpoint
+  assert "± " in (out / "results.md").read_text()
   for name in ("MNLI-m", "MNLI-mm", "AX"):
     lines = (out / "submission" / f"{name}.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 41
@@ -132,25 +172,21 @@ def test_tfds_mnli_writes_matched_mismatched_and_ax(tmp_path):
 
 
 @pytest.mark.slow
-def test_custom_regression_sweep_reports_mean_and_std(tmp_path):
+def test_custom_regression_task(tmp_path):
   sts = os.path.join(FIXTURES, "STS-B")
   out = tmp_path / "out"
   _run_cli(["--task", "custom", "--name", "sts", "--train", os.path.join(sts, "train.tsv"),
             "--dev", os.path.join(sts, "dev.tsv"), "--test", os.path.join(sts, "test.tsv"),
             "--text-columns", "sentence1,sentence2", "--label-column", "score", "--regression",
             "--init", "random", "--tokenizer", TOKENIZER, "--workdir", str(out),
-            "--max-seq-len", "16", "--epochs", "1", "--sweep", "--learning-rates", "1e-4",
-            "--seeds", "2", "--no-progress"])
+            "--max-seq-len", "16", "--epochs", "1", "--no-progress"])
   row = json.loads((out / "results.json").read_text())["sts"]
-  assert {"pearson", "spearman", "spearman_mean", "spearman_std", "spearman_runs"} <= set(row)
-  assert row["spearman_runs"] == 2 and row["spearman"] >= row["spearman_mean"]
-  sweep = json.loads((out / "sts" / "sweep.json").read_text())
-  assert [(s["learning_rate"], s["seed"]) for s in sweep] == [(1e-4, 0), (1e-4, 1)]
-  assert sum(s["best"] for s in sweep) == 1
-  assert "± " in (out / "results.md").read_text()
+  assert set(row) == {"pearson", "spearman"}
+  assert all(-1.0 <= v <= 1.0 for v in row.values())
   assert "STS-B/train.tsv:5: label 'n/a'" in (out / "sts" / "skipped_rows.txt").read_text()
   lines = (out / "submission" / "sts.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 3
+  assert [l.split("\t")[0] for l in lines[1:]] == ["0", "1"]
   float(lines[1].split("\t")[1])
 
 

@@ -179,10 +179,11 @@ def test_save_google_roundtrip_is_exact(google_dir, tmp_path):
 def test_names_map_both_ways():
   cfg = model_lib.BertConfig(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2,
                              intermediate_size=16)
-  for _, names, _, _ in convert._hf_entries(cfg):
-    for hf_name in names:
-      g, transpose = google_ckpt.hf_to_google_name(hf_name)
-      assert google_ckpt.google_to_hf_name(g) == (hf_name, transpose)
+  names = convert.hf_tensor_names(cfg)
+  assert len(names) == 5 + 16 * cfg.num_layers + 9  # embeddings, layers, pooler + heads
+  for hf_name in names:
+    g, transpose = google_ckpt.hf_to_google_name(hf_name)
+    assert google_ckpt.google_to_hf_name(g) == (hf_name, transpose)
 
 
 def test_errors_name_file_and_tensor(google_dir, tmp_path):

@@ -3,6 +3,7 @@
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from bertjax import tokenizer as tok_lib
@@ -226,3 +227,30 @@ def test_tfds_default_mock_data(tmp_path):
             output=str(tmp_path / "out"), tokenizer=TOKENIZER, tfds="wikipedia/20230601.en:train",
             num_shards=2, processes=1, progress=False))
     assert 0 < meta["documents"] <= 12 and meta["tokens"] > 0
+
+
+def test_shards_are_standard_tfrecords_of_tf_examples(bad_run):
+    import tensorflow as tf
+
+    _, out, meta = bad_run
+    spec = {"token_ids": tf.io.RaggedFeature(tf.int64),
+            "sentence_lengths": tf.io.RaggedFeature(tf.int64)}
+    for shard in records.split_shards(meta, out, "train"):
+        ours = list(records.read_documents(shard["path"]))
+        theirs = [tf.io.parse_single_example(x, spec)  # checks the CRCs too
+                  for x in tf.data.TFRecordDataset(shard["path"])]
+        assert len(ours) == len(theirs) == shard["documents"]
+        for doc, ex in zip(ours, theirs):
+            assert [len(s) for s in doc] == list(ex["sentence_lengths"].numpy())
+            assert list(np.concatenate(doc)) == list(ex["token_ids"].numpy())
+
+
+def test_record_reader_skips_and_detects_truncation(tmp_path):
+    docs = [[[i, i + 1], [7]] for i in range(5, 30)]
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(b"".join(records.frame_record(records.encode_document(d)) for d in docs))
+    got = [[list(s) for s in d] for d in records.read_documents(str(path), start=20)]
+    assert got == docs[20:]
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="truncated record 24"):
+        list(records.read_documents(str(path)))

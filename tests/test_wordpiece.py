@@ -123,5 +123,6 @@ def test_errors_name_the_file(tmp_path):
   with pytest.raises(wordpiece.WordPieceError, match="vocab.txt: vocabulary not found"):
     wordpiece.WordPieceTokenizer(tmp_path / "vocab.txt")
   (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
-  with pytest.raises(wordpiece.WordPieceError, match=r"vocab.txt: special token \[CLS\] is missing"):
+  with pytest.raises(wordpiece.WordPieceError,
+                     match=r"vocab.txt: special token \[CLS\] is missing"):
     wordpiece.WordPieceTokenizer(tmp_path / "vocab.txt")

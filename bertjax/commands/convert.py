@@ -103,10 +103,43 @@ def write_hf_tokenizer(tok, dst: Path, max_len: int) -> list[str]:
     (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (dst / "special_tokens_map.json").write_text(json.dumps(_SPECIAL, indent=2) + "\n")
     return ["vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
-  # SentencePiece: transformers has no BERT tokenizer class for it. The model file goes along
-  # so `sentencepiece` (or bertjax.tokenizer.Tokenizer) gives the ids the model expects.
+  return _write_hf_sentencepiece(tok, dst, max_len)
+
+
+def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
+  """A `tokenizer.json` (tokenizers' Unigram) equivalent to the SentencePiece model.
+
+  transformers has no BERT tokenizer class for SentencePiece, so the model is rebuilt with
+  transformers' own SentencePiece converter and loads as `PreTrainedTokenizerFast`, which
+  adds [CLS]/[SEP] like BertTokenizer. Tests check its ids against SentencePiece's. The
+  `.model` file is copied too, for `sentencepiece` users.
+  """
   shutil.copyfile(tok.path, dst / "tokenizer.model")
-  return ["tokenizer.model"]
+  try:
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import SpmConverter
+  except ImportError as e:
+    print(f"convert: warning: {e}; wrote tokenizer.model only (see docs/interop.md)",
+          file=sys.stderr)
+    return ["tokenizer.model"]
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(Path(tok.path).read_bytes())
+  backend = SpmConverter.build_tokenizer_from_spm_proto(
+      proto, [(p.piece, p.score) for p in proto.pieces])
+  if backend is None or proto.trainer_spec.model_type != 1:
+    print("convert: warning: only unigram SentencePiece models convert to tokenizer.json; "
+          "wrote tokenizer.model only (see docs/interop.md)", file=sys.stderr)
+    return ["tokenizer.model"]
+  backend.post_processor = processors.TemplateProcessing(
+      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+      special_tokens=[(p, tok.piece_to_id(p)) for p in ("[CLS]", "[SEP]")])
+  fast = PreTrainedTokenizerFast(
+      tokenizer_object=backend, model_max_length=max_len, **_SPECIAL,
+      model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+  fast.save_pretrained(str(dst))
+  return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
 
 def _save(args, cfg, params, vocab: Path | None, tok) -> None:

@@ -113,7 +113,7 @@ def _load_data(task, args):
 
 def _report_skipped(task, examples, out_dir: str) -> None:
   bad = [s for ex in examples.values() for s in ex.skipped]
-  if not bad:
+  if not bad or jax_process_index() != 0:
     return
   path = os.path.join(out_dir, task.name, "skipped_rows.txt")
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -125,9 +125,7 @@ def _report_skipped(task, examples, out_dir: str) -> None:
 
 def run_task(task, enc, args, recipes) -> dict:
   """Fine-tune `task` once per recipe; write its submissions; return its results entry."""
-  import numpy as np
-
-  from bertjax.glue import features, finetune, submission
+  from bertjax.glue import features, finetune, metrics, submission
 
   examples = _load_data(task, args)
   _report_skipped(task, examples, args.workdir)
@@ -149,21 +147,22 @@ def run_task(task, enc, args, recipes) -> dict:
     runs.append((r, res))
   best_recipe, best = max(runs, key=lambda rr: rr[1].dev[task.main_metric])
   entry = dict(best.dev)
+  writer = jax_process_index() == 0  # every process computes; one writes
   if len(runs) > 1:
     entry.update(_spread(task, runs))
-    _write_sweep(task, runs, best, args.workdir)
+    if writer:
+      _write_sweep(task, runs, best, args.workdir)
   for split in task.test:
-    if split.name in best.test:
+    if writer and split.name in best.test:
       path = submission.write_submission(task, split, examples[split.name].index,
                                          best.test[split.name], args.workdir)
       print(f"glue: wrote {path}")
   if task.labels is not None and task.dev:
     dev0 = task.dev[0].name
-    base = finetune.metrics.majority_baseline(feats["train"].labels_N, feats[dev0].labels_N)
+    base = metrics.majority_baseline(feats["train"].labels_N, feats[dev0].labels_N)
     print(f"glue: {task.name}: majority-class dev accuracy {base:.4f}")
   print(f"glue: {task.name}: best {task.main_metric} {best.dev[task.main_metric]:.4f} "
         f"(epoch {best.best_epoch}, lr {best_recipe.learning_rate:g}, seed {best_recipe.seed})")
-  del np
   return entry
 
 
@@ -185,23 +184,30 @@ def _spread(task, runs) -> dict[str, float]:
 
 
 def _write_sweep(task, runs, best, out_dir: str) -> None:
+  """OUT/<task>/sweep.json with every run; only the best run keeps its checkpoint (a BERT-base
+  sweep would otherwise leave 20 copies of the model on disk)."""
+  import shutil
+
   rows = [dict(learning_rate=r.learning_rate, seed=r.seed, best_epoch=res.best_epoch, **res.dev,
                best=res is best) for r, res in runs]
   with open(os.path.join(out_dir, task.name, "sweep.json"), "w") as f:
     json.dump(rows, f, indent=2)
+  for _, res in runs:
+    if res is not best:
+      shutil.rmtree(os.path.join(res.workdir, "best"), ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   import dataclasses
 
-  from bertjax.glue import finetune, submission, tfds_source, tsv
+  from bertjax.glue import finetune, restore, submission, tsv
 
   try:
     task_list = _task_list(args)
-    enc = finetune.load_encoder(args.init, args.tokenizer, args.preset)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"glue: {e}", file=sys.stderr)
+    enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
+  except (ValueError, FileNotFoundError) as e:  # ConversionError, TokenizerError, ... too
+    print(f"glue: {e}" if not str(e).startswith("glue:") else str(e), file=sys.stderr)
     return 2
   print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
@@ -213,17 +219,24 @@ def main(argv: list[str]) -> int:
   recipes = [dataclasses.replace(base, learning_rate=lr, seed=s)
              for lr in lrs for s in _seeds(args.seeds, args.sweep, args.seed)]
   os.makedirs(args.workdir, exist_ok=True)
+  failed = []
   for task in task_list:
     try:
       entry = run_task(task, enc, args, recipes)
-    except tsv.GlueDataError as e:
+    except tsv.GlueDataError as e:  # `--task all` goes on with the tasks whose data is there
       print(f"glue: {task.name}: {e}", file=sys.stderr)
-      if len(task_list) == 1:
-        return 1
+      failed.append(task.name)
       continue
-    json_path, md_path = submission.write_results(args.workdir, {task.name: entry})
+    if jax_process_index() == 0:
+      submission.write_results(args.workdir, {task.name: entry})
     print(f"glue: {task.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in entry.items()
                                              if not k.endswith("_runs")))
-  print(f"glue: results in {json_path} and {md_path}")
-  del tfds_source
-  return 0
+  print(f"glue: results in {os.path.join(args.workdir, 'results.json')} and results.md"
+        + (f"; no data for {', '.join(failed)}" if failed else ""))
+  return 1 if failed else 0
+
+
+def jax_process_index() -> int:
+  import jax
+
+  return jax.process_index()

@@ -9,5 +9,6 @@
     pretraining.py  `make_stream`, `InputConfig`, global batches and device prefetch
     inspect.py      `bertjax data preview` / `bertjax data stats`
 
-Nothing here imports TensorFlow at module level: only reading prepared shards does.
+Nothing here needs TensorFlow except TFDS input (`prepare --tfds`) and remote paths (gs://):
+the shards are standard TFRecords of tf.train.Example, written and read with numpy.
 """

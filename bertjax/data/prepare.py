@@ -1,7 +1,8 @@
 """`bertjax prepare`: raw text or a TFDS corpus -> TFRecord shards of tokenized documents.
 
 Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries,
-a pool of worker processes cleans and tokenizes them, and the parent writes the documents
+a pool of worker processes cleans, tokenizes and encodes them as TFRecords (in pure Python:
+preparing text never imports TensorFlow), and the parent writes the documents
 round-robin into the shards as results arrive in input order. At most `2 * processes` chunks
 are in flight, so memory stays flat whatever the corpus size, and the output does not depend
 on the number of processes. Documents go to the held-out `eval` split by a hash of their
@@ -58,8 +59,7 @@ class _Task:
 class _Result:
     source: str
     first_line: int
-    docs: list[list[list[int]]]
-    eval_flags: list[bool]
+    records: list[tuple[bytes, int, int, bool]]  # (framed record, sentences, tokens, eval)
     problems: list[tuple[int, str]]  # (absolute line, reason)
     sentences: int
     tokens: int
@@ -75,10 +75,10 @@ def _init_worker(cfg: PrepareConfig) -> None:
     _TOKENIZER, _CONFIG = tokenizer_lib.Tokenizer(cfg.tokenizer), cfg
 
 
-def _is_eval(doc: list[list[int]], fraction: float) -> bool:
+def _is_eval(payload: bytes, fraction: float) -> bool:
     if fraction <= 0:
         return False
-    digest = hashlib.blake2b(repr(doc).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(payload, digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
@@ -123,8 +123,13 @@ def _process(task: _Task) -> _Result:
             if start:
                 problems.append(text.Problem(doc[0][0], text.LONG_DOCUMENT))
             out_docs.append(sentences[start:start + cfg.max_doc_sentences])
-    return _Result(source=task.source, first_line=task.first_line, docs=out_docs,
-                   eval_flags=[_is_eval(d, cfg.eval_fraction) for d in out_docs],
+    encoded = []
+    for doc in out_docs:
+        # Workers encode and frame the records, so the writer only copies bytes.
+        payload = records.encode_document(doc)
+        encoded.append((records.frame_record(payload), len(doc), sum(len(s) for s in doc),
+                        _is_eval(payload, cfg.eval_fraction)))
+    return _Result(source=task.source, first_line=task.first_line, records=encoded,
                    problems=[(task.first_line + p.line, p.reason) for p in problems],
                    sentences=sum(len(d) for d in out_docs),
                    tokens=sum(len(s) for d in out_docs for s in d),
@@ -210,27 +215,25 @@ class _Writers:
     """Round-robin TFRecord writers for the train and eval splits."""
 
     def __init__(self, cfg: PrepareConfig):
-        import tensorflow as tf
-
         self.shards, self._writers, self._next = [], {}, {"train": 0, "eval": 0}
         counts = {"train": cfg.num_shards, "eval": cfg.eval_shards if cfg.eval_fraction else 0}
         for split, n in counts.items():
             for i in range(n):
                 name = records.shard_name(split, cfg.worker_index * n + i, cfg.num_workers * n)
                 self._writers.setdefault(split, []).append(
-                    tf.io.TFRecordWriter(str(pathlib.Path(cfg.output) / name)))
+                    open(pathlib.Path(cfg.output) / name, "wb"))
                 self.shards.append({"file": name, "split": split, "documents": 0,
                                     "sentences": 0, "tokens": 0})
         self._offset = {"train": 0, "eval": counts["train"]}
 
-    def write(self, doc: list[list[int]], split: str) -> None:
+    def write(self, record: bytes, sentences: int, tokens: int, split: str) -> None:
         k = self._next[split]
         self._next[split] = (k + 1) % len(self._writers[split])
-        self._writers[split][k].write(records.encode_document(doc))
+        self._writers[split][k].write(record)
         shard = self.shards[self._offset[split] + k]
         shard["documents"] += 1
-        shard["sentences"] += len(doc)
-        shard["tokens"] += sum(len(s) for s in doc)
+        shard["sentences"] += sentences
+        shard["tokens"] += tokens
 
     def close(self) -> None:
         for ws in self._writers.values():
@@ -330,11 +333,11 @@ def prepare(cfg: PrepareConfig) -> dict:
     def handle(result: _Result) -> None:
         for line, reason in result.problems:
             tally.problem(result.source, line, reason)
-        for doc, is_eval in zip(result.docs, result.eval_flags):
-            writers.write(doc, "eval" if is_eval else "train")
+        for record, sentences, tokens, is_eval in result.records:
+            writers.write(record, sentences, tokens, "eval" if is_eval else "train")
         tally.docs_per_source[result.source] = (
-            tally.docs_per_source.get(result.source, 0) + len(result.docs))
-        totals.update(documents=len(result.docs), sentences=result.sentences,
+            tally.docs_per_source.get(result.source, 0) + len(result.records))
+        totals.update(documents=len(result.records), sentences=result.sentences,
                       tokens=result.tokens, input_bytes=result.nbytes)
         bar.update(result.nbytes)
         bar.set_postfix_str(f"{totals['documents'] / (time.perf_counter() - start):.0f} docs/s",

@@ -17,7 +17,10 @@ in a seeded order; every `shuffle_buffer` consecutive documents form a block who
 are built (instances.py), shuffled together and masked (masking.py) as batches are drawn. The
 state is (epoch, block, offset in block): resuming re-reads that block's documents, skipping
 the records before it in one shard (no replay of the stream), and rebuilds the same instances.
-TensorFlow (tf.data) is used only to read and parse the shards, and is imported only then.
+Shards are read by records.py in plain Python + numpy, so the stream needs no TensorFlow
+(it is imported only to open remote paths such as gs:// with tf.io.gfile): a TensorFlow
+start-up and a tf.data graph per shard cost more than the reading itself on this workload, and
+a Python-level stream is what makes the state small and the resume exact.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class InputConfig:
     short_seq_prob: float = 0.1  # share of examples with a random shorter target length
     whole_word_mask: bool = False  # mask all pieces of a word together (uses "▁" starts)
     seed: int = 0  # the same seed gives the same stream
-    vocab_size: int | None = None  # synthetic: required; prepared: checked against metadata
+    vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
     shuffle_buffer: int = 1024  # documents whose instances are shuffled together
     mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
     random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
@@ -242,9 +245,10 @@ def make_stream(cfg: InputConfig, *, global_batch_size: int, process_index: int,
                                fingerprint, state.get("step", 0))
     meta, shards = host_shards(cfg, process_index, process_count, split)
     vocab_size = meta["tokenizer"]["vocab_size"]
-    if cfg.vocab_size and cfg.vocab_size != vocab_size:
+    # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
+    if cfg.vocab_size and cfg.vocab_size < vocab_size:
         raise ValueError(f"InputConfig.vocab_size={cfg.vocab_size} but {cfg.path} was "
-                         f"tokenized with vocab_size={vocab_size}")
+                         f"tokenized with vocab_size={vocab_size}; the model needs >= that")
     word_start = None
     if cfg.whole_word_mask:
         tok = tokenizer_lib.Tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
@@ -298,6 +302,8 @@ class Prefetcher:
         self._thread.start()
 
     def _produce(self) -> None:
+        import queue
+
         try:
             for host_batch in self._it:
                 state = self._it.get_state() if hasattr(self._it, "get_state") else None
@@ -306,7 +312,7 @@ class Prefetcher:
                     try:
                         self._queue.put(item, timeout=0.1)
                         break
-                    except Exception:  # queue.Full
+                    except queue.Full:
                         continue
                 if self._stop.is_set():
                     return

@@ -41,7 +41,8 @@ class Features:
 def special_ids(tok: Any) -> tuple[int, int, int]:
   """(cls, sep, pad) of a tokenizer: its own attributes if it has them (WordPiece vocabularies
   use 101/102/0), else the SentencePiece constants of bertjax.tokenizer."""
-  return (getattr(tok, "cls_id", tokenizer_lib.CLS_ID), getattr(tok, "sep_id", tokenizer_lib.SEP_ID),
+  return (getattr(tok, "cls_id", tokenizer_lib.CLS_ID),
+          getattr(tok, "sep_id", tokenizer_lib.SEP_ID),
           getattr(tok, "pad_id", tokenizer_lib.PAD_ID))
 
 

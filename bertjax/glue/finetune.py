@@ -1,17 +1,18 @@
 """Restore a pretrained encoder and fine-tune it on one task with the BERT recipe.
 
-    enc = finetune.load_encoder("runs/base")               # or a HF dir, or "random"
+    enc = restore.load_encoder("runs/base")   # or a HF / Google BERT dir, or "random"
     run = finetune.train_and_evaluate(task, enc, feats, finetune.Recipe(), "out/sst2")
 
 Data-parallel over every device there is (`sharding.make_mesh(data=-1)`); the batch (32) is
 global. The state is built from `jax.eval_shape` with shardings from the model's logical axes
 and created by a jitted init that takes the restored encoder as an argument, so the encoder
 goes straight from the checkpoint to its place. Steps are jitted with explicit shardings and
-donate the old state. No mesh context or logical-axis rules are entered: with the batch split
-and the parameters placed by the jit shardings, XLA propagates the rest, and flax's parameter
-shape check under the rules rejects DenseGeneral's flat init (see docs/glue.md). After each epoch the dev splits are scored; the best epoch (by the
-task's main metric) is kept on device for the test predictions and saved under
-`workdir/best/` (orbax) with `workdir/best.json`.
+donate the old state. No mesh context or logical-axis rules are entered around the steps: the
+jit shardings place the batch and the parameters and XLA propagates the rest (under the rules,
+flax's parameter shape check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
+
+After each epoch the dev splits are scored; the best epoch (by the task's main metric) is kept
+on device for the test predictions and saved under `workdir/best/` (orbax) + `best.json`.
 
 Shape letters: B batch, L sequence length, C classes (1 for regression).
 """
@@ -34,6 +35,7 @@ import optax
 
 from bertjax import model as model_lib, optim, sharding
 from bertjax.glue import features, metrics, tasks
+from bertjax.glue.restore import Encoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,65 +54,27 @@ class Recipe:
   max_steps: int = 0  # > 0 caps the steps per epoch (smoke tests)
 
 
-@dataclasses.dataclass
-class Encoder:
-  """A pretrained encoder ready to fine-tune."""
-
-  config: model_lib.BertConfig
-  bert_params: Any  # the "bert" subtree of BertForPreTraining (unscanned); None for random
-  tokenizer: Any  # .encode(text) -> ids (SentencePiece or WordPiece)
-  source: str  # what was restored, for logs and results
-
-
-def load_encoder(init: str, tokenizer: str | None = None, preset: str = "tiny") -> Encoder:
-  """The encoder of a `bertjax pretrain` workdir/checkpoint, a Hugging Face directory, or
-  "random" (a randomly initialised `preset`; needs `tokenizer`: a baseline and for tests)."""
-  from bertjax import wordpiece
-
-  if init == "random":
-    if not tokenizer:
-      raise ValueError("glue: --init random needs --tokenizer (a .model or vocab.txt)")
-    tok = wordpiece.load_tokenizer(tokenizer)
-    cfg = model_lib.from_preset(preset, vocab_size=tok.vocab_size)
-    return Encoder(cfg, None, tok, f"random:{preset}")
-  if not os.path.exists(init):
-    raise FileNotFoundError(f"glue: --init {init}: no such checkpoint or directory")
-  if os.path.isfile(os.path.join(init, "config.json")) and any(
-      os.path.exists(os.path.join(init, f)) for f in
-      ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")):
-    from bertjax import convert
-
-    cfg, params = convert.load_hf(init)
-    tok_path = tokenizer or init  # the directory's tokenizer.model or vocab.txt
-    return Encoder(cfg, params["bert"], wordpiece.load_tokenizer(tok_path), f"hf:{init}")
-  from bertjax import checkpoint  # the pretraining checkpoint format
-
-  ckpt = checkpoint.load_pretrained(init)
-  tok_path = tokenizer or ckpt.tokenizer_path
-  if not tok_path:
-    raise ValueError(f"glue: {init} records no tokenizer; pass --tokenizer PATH")
-  return Encoder(ckpt.config, ckpt.params["bert"], wordpiece.load_tokenizer(tok_path),
-                 f"{init}@{ckpt.step}")
-
-
 @flax.struct.dataclass
 class State:
   step: jax.Array
   params: Any  # {"bert": ..., "classifier": ...}
   opt_state: Any
   rng: jax.Array  # dropout key; step keys are fold_in(rng, step)
+  learning_rate: jax.Array  # peak learning rate: a value, not a constant, so one compiled
+  # step serves every run of a sweep
 
 
-def make_optimizer(recipe: Recipe, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
+def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransformation:
+  """AdamW (β 0.9/0.999, ε 1e-6, decay masked off biases and LayerNorm) with the warmup/decay
+  shape peaking at 1; the train step scales the update by the state's peak learning rate."""
   warmup = int(recipe.warmup_fraction * total_steps)
-  schedule = optim.warmup_linear_decay(recipe.learning_rate, warmup, total_steps)
-  tx = optax.chain(optax.clip_by_global_norm(recipe.clip_norm),
-                   optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6,
-                               weight_decay=recipe.weight_decay, mask=optim.decay_mask))
-  return tx, schedule
+  shape = optim.warmup_linear_decay(1.0, warmup, total_steps)
+  return optax.chain(optax.clip_by_global_norm(recipe.clip_norm),
+                     optax.adamw(shape, b1=0.9, b2=0.999, eps=1e-6,
+                                 weight_decay=recipe.weight_decay, mask=optim.decay_mask))
 
 
-def _init(model, tx, bert_params, key):
+def _init(model, tx, bert_params, key, learning_rate):
   z = jnp.zeros((1, 8), jnp.int32)
   params_key, dropout_key = jax.random.split(key)
   boxed = model.init({"params": params_key}, z, z, jnp.ones_like(z))["params"]
@@ -118,7 +82,7 @@ def _init(model, tx, bert_params, key):
   if bert_params is not None:
     params = {**params, "bert": bert_params}  # the head stays new
   return boxed, State(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=dropout_key)
+                      rng=dropout_key, learning_rate=jnp.asarray(learning_rate, jnp.float32))
 
 
 def _loss(logits_BxC, labels_B, weights_B, regression: bool):
@@ -141,6 +105,7 @@ def _train_step(state: State, batch: dict, *, model, tx, regression: bool):
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: u * state.learning_rate, updates)
   return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                        opt_state=opt_state), loss
 
@@ -165,14 +130,14 @@ class Trainer:
                                   attention_dropout_rate=recipe.dropout, scan_layers=False,
                                   remat="none")
     self.model = model_lib.BertForSequenceClassification(self.cfg, task.num_labels)
-    self.tx, self.schedule = make_optimizer(recipe, total_steps)
-    key = jax.random.key(recipe.seed)
+    self.tx = make_optimizer(recipe, total_steps)
+    self.bert_params = enc.bert_params
     bert_abs = None
     if enc.bert_params is not None:
       bert_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.float32),
                               enc.bert_params)
     boxed_abs, state_abs = jax.eval_shape(functools.partial(_init, self.model, self.tx),
-                                          bert_abs, key)
+                                          bert_abs, jax.random.key(0), 0.0)
     _check_encoder(boxed_abs["bert"], bert_abs, enc.source)
     param_sh = sharding.state_shardings(boxed_abs, self.mesh)
     repl = sharding.replicated(self.mesh)
@@ -180,23 +145,29 @@ class Trainer:
         self.tx, lambda _, s: s, state_abs.opt_state, param_sh,
         transform_non_params=lambda _: repl,
         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    self.state_sh = State(step=repl, params=param_sh, opt_state=opt_sh, rng=repl)
+    self.state_sh = State(step=repl, params=param_sh, opt_state=opt_sh, rng=repl,
+                          learning_rate=repl)
     self.param_sh, self.batch_sh = param_sh, sharding.batch_sharding(self.mesh)
-    init = jax.jit(lambda b, k: _init(self.model, self.tx, b, k)[1],
-                   in_shardings=(None if bert_abs is None else param_sh["bert"], repl),
-                   out_shardings=self.state_sh)
-    bert = None
-    if enc.bert_params is not None:  # reshard from wherever the checkpoint put it
-      bert = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32)
-                                         if not isinstance(x, jax.Array) else x,
-                                         enc.bert_params), param_sh["bert"])
-    self.initial_state = init(bert, key)
+    self._init = jax.jit(lambda b, k, lr: _init(self.model, self.tx, b, k, lr)[1],
+                         in_shardings=(None if bert_abs is None else param_sh["bert"], repl,
+                                       repl),
+                         out_shardings=self.state_sh)
     self._train = jax.jit(functools.partial(_train_step, model=self.model, tx=self.tx,
                                             regression=task.is_regression),
                           in_shardings=(self.state_sh, self.batch_sh),
                           out_shardings=(self.state_sh, repl), donate_argnums=0)
     self._predict = jax.jit(functools.partial(_predict_step, model=self.model),
                             in_shardings=(param_sh, self.batch_sh), out_shardings=repl)
+
+  def init_state(self, seed: int, learning_rate: float) -> State:
+    """A fresh state: the restored encoder (resharded from wherever the checkpoint put it),
+    a new head from `seed`."""
+    bert = None
+    if self.bert_params is not None:
+      bert = jax.device_put(jax.tree.map(lambda x: np.asarray(x, np.float32)
+                                         if not isinstance(x, jax.Array) else x,
+                                         self.bert_params), self.param_sh["bert"])
+    return self._init(bert, jax.random.key(seed), np.float32(learning_rate))
 
   def train_step(self, state: State, batch: dict) -> tuple[State, jax.Array]:
     return self._train(state, _to_global(batch, self.batch_sh))
@@ -268,13 +239,14 @@ def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.
   with the best epoch. `data` holds "train", the task's dev splits and any test splits."""
   os.makedirs(workdir, exist_ok=True)
   train = data["train"]
-  if len(train) == 0:
-    raise ValueError(f"glue: {task.name}: the training split is empty")
+  for split in ("train",) + tuple(s.name for s in task.dev):
+    if len(data[split]) == 0:
+      raise ValueError(f"glue: {task.name}: the {split} split has no usable rows")
   steps_per_epoch = -(-len(train) // recipe.batch_size)  # the last batch is padded, weight 0
   if recipe.max_steps:
     steps_per_epoch = min(steps_per_epoch, recipe.max_steps)
-  trainer = Trainer(task, enc, recipe, recipe.epochs * steps_per_epoch)
-  state = trainer.initial_state
+  trainer = _trainer(task, enc, recipe, recipe.epochs * steps_per_epoch)
+  state = trainer.init_state(recipe.seed, recipe.learning_rate)
   rng = np.random.default_rng(recipe.seed)
   history, best, best_params = [], None, None
   log = open(os.path.join(workdir, "metrics.jsonl"), "w")
@@ -317,6 +289,20 @@ def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.
       test[split.name] = predictions(task, logits)
   best_epoch = best.pop("epoch")
   return RunResult(dev=best, best_epoch=best_epoch, history=history, test=test, workdir=workdir)
+
+
+_TRAINER_CACHE: dict = {}
+
+
+def _trainer(task: tasks.Task, enc: Encoder, recipe: Recipe, total_steps: int) -> Trainer:
+  """The Trainer of the last run if only the learning rate and seed changed (a sweep): its
+  steps are compiled already."""
+  key = (task.name, task.num_labels, task.is_regression, id(enc), total_steps,
+         dataclasses.replace(recipe, learning_rate=0.0, seed=0))
+  if key not in _TRAINER_CACHE:
+    _TRAINER_CACHE.clear()  # one at a time: a finished task's compiled steps are not kept
+    _TRAINER_CACHE[key] = Trainer(task, enc, recipe, total_steps)
+  return _TRAINER_CACHE[key]
 
 
 def evaluate(trainer: Trainer, task: tasks.Task, params, data: dict[str, features.Features],

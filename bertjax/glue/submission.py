@@ -81,7 +81,9 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
            "|---|---|---:|---:|"]
   for task in sorted(results, key=_order):
     row = results[task]
-    for m in sorted(k for k in row if not k.endswith(("_mean", "_std", "_runs"))):
+    known = tasks.TASKS[task].metrics if task in tasks.TASKS else ()
+    names = [k for k in row if not k.endswith(("_mean", "_std", "_runs"))]
+    for m in sorted(names, key=lambda k: (known.index(k) if k in known else len(known), k)):
       spread = ""
       if f"{m}_mean" in row:
         spread = (f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f} "

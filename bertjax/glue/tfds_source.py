@@ -1,6 +1,7 @@
 """GLUE splits from TensorFlow Datasets `glue/<task>` (and `glue/ax`), prepared in the user's
 data dir. Nothing is downloaded here: prepare the data once with
-`tfds build glue --config sst2 --data_dir DIR` (or `tfds.builder("glue/sst2").download_and_prepare()`).
+`tfds build glue --config sst2 --data_dir DIR`, or
+`tfds.builder("glue/sst2", data_dir=DIR).download_and_prepare()`.
 
 TFDS already uses the class ids of tasks.py (they were taken from its `ClassLabel`s); test
 splits carry label -1 and the leaderboard's row id in `idx`.
@@ -29,20 +30,21 @@ def load_split(task: tasks.Task, split: tasks.Split, data_dir: str | None, label
   except Exception as e:  # DatasetNotFoundError, AssertionError, ... depending on version
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise GlueDataError(
-        f"TFDS {name} split {tfds_split!r} is not available in data_dir={data_dir or '~/tensorflow_datasets'} "
+        f"TFDS {name} split {tfds_split!r} is not available in "
+        f"data_dir={data_dir or '~/tensorflow_datasets'} "
         f"({first}). Prepare it where there is network access: `tfds build glue --config "
         f"{name.split('/')[1]} --data_dir DIR`, then pass --tfds-data-dir DIR; or use "
         "--data GLUE_DIR with the GLUE download.") from None
   text_a, text_b, ys, index = [], [], [], []
   col_a = task.tfds_features[0]
   col_b = task.tfds_features[1] if task.is_pair else None
-  for ex in tfds.as_numpy(ds):
-    text_a.append(_text(ex[col_a]))
+  for b in tfds.as_numpy(ds.batch(4096)):  # batched: MNLI's 393k rows one by one are slow
+    text_a.extend(_text(t) for t in b[col_a])
     if col_b:
-      text_b.append(_text(ex[col_b]))
-    idx = int(ex["idx"])
-    index.append(str(idx) if not labelled else f"{name}/{tfds_split}:{idx}")
-    ys.append(ex["label"])
+      text_b.extend(_text(t) for t in b[col_b])
+    index.extend(str(int(i)) if not labelled else f"{name}/{tfds_split}:{int(i)}"
+                 for i in b["idx"])
+    ys.extend(b["label"].tolist())
   labels = None
   if labelled:
     labels = np.asarray(ys, np.float32 if task.is_regression else np.int32)

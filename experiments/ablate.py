@@ -1,0 +1,374 @@
+r"""Ablation runner: pretrain every variant of a sweep, fine-tune each on GLUE, tabulate and plot.
+
+  python -m experiments.ablate --sweep nsp|layers|size --scale tiny|mini|base --steps N \
+      [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,mrpc,...] --out DIR
+
+Sweeps (the BERT paper's ablations):
+  nsp     MLM + NSP vs MLM only (Table 5) and SOP: experiments/pretrain.py, no_nsp.py, sop.py
+  layers  L in {1, 2, 4, 6, 12} at the scale's width: experiments/layers.py
+  size    the (L, H, A) grid of Table 6, shrunk for tiny/mini: experiments/size.py
+
+Every variant gets the same data (one prepared copy; the bundled corpus when --data is not
+given), the same seed, batch, steps and sequence length, so the data order is the same and
+only the swept setting differs. Writes, after every variant:
+
+  DIR/results.csv   one row per variant: its settings, steps, final held-out MLM perplexity
+                    and accuracy, NSP accuracy, and a column per task metric (sst2_accuracy, ...)
+  DIR/results.md    the same as a table in the paper's shape
+  DIR/SWEEP.png     MLM perplexity and task scores against the swept setting
+
+Rerunning the same command resumes: finished variants and tasks are read back, a variant whose
+pretraining stopped half way resumes from its last checkpoint. DIR/sweep.json records the
+sweep's settings; resuming with different ones is refused, so a table never mixes runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # `python experiments/ablate.py` as well as `python -m`
+from experiments import layers as layers_exp  # noqa: E402
+from experiments import size as size_exp  # noqa: E402
+
+SWEEPS = ("nsp", "layers", "size")
+SCALES = ("tiny", "mini", "base")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  name: str  # directory and row name
+  config: str  # --config of `bertjax pretrain`
+  settings: dict  # the swept setting(s): CSV columns, table columns, plot x axis
+  label: str  # x tick label in the plot
+
+
+def variants(sweep: str, scale: str) -> list[Variant]:
+  """The variants of one sweep, in table order."""
+  exp = "experiments"
+  if sweep == "nsp":
+    return [Variant("nsp", f"{exp}/pretrain.py:{scale}", {"pair_task": "NSP"}, "MLM + NSP"),
+            Variant("no_nsp", f"{exp}/no_nsp.py:{scale}", {"pair_task": "none"}, "No NSP"),
+            Variant("sop", f"{exp}/sop.py:{scale}", {"pair_task": "SOP"}, "MLM + SOP")]
+  if sweep == "layers":
+    return [Variant(f"layers{n}", f"{exp}/layers.py:{scale},layers={n}", {"layers": n}, str(n))
+            for n in layers_exp.LAYERS]
+  if sweep == "size":
+    return [Variant(f"L{l}_H{h}_A{a}", f"{exp}/size.py:{scale},L={l},H={h},A={a}",
+                    {"L": l, "H": h, "A": a}, f"{l}/{h}/{a}") for l, h, a in size_exp.GRID[scale]]
+  raise ValueError(f"--sweep {sweep!r}; valid: {', '.join(SWEEPS)}")
+
+
+# ----------------------------------------------------------------------------- running
+
+def run_bertjax(argv: list[str], log: str, isolate: bool) -> int:
+  """`bertjax ARGV...`, in this process (fast: one import of jax/TF) or in a child process."""
+  print(f"\n$ bertjax {shlex.join(argv)}", flush=True)
+  if isolate:
+    with open(log, "a") as f:
+      proc = subprocess.Popen([sys.executable, "-m", "bertjax.cli", *argv], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for line in proc.stdout:  # echo and keep: the log explains a failure after the fact
+        sys.stdout.write(line)
+        f.write(line)
+      return proc.wait()
+  from bertjax import cli
+
+  # ml_collections' config flags find `--config.x=y` overrides in sys.argv, not in the list
+  # given to the parser, so the subcommand's arguments must be sys.argv while it parses them.
+  saved, sys.argv = sys.argv, ["bertjax", *argv]
+  try:
+    return cli.main(list(argv))
+  except SystemExit as e:  # argument errors of the subcommands
+    print(e, file=sys.stderr)
+    return e.code if isinstance(e.code, int) else 2
+  except Exception:  # noqa: BLE001 -- report, keep what is done, let a rerun resume
+    traceback.print_exc()
+    return 1
+  finally:
+    sys.argv = saved
+
+
+def read_jsonl(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      line = line.strip()
+      if line:
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill; the rest is still good
+          pass
+  return rows
+
+
+def final_eval(workdir: str, steps: int) -> dict | None:
+  """The held-out metrics at step `steps`, or None while pretraining is unfinished."""
+  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+          if r.get("step") == steps and "eval_mlm_loss" in r]
+  if not rows:
+    return None
+  r = rows[-1]
+  ppl = r.get("eval_mlm_perplexity", math.exp(r["eval_mlm_loss"]))
+  return {"mlm_perplexity": ppl, "mlm_accuracy": r.get("eval_mlm_accuracy"),
+          "nsp_accuracy": r.get("eval_nsp_accuracy")}
+
+
+def task_results(glue_dir: str, task: str) -> dict | None:
+  path = os.path.join(glue_dir, task, "results.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    entry = json.load(f).get(task)
+  if entry is None:
+    return None
+  return {f"{task}_{k}": v for k, v in entry.items() if not k.endswith("_runs")}
+
+
+def pretrain_argv(v: Variant, args, workdir: str, data: str) -> list[str]:
+  max_pred = max(1, round(0.15 * args.seq_len))  # BERT's 15% of the tokens
+  argv = ["pretrain", "--config", v.config, "--workdir", workdir,
+          f"--config.train.steps={args.steps}", f"--config.seed={args.seed}",
+          f"--config.data.path={data}",
+          f"--config.data.seq_len={args.seq_len}",
+          f"--config.data.max_predictions_per_seq={max_pred}",
+          f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
+          # resumable mid-variant, without saving every few steps of a short run
+          f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
+          f"--config.log_every_steps={max(1, min(50, args.steps // 4))}"]
+  if args.batch_size:
+    argv.append(f"--config.train.batch_size={args.batch_size}")
+  return argv + [f"--config.{kv}" for kv in args.set]
+
+
+def glue_argv(task: str, args, init: str, out: str) -> list[str]:
+  return (["glue", "--task", task, "--init", init, "--data", args.glue_data, "--workdir", out,
+           "--seed", str(args.seed), "--no-progress"] + shlex.split(args.glue_flags))
+
+
+def run_variant(v: Variant, args, data: str) -> dict:
+  """Pretrain and fine-tune one variant (skipping what is done); its results row."""
+  vdir = os.path.join(args.out, v.name)
+  workdir, glue_dir = os.path.join(vdir, "pretrain"), os.path.join(vdir, "glue")
+  os.makedirs(vdir, exist_ok=True)
+  ev = final_eval(workdir, args.steps)
+  if ev is None:
+    state = "resuming" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "starting"
+    print(f"ablate: {v.name}: {state} pretraining ({args.steps} steps)", flush=True)
+    t = time.time()
+    rc = run_bertjax(pretrain_argv(v, args, workdir, data), os.path.join(vdir, "pretrain.log"),
+                     args.isolate)
+    ev = final_eval(workdir, args.steps)
+    if rc != 0 or ev is None:
+      raise RuntimeError(f"ablate: {v.name}: pretraining failed (exit {rc}); see "
+                         f"{workdir}/metrics.jsonl and the output above. Rerun the same "
+                         "command to resume.")
+    print(f"ablate: {v.name}: pretrained in {time.time() - t:.0f}s", flush=True)
+  else:
+    print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
+  row = {"variant": v.name, **v.settings, "scale": args.scale, "steps": args.steps,
+         "batch_size": args.batch_size or "", "seq_len": args.seq_len, "seed": args.seed,
+         **{k: val for k, val in ev.items() if val is not None}}
+  if v.settings.get("pair_task") == "none":
+    row.pop("nsp_accuracy", None)  # no pair task: its "accuracy" is a placeholder
+  # The final checkpoint, by its step: what fine-tuning starts from is unambiguous.
+  final_ckpt = os.path.join(workdir, "checkpoints", str(args.steps))
+  init = final_ckpt if os.path.isdir(final_ckpt) else workdir
+  for task in args.tasks:
+    res = task_results(glue_dir, task)
+    if res is None:
+      rc = run_bertjax(glue_argv(task, args, init, os.path.join(glue_dir, task)),
+                       os.path.join(vdir, f"glue_{task}.log"), args.isolate)
+      res = task_results(glue_dir, task)
+      if rc != 0 or res is None:
+        raise RuntimeError(f"ablate: {v.name}: fine-tuning on {task} failed (exit {rc}); "
+                           f"see {os.path.join(glue_dir, task)}")
+    row.update(res)
+  return row
+
+
+def prepare_bundled(out: str) -> str:
+  """The bundled corpus, prepared once for all variants (same shards, same order)."""
+  from bertjax import loop
+
+  return loop.bundled_data(out)
+
+
+# ----------------------------------------------------------------------------- reporting
+
+METRIC_NAMES = {"mlm_perplexity": "MLM ppl", "mlm_accuracy": "MLM acc",
+                "nsp_accuracy": "pair acc"}
+SETTING_NAMES = {"pair_task": "Pair task", "layers": "#L", "L": "#L", "H": "#H", "A": "#A"}
+
+
+def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[str], list[str]]:
+  """(setting, pretraining metric, task metric) columns, in a stable order."""
+  settings = list(v_list[0].settings)
+  fixed = {"variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed",
+           *METRIC_NAMES}
+  metrics = [m for m in METRIC_NAMES if any(m in r for r in rows)]
+  tasks = sorted({k for r in rows for k in r if k not in fixed})
+  return settings, metrics, tasks
+
+
+def write_csv(path: str, rows: list[dict], v_list: list[Variant]) -> None:
+  settings, metrics, tasks = columns(rows, v_list)
+  fields = ["variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed",
+            *metrics, *tasks]
+  with open(path + ".tmp", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=fields)
+    w.writeheader()
+    for r in rows:
+      w.writerow({k: r.get(k, "") for k in fields})
+  os.replace(path + ".tmp", path)
+
+
+def _fmt(x) -> str:
+  if x is None or x == "":
+    return "-"
+  if isinstance(x, float):
+    return f"{x:.2f}" if abs(x) >= 10 else f"{x:.4f}"
+  return str(x)
+
+
+def write_md(path: str, rows: list[dict], v_list: list[Variant], args, command: str) -> None:
+  settings, metrics, tasks = columns(rows, v_list)
+  head = [SETTING_NAMES.get(s, s) for s in settings] + [METRIC_NAMES[m] for m in metrics] + tasks
+  lines = [f"# Ablation `{args.sweep}` at scale `{args.scale}`", "",
+           f"{args.steps} pretraining steps per variant, seq {args.seq_len}, batch "
+           f"{args.batch_size or 'from the config'}, seed {args.seed}; MLM perplexity and pair "
+           "accuracy on the held-out split after the last step; task columns: dev metrics "
+           "after fine-tuning.", "", f"Command: `{command}`", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [r.get(s) for s in settings] + [r.get(m) for m in metrics] + [r.get(t) for t in tasks]
+    lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
+  """MLM perplexity (left) and task scores (right) against the swept setting."""
+  import matplotlib
+
+  matplotlib.use("Agg")  # files only; no display on servers
+  import matplotlib.pyplot as plt
+
+  _, _, tasks = columns(rows, v_list)
+  labels = {v.name: v.label for v in v_list}
+  x = list(range(len(rows)))
+  xlabel = {"nsp": "pretraining tasks", "layers": "layers L",
+            "size": "L / H / A"}[args.sweep]
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+  ax1.plot(x, [r.get("mlm_perplexity", math.nan) for r in rows], "o-")
+  ax1.set_ylabel("held-out MLM perplexity")
+  ax2.set_ylabel("dev score")
+  for t in tasks:
+    ax2.plot(x, [r.get(t, math.nan) for r in rows], "o-", label=t)
+  if tasks:
+    ax2.legend(fontsize=8)
+  for ax in (ax1, ax2):
+    ax.set_xticks(x, [labels[r["variant"]] for r in rows], rotation=20)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+  fig.suptitle(f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m experiments.ablate", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--sweep", required=True, choices=SWEEPS)
+  p.add_argument("--scale", default="tiny", choices=SCALES, help="experiments/pretrain.py variant")
+  p.add_argument("--steps", type=int, required=True, help="pretraining steps per variant")
+  p.add_argument("--out", required=True, help="output directory; rerun to resume")
+  p.add_argument("--data", default=None, help="prepared shards (default: the bundled corpus)")
+  p.add_argument("--glue-data", default="tfds", help="GLUE_DIR of TSVs, or 'tfds'")
+  p.add_argument("--tasks", default="", help="comma list of GLUE tasks, e.g. sst2,mrpc,qnli")
+  p.add_argument("--glue-flags", default="", help="extra `bertjax glue` flags, e.g. '--epochs 1'")
+  p.add_argument("--only", default="", help="comma list of variant names to run (default all)")
+  p.add_argument("--seed", type=int, default=0, help="the same for every variant")
+  p.add_argument("--batch-size", type=int, default=0, help="global batch (default: config's)")
+  p.add_argument("--seq-len", type=int, default=128, help="pretraining sequence length")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="config override for every variant, e.g. train.learning_rate=1e-3")
+  p.add_argument("--isolate", action="store_true",
+                 help="run each pretrain/glue in its own process (logs in DIR/VARIANT/*.log)")
+  args = p.parse_args(argv)
+  args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+  if args.tasks and args.glue_data != "tfds" and not os.path.isdir(args.glue_data):
+    p.error(f"--glue-data {args.glue_data}: not a directory (GLUE_DIR with SST-2/, MRPC/, ...)")
+  if args.steps < 1:
+    p.error("--steps must be >= 1")
+  return args
+
+
+def check_resume(args, data: str) -> None:
+  """Refuse to mix runs with different settings in one table."""
+  settings = {k: getattr(args, k) for k in ("sweep", "scale", "steps", "seed", "batch_size",
+                                            "seq_len", "set", "glue_data", "glue_flags")}
+  settings["data"] = data
+  path = os.path.join(args.out, "sweep.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if diff:
+      raise SystemExit(f"ablate: {path}: this directory holds a sweep with other settings "
+                       f"(was, now): {diff}; use another --out, or the same arguments to resume")
+  with open(path, "w") as f:
+    json.dump(settings, f, indent=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  command = "python -m experiments.ablate " + shlex.join(sys.argv[1:] if argv is None else argv)
+  v_list = variants(args.sweep, args.scale)
+  if args.only:
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(names) - {v.name for v in v_list})
+    if unknown:
+      raise SystemExit(f"ablate: --only {unknown}: not in sweep {args.sweep}; valid: "
+                       f"{', '.join(v.name for v in v_list)}")
+    v_list = [v for v in v_list if v.name in names]
+  os.makedirs(args.out, exist_ok=True)
+  if args.data:
+    data = args.data if "://" in args.data else os.path.abspath(args.data)
+  else:
+    data = prepare_bundled(args.out)
+  check_resume(args, data)
+  rows = []
+  for v in v_list:
+    try:
+      rows.append(run_variant(v, args, data))
+    except RuntimeError as e:
+      print(e, file=sys.stderr)
+      return 1
+    write_csv(os.path.join(args.out, "results.csv"), rows, v_list)
+    write_md(os.path.join(args.out, "results.md"), rows, v_list, args, command)
+    plot(os.path.join(args.out, f"{args.sweep}.png"), rows, v_list, args)
+  print(f"ablate: {len(rows)} variants; results in {args.out}/results.csv, results.md and "
+        f"{args.sweep}.png")
+  with open(os.path.join(args.out, "results.md")) as f:
+    print(f.read())
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

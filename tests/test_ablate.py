@@ -1,0 +1,193 @@
+"""experiments/ablate.py: results parsing, tables and plot, resuming a half-finished sweep, and
+one real 2-variant sweep end to end (tiny model, seq 32, a few steps, fixture GLUE task)."""
+
+import csv
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import ablate  # noqa: E402
+
+GLUE = str(REPO / "tests" / "fixtures" / "glue")
+
+
+def write_jsonl(path, rows, tail=""):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def test_final_eval_needs_the_last_steps_eval(tmp_path):
+  m = tmp_path / "metrics.jsonl"
+  write_jsonl(m, [{"step": 5, "loss": 3.0},
+                  {"step": 5, "eval_mlm_loss": 2.0, "eval_mlm_perplexity": 7.4,
+                   "eval_nsp_accuracy": 0.6}])
+  assert ablate.final_eval(str(tmp_path), 10) is None  # stopped half way: not done
+  assert ablate.final_eval(str(tmp_path), 5) == {"mlm_perplexity": 7.4, "mlm_accuracy": None,
+                                                 "nsp_accuracy": 0.6}
+  # A line cut short by a kill is skipped; perplexity falls back to exp(loss).
+  write_jsonl(m, [{"step": 10, "eval_mlm_loss": 1.0}], tail='{"step": 11, "lo')
+  assert ablate.final_eval(str(tmp_path), 10)["mlm_perplexity"] == pytest.approx(2.71828, 1e-4)
+
+
+def test_task_results_flattens_metrics(tmp_path):
+  (tmp_path / "mrpc").mkdir()
+  (tmp_path / "mrpc" / "results.json").write_text(json.dumps(
+      {"mrpc": {"accuracy": 0.8, "f1": 0.85, "accuracy_runs": 5.0}}))
+  assert ablate.task_results(str(tmp_path), "mrpc") == {"mrpc_accuracy": 0.8, "mrpc_f1": 0.85}
+  assert ablate.task_results(str(tmp_path), "sst2") is None
+
+
+def args_for(out, *extra):
+  return ablate.parse_args(["--sweep", "nsp", "--steps", "10", "--out", str(out), *extra])
+
+
+def test_pretrain_argv_gives_every_variant_the_same_run(tmp_path):
+  args = args_for(tmp_path, "--seq-len", "64", "--batch-size", "32", "--set",
+                  "train.learning_rate=1e-3")
+  argvs = [ablate.pretrain_argv(v, args, "WD", "DATA") for v in ablate.variants("nsp", "tiny")]
+  # Only --config differs between the variants.
+  assert [a[2] for a in argvs] == ["experiments/pretrain.py:tiny", "experiments/no_nsp.py:tiny",
+                                   "experiments/sop.py:tiny"]
+  assert all(a[3:] == argvs[0][3:] for a in argvs)
+  a = argvs[0]
+  for flag in ("--config.train.steps=10", "--config.seed=0", "--config.data.path=DATA",
+               "--config.data.seq_len=64", "--config.data.max_predictions_per_seq=10",
+               "--config.train.batch_size=32", "--config.train.learning_rate=1e-3"):
+    assert flag in a
+
+
+ROWS = [
+    {"variant": "nsp", "pair_task": "NSP", "scale": "tiny", "steps": 10, "batch_size": "",
+     "seq_len": 128, "seed": 0, "mlm_perplexity": 300.5, "mlm_accuracy": 0.1,
+     "nsp_accuracy": 0.6, "sst2_accuracy": 0.7, "mrpc_accuracy": 0.6, "mrpc_f1": 0.7},
+    {"variant": "no_nsp", "pair_task": "none", "scale": "tiny", "steps": 10, "batch_size": "",
+     "seq_len": 128, "seed": 0, "mlm_perplexity": 280.0, "mlm_accuracy": 0.12,
+     "sst2_accuracy": 0.72, "mrpc_accuracy": 0.55, "mrpc_f1": 0.65},
+]
+
+
+def test_csv_md_and_plot(tmp_path):
+  vs = ablate.variants("nsp", "tiny")
+  args = args_for(tmp_path)
+  ablate.write_csv(str(tmp_path / "results.csv"), ROWS, vs)
+  with open(tmp_path / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert list(rows[0]) == ["variant", "pair_task", "scale", "steps", "batch_size", "seq_len",
+                           "seed", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy",
+                           "mrpc_accuracy", "mrpc_f1", "sst2_accuracy"]
+  assert rows[1]["nsp_accuracy"] == "" and float(rows[1]["sst2_accuracy"]) == 0.72
+  ablate.write_md(str(tmp_path / "results.md"), ROWS, vs, args, "CMD")
+  md = (tmp_path / "results.md").read_text().splitlines()
+  assert "| Pair task | MLM ppl | MLM acc | pair acc | mrpc_accuracy | mrpc_f1 | sst2_accuracy |" in md
+  assert "| none | 280.00 | 0.1200 | - | 0.5500 | 0.6500 | 0.7200 |" in md
+  ablate.plot(str(tmp_path / "nsp.png"), ROWS, vs, args)
+  png = (tmp_path / "nsp.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+class FakeBertjax:
+  """Stands in for `bertjax pretrain/glue`: writes what they would, records the calls.
+
+  `stop_at` makes a pretraining run stop early (as a kill would) the first time it is asked."""
+
+  def __init__(self, stop_at=None):
+    self.calls, self.stop_at = [], stop_at
+
+  def __call__(self, argv, log, isolate):
+    self.calls.append(argv)
+    flag = lambda name: argv[argv.index(name) + 1]
+    if argv[0] == "pretrain":
+      wd = pathlib.Path(flag("--workdir"))
+      steps = int(next(a for a in argv if a.startswith("--config.train.steps=")).split("=")[1])
+      m = wd / "metrics.jsonl"
+      done = len(m.read_text().splitlines()) if m.exists() else 0
+      stop = self.stop_at if self.stop_at and not done else steps
+      (wd / "checkpoints" / str(stop)).mkdir(parents=True, exist_ok=True)
+      with open(m, "a") as f:
+        f.write(json.dumps({"step": stop, "loss": 1.0}) + "\n")
+        if stop == steps:
+          f.write(json.dumps({"step": stop, "eval_mlm_loss": 2.0, "eval_mlm_perplexity": 7.0,
+                              "eval_mlm_accuracy": 0.3, "eval_nsp_accuracy": 0.8}) + "\n")
+      self.stop_at = None
+      return 0 if stop == steps else 1
+    out = pathlib.Path(flag("--workdir"))
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps({flag("--task"): {"accuracy": 0.5}}))
+    return 0
+
+
+def sweep(tmp_path, *extra):
+  return ["--sweep", "nsp", "--steps", "10", "--out", str(tmp_path / "out"), "--data",
+          str(tmp_path / "data"), "--glue-data", GLUE, *extra]
+
+
+def test_resume_half_finished_sweep(tmp_path, monkeypatch):
+  fake = FakeBertjax(stop_at=4)  # the first variant's pretraining is "killed" at step 4
+  monkeypatch.setattr(ablate, "run_bertjax", fake)
+  assert ablate.main(sweep(tmp_path, "--tasks", "sst2")) == 1
+  assert [c[0] for c in fake.calls] == ["pretrain"]
+  # Rerun: the first variant resumes (same command: bertjax resumes from its checkpoint), ...
+  fake.calls.clear()
+  assert ablate.main(sweep(tmp_path, "--tasks", "sst2")) == 0
+  assert [(c[0], c[2]) for c in fake.calls] == [
+      ("pretrain", "experiments/pretrain.py:tiny"), ("glue", "sst2"),
+      ("pretrain", "experiments/no_nsp.py:tiny"), ("glue", "sst2"),
+      ("pretrain", "experiments/sop.py:tiny"), ("glue", "sst2")]
+  # ... fine-tuning starts from the final checkpoint ...
+  glue = fake.calls[1]
+  assert glue[glue.index("--init") + 1] == str(tmp_path / "out" / "nsp" / "pretrain" /
+                                               "checkpoints" / "10")
+  # ... and a third run with one more task only fine-tunes on that task.
+  fake.calls.clear()
+  assert ablate.main(sweep(tmp_path, "--tasks", "sst2,mrpc")) == 0
+  assert [(c[0], c[2]) for c in fake.calls] == [("glue", "mrpc")] * 3
+  with open(tmp_path / "out" / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["variant"] for r in rows] == ["nsp", "no_nsp", "sop"]
+  assert rows[0]["mrpc_accuracy"] == "0.5" and rows[1]["nsp_accuracy"] == ""
+  assert (tmp_path / "out" / "nsp.png").exists()
+
+
+def test_resume_refuses_other_settings(tmp_path, monkeypatch):
+  monkeypatch.setattr(ablate, "run_bertjax", FakeBertjax())
+  assert ablate.main(sweep(tmp_path, "--only", "nsp")) == 0
+  with pytest.raises(SystemExit, match="other settings.*'seed': \\(0, 1\\)"):
+    ablate.main(sweep(tmp_path, "--only", "nsp", "--seed", "1"))
+  with pytest.raises(SystemExit, match="not in sweep nsp; valid: nsp, no_nsp, sop"):
+    ablate.main(sweep(tmp_path, "--only", "layers2"))
+
+
+@pytest.mark.slow
+def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
+  """Real `bertjax pretrain` and `bertjax glue`, in this process, on the bundled corpus."""
+  argv = ["--sweep", "nsp", "--only", "nsp,no_nsp", "--scale", "tiny", "--steps", "3",
+          "--batch-size", "16", "--seq-len", "32", "--set", "eval.steps=1",
+          "--glue-data", GLUE, "--tasks", "sst2",
+          "--glue-flags", "--epochs 1 --batch-size 8 --eval-batch-size 8",
+          "--out", str(tmp_path / "out")]
+  assert ablate.main(argv) == 0
+  out = tmp_path / "out"
+  with open(out / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["variant"], r["pair_task"], r["steps"]) for r in rows] == [
+      ("nsp", "NSP", "3"), ("no_nsp", "none", "3")]
+  for r in rows:
+    assert 1 < float(r["mlm_perplexity"]) < 1e5 and 0 <= float(r["sst2_accuracy"]) <= 1
+  assert rows[0]["nsp_accuracy"] != "" and rows[1]["nsp_accuracy"] == ""
+  assert (out / "nsp.png").stat().st_size > 5000
+  assert "| NSP |" in (out / "results.md").read_text()
+  # Same data for both: one prepared copy, passed to each variant.
+  for v in ("nsp", "no_nsp"):
+    cfg = json.loads((out / v / "pretrain" / "config.json").read_text())
+    assert cfg["data"]["path"] == str(out / "data" / "austen") and cfg["seed"] == 0
+  # Rerunning finds everything done and runs nothing.
+  capsys.readouterr()
+  assert ablate.main(argv) == 0
+  printed = capsys.readouterr().out
+  assert "$ bertjax" not in printed and printed.count("pretraining done") == 2

@@ -1,0 +1,148 @@
+"""`bertjax bench`: the report's keys and arithmetic, the FLOP formula, peers and errors.
+
+No timing thresholds: the machine is shared, so only relations that hold at any speed are
+checked (tokens/s = seq/s x L, MFU = FLOP/s / peak, ...).
+"""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import flax.linen as nn
+
+from bertjax import bench, bench_peers, flops
+from bertjax import model as model_lib
+from bertjax.commands import bench as bench_cmd
+
+TINY = ["--preset", "tiny", "--vocab-size", "512", "--batch-size", "8", "--seq-len", "16",
+        "--warmup", "1", "--steps", "2"]
+
+
+def test_flops_hand_count():
+  # 2 layers, H=8, F=16, V=10; B=2, L=4, P=1, counted by hand:
+  #   one layer: qkv 3*8*8+24, out 8*8+8, 2 LayerNorms 4*8, MLP 8*16+16 + 16*8+8  = 600
+  #   encoder 6 * 2*600 * (2*4 tokens)                              = 57,600
+  #   attention 12 * 2 layers * 8 * 4 * (8 tokens)                  =  6,144
+  #   MLM head 6 * (8*8 + 8*10) * (2*1 masked rows)                 =  1,728
+  #   pooler + NSP 6 * (8*8 + 2*8) * 2                              =    960
+  cfg = model_lib.BertConfig(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2,
+                             intermediate_size=16)
+  assert flops.non_embedding_params(cfg) == 1200
+  assert flops.pretraining_flops_per_step(cfg, 2, 4, 1) == 57_600 + 6_144 + 1_728 + 960
+
+
+def test_flops_param_count_matches_the_model():
+  cfg = model_lib.from_preset("tiny", vocab_size=100)
+  d = model_lib.dummy_inputs()
+  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(
+      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
+      d["masked_positions"])["params"])
+  assert flops.non_embedding_params(cfg) == model_lib.count_params(params["bert"]["encoder"])
+
+
+def test_synthetic_batch_layout():
+  b = bench_peers.synthetic_batch(4, 32, 5, vocab_size=50, seed=1)
+  assert {k: v.shape for k, v in b.items()} == {
+      "input_ids": (4, 32), "attention_mask": (4, 32), "token_type_ids": (4, 32),
+      "masked_positions": (4, 5), "masked_ids": (4, 5), "masked_weights": (4, 5),
+      "nsp_labels": (4,)}
+  pos = b["masked_positions"]
+  assert pos.min() >= 1 and pos.max() < 32  # never [CLS]
+  assert all(len(set(row)) == 5 for row in pos)
+  assert b["input_ids"].min() >= bench_peers.FIRST_TOKEN_ID and b["input_ids"].max() < 50
+  labels = bench_peers.mlm_labels(b)
+  assert (labels != -100).sum() == 4 * 5
+  np.testing.assert_array_equal(np.take_along_axis(labels, pos, axis=1), b["masked_ids"])
+  assert bench_peers.max_predictions(128) == 20  # BERT's max_predictions_per_seq at seq 128
+
+
+def test_json_report(capsys):
+  assert bench_cmd.main(TINY + ["--json"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  for key in ("tokens_per_sec", "seq_per_sec", "step_ms", "mfu", "peak_flops", "compile_s",
+              "model_flops_per_step", "peak_memory_bytes", "peers"):
+    assert key in r, key
+  assert r["step_ms"] > 0 and r["compile_s"] > 0 and r["peak_flops"] > 0
+  assert r["step_ms_min"] <= r["step_ms"]
+  np.testing.assert_allclose(r["seq_per_sec"], 8 * 1e3 / r["step_ms"])
+  np.testing.assert_allclose(r["tokens_per_sec"], r["seq_per_sec"] * 16)
+  np.testing.assert_allclose(r["mfu"], r["model_flops_per_step"] * 1e3 / r["step_ms"]
+                             / r["peak_flops"])
+  assert 0 < r["mfu"] < 1
+  assert r["num_masked"] == 3  # ceil(0.15 * 16)
+  assert r["devices"] == jax.device_count() == 8  # the real step ran on the whole mesh
+  assert r["peak_source"].startswith("measured")
+  assert r["peers"] == {}
+
+
+def test_table_report_and_peer_unavailable(capsys, monkeypatch):
+  monkeypatch.setenv("BERTJAX_HF4_PYTHON", "/nonexistent/python")
+  assert bench_cmd.main(TINY + ["--compare", "hf-flax", "--peak-flops", "1e12"]) == 0
+  out = capsys.readouterr().out
+  assert "tokens/s" in out and "MFU" in out
+  assert "hf-flax" in out and "unavailable" in out and "BERTJAX_HF4_PYTHON" in out
+
+
+def test_flax_peer_subprocess_reports_missing_flax_models():
+  # This interpreter has transformers 5 (no Flax models) or none: the child must answer with
+  # a JSON "unavailable", which the parent parses, rather than crash.
+  spec = dict(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+              max_position_embeddings=32, hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
+              batch_size=2, seq_len=8, num_masked=1, warmup=1, steps=1, threads=1)
+  os.environ["BERTJAX_HF4_PYTHON"] = sys.executable
+  try:
+    r = bench_peers.run_flax_subprocess(spec, repo_root=".", timeout_s=300)
+  finally:
+    del os.environ["BERTJAX_HF4_PYTHON"]
+  try:
+    import transformers
+    has_flax = hasattr(transformers, "FlaxBertForPreTraining")
+  except ImportError:
+    has_flax = False
+  assert r["name"] == "hf-flax"
+  assert r["status"] == ("ok" if has_flax else "unavailable"), r
+
+
+def test_torch_peer_runs_and_matches_the_report_keys():
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  spec = dict(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+              max_position_embeddings=32, hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
+              batch_size=2, seq_len=8, num_masked=1, warmup=1, steps=2, threads=1)
+  r = bench_peers.run_torch(spec, compiled=False)
+  assert r["status"] == "ok", r
+  assert r["step_ms"] > 0 and r["steps_timed"] == 2
+  np.testing.assert_allclose(r["tokens_per_sec"], 2 * 8 * 1e3 / r["step_ms"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "huge"], "valid presets"),
+    (["--seq-len", "1024"], "--seq-len=1024"),
+    (["--batch-size", "0"], "--batch-size=0"),
+    (["--num-masked", "16", "--seq-len", "16"], "--num-masked=16"),
+    (["--compare", "hf-torch,tensorflow"], "tensorflow: unknown peer; valid: hf-torch"),
+])
+def test_errors_name_the_flag(argv, message, capsys):
+  assert bench_cmd.main(argv) == 2
+  assert message in capsys.readouterr().err
+
+
+def test_bf16_peers_are_reported_unavailable():
+  spec = bench.BenchSpec(preset="tiny", dtype="bfloat16")
+  r = bench._run_peer("hf-torch", spec, spec.model_config(), None)
+  assert r["status"] == "unavailable" and "float32" in r["reason"]
+
+
+def test_bench_input_dispatches_to_the_experiment(tmp_path, monkeypatch, capsys):
+  (tmp_path / "experiments").mkdir()
+  (tmp_path / "experiments" / "bench_input.py").write_text(
+      "def main(argv):\n  print('input bench', argv)\n  return 3\n")
+  monkeypatch.setattr(bench_cmd, "_REPO_ROOT", str(tmp_path))
+  assert bench_cmd.main(["input", "--copies", "2"]) == 3
+  assert "input bench ['--copies', '2']" in capsys.readouterr().out
+  (tmp_path / "experiments" / "bench_input.py").unlink()
+  assert bench_cmd.main(["input"]) == 2

@@ -1,0 +1,119 @@
+"""The train step on 1 vs 8 devices, the non-finite guard, and the loop end to end (two phases,
+metrics.jsonl, resume in phase 2), all on the synthetic source."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import loop, sharding, train
+from bertjax.data import pretraining
+from tests.test_sharding import tiny_config
+
+
+def _losses(c, mesh, steps=3):
+  s = train.setup(c, mesh)
+  state = s.init_state(0)
+  cfg = pretraining.InputConfig(source="synthetic", seq_len=c.data.seq_len,
+                                max_predictions_per_seq=c.data.max_predictions_per_seq,
+                                vocab_size=c.model.vocab_size, seed=0)
+  stream = pretraining.make_stream(cfg, global_batch_size=c.train.batch_size, process_index=0,
+                                   process_count=1)
+  out = []
+  for _ in range(steps):
+    state, m = s.train_step(state, pretraining.global_batch(next(stream), s.batch_sharding))
+    out.append(float(m["loss"]))
+  return np.array(out), state
+
+
+def test_one_device_equals_eight_devices():
+  c = tiny_config(warmup_steps=0, learning_rate=1e-3)  # dropout stays on
+  one, _ = _losses(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+  for mesh in (sharding.make_mesh(2, 2, 2), sharding.make_mesh(1, 8, 1)):
+    many, state = _losses(c, mesh)
+    np.testing.assert_allclose(many, one, rtol=1e-5)
+    assert len(state.params["mlm_bias"].sharding.device_set) == 8
+  assert one[2] < one[0]  # and it learns
+
+
+def test_nonfinite_step_is_not_applied():
+  c = tiny_config(inject_nan_at_step=1)
+  mesh = sharding.make_mesh(2, 2, 2)
+  s = train.setup(c, mesh)
+  cfg = pretraining.InputConfig(source="synthetic", seq_len=32, max_predictions_per_seq=5,
+                                vocab_size=1000)
+  stream = pretraining.make_stream(cfg, global_batch_size=16, process_index=0, process_count=1)
+  state, m0 = s.train_step(s.init_state(0), pretraining.global_batch(next(stream),
+                                                                      s.batch_sharding))
+  before = jax.device_get(state)
+  state, m1 = s.train_step(state, pretraining.global_batch(next(stream), s.batch_sharding))
+  assert float(m0["finite"]) == 1.0 and float(m1["finite"]) == 0.0
+  assert np.isnan(float(m1["loss"]))
+  after = jax.device_get(state)
+  jax.tree.map(np.testing.assert_array_equal, before.params, after.params)
+  jax.tree.map(np.testing.assert_array_equal, before.opt_state, after.opt_state)
+  assert int(after.step) == 2
+
+
+def _loop_config(steps, **kw):
+  c = tiny_config(steps=steps, warmup_steps=2)
+  c.log_every_steps = 1
+  c.tensorboard = False
+  c.checkpoint.every_steps = 3
+  c.eval.every_steps, c.eval.steps, c.eval.batch_size = 3, 1, 16
+  for k, v in kw.items():
+    node, _, leaf = k.rpartition(".")
+    (c[node] if node else c)[leaf] = v
+  return c
+
+
+def _rows(workdir):
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r for r in rows if "loss" in r}, [r for r in rows if "eval_loss" in r]
+
+
+def test_guard_stops_the_loop(tmp_path, capsys):
+  c = _loop_config(6, **{"train.inject_nan_at_step": 3})
+  assert loop.train_and_evaluate(c, str(tmp_path)) == 1
+  out = capsys.readouterr().out
+  assert "step 4: non-finite loss nan" in out and "stopping: 1 non-finite" in out
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
+  # With a budget of one skip the run goes on and finishes.
+  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1})
+  assert loop.train_and_evaluate(c, str(tmp_path / "skip")) == 0
+  train_rows, _ = _rows(tmp_path / "skip")
+  assert all(np.isfinite(r["loss"]) for r in train_rows.values())
+
+
+def test_two_phase_run_and_resume_in_phase_two(tmp_path):
+  kw = {"phase2.fraction": 0.5, "phase2.seq_len": 64, "phase2.max_predictions_per_seq": 8,
+        "phase2.batch_size": 8}
+  full = tmp_path / "full"
+  assert loop.train_and_evaluate(_loop_config(8, **kw), str(full)) == 0
+  rows, evals = _rows(full)
+  keys = {"step", "loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy",
+          "learning_rate", "seq_per_sec", "tokens_per_sec", "mfu"}
+  assert keys <= set(rows[8])
+  assert {"eval_mlm_perplexity", "eval_mlm_accuracy", "eval_nsp_accuracy"} <= set(evals[0])
+  assert rows[8]["tokens_per_sec"] == pytest.approx(rows[8]["seq_per_sec"] * 64)
+  assert rows[3]["tokens_per_sec"] == pytest.approx(rows[3]["seq_per_sec"] * 32)
+  # Stop at step 6 (in phase 2, checkpoint at 6), then rerun to 8: same losses as `full`.
+  part = tmp_path / "part"
+  _run_until(_loop_config(8, **kw), part, 6)
+  assert loop.train_and_evaluate(_loop_config(8, **kw), str(part)) == 0
+  resumed, _ = _rows(part)
+  assert resumed[8]["loss"] == rows[8]["loss"]
+
+
+def _run_until(c, workdir, stop_step):
+  """Run `c` but stop (as a preemption would) right after `stop_step`."""
+  from bertjax import distributed
+
+  orig = distributed.PreemptionWatcher.should_stop
+  distributed.PreemptionWatcher.should_stop = lambda self, step: step >= stop_step
+  try:
+    assert loop.train_and_evaluate(c, str(workdir)) == 0
+  finally:
+    distributed.PreemptionWatcher.should_stop = orig
+  assert (workdir / "checkpoints" / str(stop_step)).exists()
