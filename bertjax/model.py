@@ -187,6 +187,32 @@ def attention_mask_bias(attention_mask_BxL: Array) -> Array:
   return attention_mask_BxL.astype(bool)[:, None, None, :]
 
 
+class Projection(nn.Module):
+  """A dense layer whose kernel keeps its full multi-axis shape, e.g. [H, 3, N, D].
+
+  `nn.DenseGeneral` creates such kernels flattened and reshapes them, so logical names of the
+  full rank cannot be applied under a mesh; here each axis is named and shardable as created.
+  """
+
+  cfg: BertConfig
+  equation: str  # einsum from input and kernel to output
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]  # logical names, one per kernel axis
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.cfg
+    kernel_letters, out_letters = self.equation.split(",")[1].split("->")
+    keep = [i for i, c in enumerate(kernel_letters) if c in out_letters]  # the output's axes
+    bias_shape = tuple(self.kernel_shape[i] for i in keep)
+    bias_axes = tuple(self.kernel_axes[i] for i in keep)
+    kernel = self.param("kernel", _init(cfg, self.kernel_axes), self.kernel_shape,
+                        cfg.params_dtype)
+    bias = self.param("bias", _zeros(bias_axes), bias_shape, cfg.params_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.compute_dtype)
+    return jnp.einsum(self.equation, x, kernel) + bias
+
+
 class Attention(nn.Module):
   """Multi-head self-attention with a fused QKV projection.
 
@@ -202,10 +228,9 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array) -> Array:
     cfg = self.cfg
-    qkv_BxLx3xNxD = nn.DenseGeneral(
-        features=(3, cfg.num_heads, cfg.head_dim), dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype, kernel_init=_init(cfg, ("embed", "qkv", "heads", "kv")),
-        bias_init=_zeros(("qkv", "heads", "kv")), name="qkv")(x_BxLxH)
+    qkv_BxLx3xNxD = Projection(cfg, "blh,hcnd->blcnd",
+                               (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim),
+                               ("embed", "qkv", "heads", "kv"), name="qkv")(x_BxLxH)
     q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (qkv_BxLx3xNxD[:, :, i] for i in range(3))
     use_dropout = not self.deterministic and cfg.attention_dropout_rate > 0.0
     if use_dropout:
@@ -216,10 +241,8 @@ class Attention(nn.Module):
       out_BxLxNxD = jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
                                                  mask=mask_Bx1x1xL)
     out_BxLxNxD = _constrain(out_BxLxNxD, ("batch", "length", "act_heads", "kv"))
-    return nn.DenseGeneral(features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
-                           param_dtype=cfg.params_dtype,
-                           kernel_init=_init(cfg, ("heads", "kv", "embed")),
-                           bias_init=_zeros(("embed",)), name="out")(out_BxLxNxD)
+    return Projection(cfg, "blnd,ndh->blh", (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
+                      ("heads", "kv", "embed"), name="out")(out_BxLxNxD)
 
 
 def einsum_attention(q_BxLxNxD: Array, k_BxLxNxD: Array, v_BxLxNxD: Array, mask_Bx1x1xL: Array,

@@ -58,6 +58,9 @@ class Tokenizer:
             raise TokenizerError(f"{self.path}: ids 0-4 are {found}, expected {SPECIAL_PIECES}; "
                                  "retrain it with `bertjax tokenizer train`")
         self.sha256 = hashlib.sha256(blob).hexdigest()
+        # The same attributes as `wordpiece.WordPieceTokenizer`, whose ids come from its vocab.
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
         self._word_start = [self._sp.id_to_piece(i).startswith(WORD_START)
                             for i in range(len(self._sp))]
 

@@ -138,7 +138,7 @@ def task_results(glue_dir: str, task: str) -> dict | None:
 
 
 def pretrain_argv(v: Variant, args, workdir: str, data: str) -> list[str]:
-  max_pred = max(1, round(0.15 * args.seq_len))  # BERT's 15% of the tokens
+  max_pred = math.ceil(0.15 * args.seq_len)  # 15% of the tokens, rounded up as BERT: 128 -> 20
   argv = ["pretrain", "--config", v.config, "--workdir", workdir,
           f"--config.train.steps={args.steps}", f"--config.seed={args.seed}",
           f"--config.data.path={data}",
@@ -316,6 +316,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.error(f"--glue-data {args.glue_data}: not a directory (GLUE_DIR with SST-2/, MRPC/, ...)")
   if args.steps < 1:
     p.error("--steps must be >= 1")
+  if "://" not in args.out:
+    args.out = os.path.abspath(args.out)  # orbax wants absolute checkpoint paths
   return args
 
 

@@ -131,7 +131,7 @@ def to_yaml(x, indent: int = 0) -> str:
 
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(
-      prog="launch/gke_jobset.py", description=__doc__.splitlines()[0],
+      prog="launch/gke_jobset.py", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--name", required=True)
   parser.add_argument("--image", required=True)
@@ -144,6 +144,7 @@ def main(argv: list[str]) -> int:
   mode.add_argument("--apply", action="store_true")
   mode.add_argument("--dry-run", action="store_true")
   if "--" not in argv:
+    parser.parse_args(argv)  # --help, or a clear error for a bad option
     parser.error("the bertjax arguments go after --, e.g. -- pretrain --config ...")
   split = argv.index("--")
   opts, args = parser.parse_args(argv[:split]), argv[split + 1:]

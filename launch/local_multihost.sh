@@ -24,6 +24,9 @@ source "$HERE/lib.sh"
 
 (( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) ||
   die "needs bash >= 5.1 (this is $BASH_VERSION)"
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
+fi
 [[ $# -ge 1 && "$1" =~ ^[0-9]+$ && "$1" -ge 1 ]] || die "first argument: number of processes N >= 1"
 NPROC=$1; shift
 DEVICES=4 PORT="" LOG_DIR=""

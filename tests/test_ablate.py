@@ -3,7 +3,6 @@ one real 2-variant sweep end to end (tiny model, seq 32, a few steps, fixture GL
 
 import csv
 import json
-import os
 import pathlib
 import sys
 

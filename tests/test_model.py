@@ -213,3 +213,23 @@ def test_model_imports_without_tensorflow():
           "print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_applies_under_a_mesh_with_logical_rules():
+  """Full-rank logical names must be valid for the kernels as created (no flat reshapes)."""
+  from jax.sharding import Mesh
+  devices = np.array(jax.devices()[:8]).reshape(2, 2, 2)
+  mesh = Mesh(devices, ("data", "fsdp", "tensor"))
+  rules = (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("heads", "tensor"),
+           ("mlp", "tensor"), ("vocab", "tensor"))
+  cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
+  batch = _batch(cfg.vocab_size)
+  ids, types, mask, pos = (np.concatenate([x, x[:1]]) for x in batch)  # batch 4 splits 4 ways
+  m = model_lib.BertForPreTraining(cfg)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    v = jax.jit(m.init)(jax.random.key(0), ids, types, mask, pos)
+    out = jax.jit(lambda p: m.apply(p, ids, types, mask, pos))(v)
+  kernel = v["params"]["bert"]["encoder"]["layer_0"]["attention"]["qkv"]["kernel"]
+  assert kernel.value.shape == (128, 3, 2, 64)
+  ref = m.apply(nn.unbox(v), ids, types, mask, pos)
+  np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)

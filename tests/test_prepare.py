@@ -190,10 +190,16 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 1 and err == f"bertjax prepare: {tmp_path / 'none.txt'}: no such file"
     (tmp_path / "a.txt").write_text("Hello there.\n")
+    (tmp_path / "bad.model").write_text("Hello there.\n")
+    rc = prepare_cmd.main(["--input", str(tmp_path / "a.txt"), "--tokenizer",
+                           str(tmp_path / "bad.model"), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "not a SentencePiece model" in err and len(err.splitlines()) == 1
+    # A .txt is taken for a WordPiece vocab.txt, and checked as one.
     rc = prepare_cmd.main(["--input", str(tmp_path / "a.txt"), "--tokenizer",
                            str(tmp_path / "a.txt"), "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert rc == 1 and "not a SentencePiece model" in err and len(err.splitlines()) == 1
+    assert rc == 1 and "special token [PAD] is missing" in err and len(err.splitlines()) == 1
 
 
 def test_tfds_mock_corpus(tmp_path):

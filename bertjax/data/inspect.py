@@ -7,37 +7,39 @@ import pathlib
 
 import numpy as np
 
-from bertjax import tokenizer as tokenizer_lib
-from bertjax.data import pretraining
-from bertjax.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, WORD_START
+from bertjax import wordpiece
+from bertjax.data import pretraining, records
+from bertjax.tokenizer import WORD_START
 
 
-def _tokenizer(data_dir: str) -> tokenizer_lib.Tokenizer:
-    from bertjax.data import records
-
+def _tokenizer(data_dir: str):
+    """The data's own tokenizer: SentencePiece `Tokenizer` or `wordpiece.WordPieceTokenizer`."""
     meta = records.load_metadata(data_dir)
-    return tokenizer_lib.Tokenizer(pathlib.Path(data_dir) / meta["tokenizer"]["file"])
+    return wordpiece.load_tokenizer(pathlib.Path(data_dir) / meta["tokenizer"]["file"])
 
 
-def _render(tok: tokenizer_lib.Tokenizer, ids: np.ndarray) -> str:
+def _render(tok, ids: np.ndarray) -> str:
     """Pieces joined as text; special tokens stay visible, e.g. "[MASK]"."""
+    special = {tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}
+    wordpiece_vocab = isinstance(tok, wordpiece.WordPieceTokenizer)
     out = []
     for i in ids:
         piece = tok.id_to_piece(int(i))
-        if piece.startswith(WORD_START):
+        if wordpiece_vocab:  # "##ing" continues a word; every other piece starts one
+            piece = piece[2:] if piece.startswith(wordpiece.SUFFIX) else " " + piece
+        elif piece.startswith(WORD_START):
             piece = " " + piece[1:]
-        elif i < tokenizer_lib.NUM_SPECIAL:
+        elif int(i) in special:
             piece = " " + piece
         out.append(piece)
     return "".join(out).strip()
 
 
-def describe(tok: tokenizer_lib.Tokenizer, batch: dict[str, np.ndarray], row: int,
-             pair_mode: str) -> str:
+def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str) -> str:
     """One example as text: segments, masked tokens with their originals, label."""
     n = int(batch["attention_mask"][row].sum())
     ids, types = batch["input_ids"][row][:n], batch["token_type_ids"][row][:n]
-    seps = np.flatnonzero(ids == SEP_ID)
+    seps = np.flatnonzero(ids == tok.sep_id)
     a_end = seps[0] if len(seps) else n
     lines = [f"segment A: {_render(tok, ids[1:a_end])}"]
     if types.any():
@@ -69,6 +71,8 @@ def stats(cfg: pretraining.InputConfig, n: int, batch_size: int = 256,
     """Masking and label statistics over the first `n` examples of the stream."""
     stream = pretraining.make_stream(cfg, global_batch_size=batch_size, process_index=0,
                                      process_count=1, split=split)
+    ids_of = records.special_ids(records.load_metadata(cfg.path))
+    pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
     c = dict.fromkeys(("examples", "real", "masked", "mask_token", "random", "unchanged",
                        "positive", "length", "segment_b"), 0)
     for batch in itertools.islice(stream, -(-n // batch_size)):
@@ -78,12 +82,12 @@ def stats(cfg: pretraining.InputConfig, n: int, batch_size: int = 256,
         now = np.take_along_axis(ids, b["masked_positions"], axis=1)[w]
         orig = b["masked_ids"][w]
         # Real non-special tokens: masked ones count by their original, which is never special.
-        special = (ids == PAD_ID) | (ids == CLS_ID) | (ids == SEP_ID)
+        special = (ids == pad_id) | (ids == cls_id) | (ids == sep_id)
         c["real"] += int((~special).sum())
         c["masked"] += int(w.sum())
-        c["mask_token"] += int((now == MASK_ID).sum())
+        c["mask_token"] += int((now == mask_id).sum())
         c["unchanged"] += int((now == orig).sum())
-        c["random"] += int(((now != MASK_ID) & (now != orig)).sum())
+        c["random"] += int(((now != mask_id) & (now != orig)).sum())
         c["positive"] += int((b["nsp_labels"] == 0).sum())
         c["length"] += int(b["attention_mask"].sum())
         c["segment_b"] += int(b["token_type_ids"].any(axis=1).sum())

@@ -52,7 +52,19 @@ class MaskSpec:
     mask_token_prob: float = 0.8  # of the chosen tokens: replaced by [MASK]
     random_token_prob: float = 0.1  # replaced by a random non-special token; rest unchanged
     whole_word: bool = False
-    word_start: np.ndarray | None = None  # bool[vocab]: piece starts with "▁"
+    word_start: np.ndarray | None = None  # bool[vocab]: piece starts a word ("▁x" / not "##x")
+    # The tokenizer's special ids (SentencePiece: the constants; WordPiece: from its vocab).
+    pad_id: int = PAD_ID
+    cls_id: int = CLS_ID
+    sep_id: int = SEP_ID
+    mask_id: int = MASK_ID
+    # Ids a random replacement is drawn from; None: [NUM_SPECIAL, vocab_size).
+    random_ids: np.ndarray | None = None
+
+
+def replacement_ids(vocab_size: int, special_ids: dict[str, int]) -> np.ndarray:
+    """Every id but the five special ones (WordPiece's [unusedN] stay, as in google's code)."""
+    return np.setdiff1d(np.arange(vocab_size), list(special_ids.values())).astype(np.int64)
 
 
 def mask_batch(input_ids_BxL: np.ndarray, keys_B: np.ndarray, spec: MaskSpec
@@ -65,14 +77,14 @@ def mask_batch(input_ids_BxL: np.ndarray, keys_B: np.ndarray, spec: MaskSpec
     """
     B, L = input_ids_BxL.shape
     ids = input_ids_BxL
-    candidate = (ids != PAD_ID) & (ids != CLS_ID) & (ids != SEP_ID)
+    candidate = (ids != spec.pad_id) & (ids != spec.cls_id) & (ids != spec.sep_id)
     n_real_B = candidate.sum(axis=1)
     n_pred_B = np.minimum(spec.max_predictions,
                           np.maximum(1, np.round(n_real_B * spec.mask_prob).astype(np.int64)))
     n_pred_B = np.where(n_real_B > 0, n_pred_B, 0)
     pos_L = np.arange(L, dtype=np.uint64)
     row_keys = keys_B.astype(np.uint64)[:, None]
-    # Word starts: every token, or (whole-word) "▁" pieces and tokens after a special one.
+    # Word starts: every token, or (whole-word) word-start pieces and tokens after a special one.
     if spec.whole_word:
         starts = spec.word_start[ids] | ~candidate | ~np.roll(candidate, 1, axis=1)
         starts[:, 0] = True
@@ -100,9 +112,13 @@ def _apply(ids: np.ndarray, chosen: np.ndarray, row_keys: np.ndarray, pos_L: np.
     B, L = ids.shape
     P = spec.max_predictions
     action = uniform(key(row_keys, _ACTION, pos_L))
-    random_ids = NUM_SPECIAL + (key(row_keys, _RANDOM_TOKEN, pos_L)
-                                % np.uint64(spec.vocab_size - NUM_SPECIAL)).astype(np.int64)
-    replaced = np.where(action < spec.mask_token_prob, MASK_ID,
+    draw = key(row_keys, _RANDOM_TOKEN, pos_L)
+    if spec.random_ids is None:
+        random_ids = NUM_SPECIAL + (draw % np.uint64(spec.vocab_size - NUM_SPECIAL)
+                                    ).astype(np.int64)
+    else:  # for SentencePiece the table is [NUM_SPECIAL, vocab): the same ids as above
+        random_ids = spec.random_ids[(draw % np.uint64(len(spec.random_ids))).astype(np.int64)]
+    replaced = np.where(action < spec.mask_token_prob, spec.mask_id,
                         np.where(action < spec.mask_token_prob + spec.random_token_prob,
                                  random_ids, ids))
     out_ids = np.where(chosen, replaced, ids).astype(np.int32)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import json
 import multiprocessing
 import os
 import pathlib
@@ -23,13 +24,14 @@ import time
 from typing import Iterator
 
 from bertjax import tokenizer as tokenizer_lib
+from bertjax import wordpiece
 from bertjax.data import records, text
 
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
     output: str  # output directory (created)
-    tokenizer: str  # PREFIX.model from `bertjax tokenizer train`
+    tokenizer: str  # SentencePiece PREFIX.model (`bertjax tokenizer train`) or WordPiece vocab.txt
     inputs: tuple[str, ...] = ()  # text files or globs, google-research/bert format
     tfds: str | None = None  # NAME[:SPLIT] of a TFDS text dataset, instead of `inputs`
     tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
@@ -66,13 +68,13 @@ class _Result:
     nbytes: int
 
 
-_TOKENIZER: tokenizer_lib.Tokenizer | None = None
+_TOKENIZER: "tokenizer_lib.Tokenizer | wordpiece.WordPieceTokenizer | None" = None
 _CONFIG: PrepareConfig | None = None
 
 
 def _init_worker(cfg: PrepareConfig) -> None:
     global _TOKENIZER, _CONFIG
-    _TOKENIZER, _CONFIG = tokenizer_lib.Tokenizer(cfg.tokenizer), cfg
+    _TOKENIZER, _CONFIG = wordpiece.load_tokenizer(cfg.tokenizer), cfg
 
 
 def _is_eval(payload: bytes, fraction: float) -> bool:
@@ -313,17 +315,40 @@ def _run_tasks(cfg: PrepareConfig, tasks: "_Tasks", handle) -> None:
             handle(pending.popleft().get())
 
 
+def _copy_tokenizer(tok, out: pathlib.Path, worker_index: int) -> dict:
+    """Copies the tokenizer into the data directory (self-contained); its metadata entry.
+
+    The special ids go into metadata.json, so the stream frames and masks with the right ids
+    (WordPiece: [CLS]=101 ...) without loading the tokenizer.
+    """
+    is_wordpiece = isinstance(tok, wordpiece.WordPieceTokenizer)
+    name = "vocab.txt" if is_wordpiece else "tokenizer.model"
+    tmp = out / f"{name}.{worker_index}.tmp"
+    shutil.copyfile(tok.path, tmp)
+    os.replace(tmp, out / name)
+    meta = {"file": name, "type": "wordpiece" if is_wordpiece else "sentencepiece",
+            "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+            "special_ids": {"pad": tok.pad_id, "unk": tok.unk_id, "cls": tok.cls_id,
+                            "sep": tok.sep_id, "mask": tok.mask_id}}
+    if is_wordpiece:
+        # vocab.txt does not say whether it is uncased; this file beside it does, and
+        # `wordpiece.load_tokenizer` reads it (as transformers does).
+        meta["lower_case"] = tok.lower_case
+        tmp = out / f"tokenizer_config.json.{worker_index}.tmp"
+        tmp.write_text(json.dumps({"do_lower_case": tok.lower_case}) + "\n")
+        os.replace(tmp, out / "tokenizer_config.json")
+    return meta
+
+
 def prepare(cfg: PrepareConfig) -> dict:
     """Prepares the shards and metadata of this worker; returns the metadata."""
     from tqdm import tqdm
 
     _check(cfg)
-    tok = tokenizer_lib.Tokenizer(cfg.tokenizer)  # fail early on a bad model file
+    tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
     out = pathlib.Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"tokenizer.model.{cfg.worker_index}.tmp"
-    shutil.copyfile(tok.path, tmp)  # the data directory carries its own tokenizer
-    os.replace(tmp, out / "tokenizer.model")
+    tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
     tasks, tally, writers = _Tasks(cfg), _Tally(cfg), _Writers(cfg)
     totals = collections.Counter()
     start = time.perf_counter()
@@ -355,8 +380,7 @@ def prepare(cfg: PrepareConfig) -> dict:
         **{k: totals[k] for k in ("documents", "sentences", "tokens", "input_bytes")},
         **{k: dict(sorted(v.items())) for k, v in tally.counts.items()},
         "examples_of_problems": tally.reports,
-        "tokenizer": {"file": "tokenizer.model", "sha256": tok.sha256,
-                      "vocab_size": tok.vocab_size},
+        "tokenizer": tokenizer_meta,
         "shards": writers.shards,
         "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
         "eval_fraction": cfg.eval_fraction,

@@ -15,27 +15,29 @@ Prepared source. Hosts take whole shard files (`shards[process_index::process_co
 each epoch every document is used exactly once across hosts. An epoch visits the host's shards
 in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
 are built (instances.py), shuffled together and masked (masking.py) as batches are drawn. The
-state is (epoch, block, offset in block): resuming re-reads that block's documents, skipping
-the records before it in one shard (no replay of the stream), and rebuilds the same instances.
-Shards are read by records.py in plain Python + numpy, so the stream needs no TensorFlow
-(it is imported only to open remote paths such as gs:// with tf.io.gfile): a TensorFlow
-start-up and a tf.data graph per shard cost more than the reading itself on this workload, and
-a Python-level stream is what makes the state small and the resume exact.
+shards are read by a tf.data pipeline (tf_reader.py: TFRecordDataset -> parallel
+parse_example -> blocks -> prefetch), so reading and parsing run in tf.data's threads while
+Python builds the previous block's instances; without TensorFlow (or with
+`reader="python"`) records.py reads them in plain Python. Both give the same documents in the
+same order, hence bit-identical batches. The state is (epoch, block, offset in block):
+resuming re-reads that block's documents, skipping the records before it in one shard (no
+replay of the stream), and rebuilds the same instances; a state saved with one reader resumes
+with the other. Instance building and masking stay in numpy: every random choice is a hash of
+the example's identity, which is what makes the stream deterministic and the resume exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import random
 from typing import Iterator
 
 import numpy as np
 
-from bertjax import tokenizer as tokenizer_lib
 from bertjax.data import instances as instances_lib
 from bertjax.data import masking, synthetic
-from bertjax.tokenizer import CLS_ID, SEP_ID
 
 FEATURES = ("input_ids", "attention_mask", "token_type_ids", "masked_positions", "masked_ids",
             "masked_weights", "nsp_labels")
@@ -51,18 +53,24 @@ class InputConfig:
     pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
     mask_prob: float = 0.15  # share of real non-special tokens predicted
     short_seq_prob: float = 0.1  # share of examples with a random shorter target length
-    whole_word_mask: bool = False  # mask all pieces of a word together (uses "▁" starts)
+    whole_word_mask: bool = False  # mask all pieces of a word together ("▁x" / not "##x")
     seed: int = 0  # the same seed gives the same stream
     vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
     shuffle_buffer: int = 1024  # documents whose instances are shuffled together
     mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
     random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
+    # Prepared shards' reader: "tf.data" (TensorFlow's threads; falls back to "python" with a
+    # warning when TensorFlow is not installed) | "python" (records.py). Same batches either way.
+    reader: str = "tf.data"
 
 
 def _check(cfg: InputConfig, global_batch_size: int, process_index: int,
            process_count: int, split: str) -> None:
     if cfg.source not in ("prepared", "synthetic"):
         raise ValueError(f"source {cfg.source!r}: valid options are 'prepared', 'synthetic'")
+    if cfg.reader not in ("tf.data", "python"):
+        raise ValueError(f"InputConfig.reader {cfg.reader!r}: valid options are 'tf.data', "
+                         "'python'")
     if cfg.pair_mode not in ("nsp", "sop", "none"):
         raise ValueError(f"pair_mode {cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'")
     if cfg.seq_len < (5 if cfg.pair_mode != "none" else 3):
@@ -111,13 +119,13 @@ class PreparedStream:
     """Batches built on the fly from this host's shards; see the module docstring."""
 
     def __init__(self, cfg: InputConfig, spec: masking.MaskSpec, shards: list[dict],
-                 rows: int, fingerprint: dict, state: dict):
+                 rows: int, fingerprint: dict, state: dict, reader: str):
         self.cfg, self.spec, self.shards, self.rows = cfg, spec, shards, rows
-        self.fingerprint = fingerprint
+        self.fingerprint, self.reader = fingerprint, reader
         self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
         self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
         self.offset, self.step = state.get("offset", 0), state.get("step", 0)
-        self._docs: Iterator | None = None  # documents of the epoch from the current block on
+        self._blocks: Iterator | None = None  # blocks of the epoch from the current block on
         self._block_items: list | None = None  # the current block's (shard, record, instance)
 
     def _epoch_order(self, epoch: int) -> list[dict]:
@@ -125,27 +133,45 @@ class PreparedStream:
         random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
         return order
 
-    def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
-        """(shard id, record, sentences) of the epoch from document `first_doc` on."""
+    def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[list]:
         from bertjax.data import records
 
+        block = []
         for shard in self._epoch_order(epoch):
             if first_doc >= shard["documents"]:
                 first_doc -= shard["documents"]
                 continue
             for record, doc in enumerate(records.read_documents(shard["path"], first_doc),
                                          start=first_doc):
-                yield shard["id"], record, doc
+                block.append((shard["id"], record, doc))
+                if len(block) == self.cfg.shuffle_buffer:
+                    yield block
+                    block = []
             first_doc = 0
+        if block:
+            yield block
+
+    def _read_blocks(self, epoch: int, first_doc: int) -> Iterator[list]:
+        """Blocks of (shard id, record, sentences) of the epoch from document `first_doc` on."""
+        if self.reader == "tf.data":
+            from bertjax.data import tf_reader
+
+            return tf_reader.read_blocks(self._epoch_order(epoch), first_doc,
+                                         self.cfg.shuffle_buffer)
+        return self._python_blocks(epoch, first_doc)
+
+    def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
+        """(shard id, record, sentences) of the epoch from document `first_doc` on."""
+        for block in self._read_blocks(epoch, first_doc):
+            yield from block
 
     def _load_block(self) -> None:
         """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
-        k = self.cfg.shuffle_buffer
-        if self._docs is None:
-            self._docs = self._read_from(self.epoch, self.block * k)
-        docs = [d for _, d in zip(range(k), self._docs)]
-        if not docs:  # the epoch is over
-            self.epoch, self.block, self._docs = self.epoch + 1, 0, None
+        if self._blocks is None:
+            self._blocks = self._read_blocks(self.epoch, self.block * self.cfg.shuffle_buffer)
+        docs = next(self._blocks, None)
+        if docs is None:  # the epoch is over
+            self.epoch, self.block, self._blocks = self.epoch + 1, 0, None
             return self._load_block()
         sentences = [d[2] for d in docs]
         items = []
@@ -176,7 +202,8 @@ class PreparedStream:
 
     def _features(self, picked: list) -> dict[str, np.ndarray]:
         B, L = len(picked), self.cfg.seq_len
-        ids = np.zeros((B, L), np.int32)
+        cls_id, sep_id, pad_id = self.spec.cls_id, self.spec.sep_id, self.spec.pad_id
+        ids = np.full((B, L), pad_id, np.int32)
         types = np.zeros((B, L), np.int32)
         labels = np.zeros((B,), np.int32)
         epoch_B, shard_B, record_B, index_B = (np.array(x, np.int64) for x in zip(
@@ -184,15 +211,15 @@ class PreparedStream:
         for row, (_, _, _, inst) in enumerate(picked):
             a, b = inst.tokens_a, inst.tokens_b
             la, lb = len(a), len(b)
-            ids[row, 0], ids[row, 1:1 + la], ids[row, 1 + la] = CLS_ID, a, SEP_ID
+            ids[row, 0], ids[row, 1:1 + la], ids[row, 1 + la] = cls_id, a, sep_id
             if lb:
-                ids[row, 2 + la:2 + la + lb], ids[row, 2 + la + lb] = b, SEP_ID
+                ids[row, 2 + la:2 + la + lb], ids[row, 2 + la + lb] = b, sep_id
                 types[row, 2 + la:3 + la + lb] = 1
             labels[row] = inst.label
         # The masking key: (seed, epoch, document identity, instance number) and nothing else.
         keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
         masked = masking.mask_batch(ids, keys, self.spec)
-        return {**masked, "attention_mask": (ids != 0).astype(np.int32),
+        return {**masked, "attention_mask": (ids != pad_id).astype(np.int32),
                 "token_type_ids": types, "nsp_labels": labels}
 
     def get_state(self) -> dict:
@@ -200,12 +227,29 @@ class PreparedStream:
                 "offset": self.offset, "step": self.step}
 
 
-def _mask_spec(cfg: InputConfig, vocab_size: int, word_start: np.ndarray | None
-               ) -> masking.MaskSpec:
+def _mask_spec(cfg: InputConfig, vocab_size: int, word_start: np.ndarray | None,
+               special: dict[str, int] | None = None) -> masking.MaskSpec:
+    """special: the tokenizer's {pad, unk, cls, sep, mask} ids; None: the module constants."""
+    ids = {}
+    if special is not None:
+        ids = {f"{k}_id": special[k] for k in ("pad", "cls", "sep", "mask")}
+        ids["random_ids"] = masking.replacement_ids(vocab_size, special)
     return masking.MaskSpec(vocab_size=vocab_size, max_predictions=cfg.max_predictions_per_seq,
                             mask_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob,
                             random_token_prob=cfg.random_token_prob,
-                            whole_word=cfg.whole_word_mask, word_start=word_start)
+                            whole_word=cfg.whole_word_mask, word_start=word_start, **ids)
+
+
+def _reader(cfg: InputConfig) -> str:
+    """The engine that reads the shards: cfg.reader, or "python" when TensorFlow is missing."""
+    if cfg.reader == "tf.data":
+        from bertjax.data import tf_reader
+
+        if not tf_reader.available():
+            logging.warning("InputConfig.reader='tf.data' but TensorFlow is not installed: "
+                            "reading the shards with the Python reader (same batches)")
+            return "python"
+    return cfg.reader
 
 
 def host_shards(cfg: InputConfig, process_index: int, process_count: int,
@@ -251,10 +295,14 @@ def make_stream(cfg: InputConfig, *, global_batch_size: int, process_index: int,
                          f"tokenized with vocab_size={vocab_size}; the model needs >= that")
     word_start = None
     if cfg.whole_word_mask:
-        tok = tokenizer_lib.Tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
+        from bertjax import wordpiece
+
+        tok = wordpiece.load_tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
         word_start = np.array(tok.word_start_table(), bool)
-    return PreparedStream(cfg, _mask_spec(cfg, vocab_size, word_start), shards, rows,
-                          fingerprint, state)
+    from bertjax.data import records
+
+    spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
+    return PreparedStream(cfg, spec, shards, rows, fingerprint, state, _reader(cfg))
 
 
 def _feature_sharding(sharding, name: str, ndim: int):

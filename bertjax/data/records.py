@@ -6,8 +6,9 @@ One record = one document, a `tf.train.Example` with two int64 lists:
 Shards are `train-00003-of-00016.tfrecord` and `eval-00000-of-00001.tfrecord`. With
 `prepare --num-workers W`, worker k writes its own shards (global index k*N + i of W*N) and
 `metadata-0000k-of-0000W.json`; `load_metadata` merges them, so hosts can prepare in parallel.
-The files are standard (tf.data.TFRecordDataset + tf.io.parse_example read them), but this
-module writes and reads them with numpy, so neither preparation nor the stream starts TensorFlow.
+The files are standard: the stream reads them with tf.data (tf_reader.py). This module writes
+them with numpy, so preparation never starts TensorFlow, and reads them in plain Python for the
+stream's TensorFlow-free reader (`InputConfig.reader="python"`) and for inspection.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pathlib
 from typing import Iterator
 
 import numpy as np
+
+from bertjax import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "eval")
@@ -249,6 +252,19 @@ def load_metadata(data_dir: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"{data_dir}: metadata of workers {missing} of {expected} is "
                                 "missing; run `bertjax prepare --worker-index K` for them")
     return _merge(metas)
+
+
+def special_ids(meta: dict) -> dict[str, int]:
+    """{pad, unk, cls, sep, mask} ids of the tokenizer the data was prepared with.
+
+    Recorded by `prepare` (WordPiece: [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102 [MASK]=103 in
+    BERT's vocabs), so the stream knows them without loading the tokenizer; data prepared
+    before they were recorded used the SentencePiece constants.
+    """
+    default = {"pad": tokenizer_lib.PAD_ID, "unk": tokenizer_lib.UNK_ID,
+               "cls": tokenizer_lib.CLS_ID, "sep": tokenizer_lib.SEP_ID,
+               "mask": tokenizer_lib.MASK_ID}
+    return {**default, **meta["tokenizer"].get("special_ids", {})}
 
 
 def split_shards(meta: dict, data_dir: str | os.PathLike, split: str) -> list[dict]:

@@ -1,0 +1,137 @@
+"""Checkpoints: restore on another mesh, pretrained export/import, config mismatch, and
+SIGKILL during / right after an async save followed by an exact resume."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpoint, loop, sharding, train
+from tests.test_sharding import tiny_config
+from tests.test_train import _loop_config, _rows, _run_until
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _equal(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
+  c = tiny_config()
+  s8 = train.setup(c, sharding.make_mesh(2, 2, 2))
+  state = s8.init_state(3)
+  mngr = checkpoint.Manager(str(tmp_path), every_steps=1)
+  meta = {"bert_config": s8.bert_config.to_dict(), "step": 7, "tokenizer": None}
+  mngr.save(7, state, [{"step": 1}], meta)
+  mngr.wait()
+  # 8 devices (data=2 x fsdp=2 x tensor=2) -> 1 device, and -> fsdp=4 x tensor=2.
+  for mesh in (sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
+               sharding.make_mesh(1, 4, 2)):
+    s = train.setup(c, mesh)
+    restored, data, _ = mngr.restore(7, s.abstract_state)
+    _equal(restored, state)
+    assert restored.params["mlm_bias"].sharding == s.state_shardings.params["mlm_bias"]
+    assert data == [{"step": 1}]
+  mngr.close()
+  for path in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "7"):
+    pre = checkpoint.load_pretrained(str(path))
+    assert pre.step == 7 and pre.config == s8.bert_config
+    _equal(pre.params, state.params)
+  # save_pretrained -> load_pretrained onto given shardings, with the tokenizer copied.
+  out = tmp_path / "export"
+  checkpoint.save_pretrained(str(out), s8.bert_config, state.params,
+                             str(REPO / "data" / "tokenizer.model"), step=7)
+  one = train.setup(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+  pre = checkpoint.load_pretrained(str(out), shardings=one.state_shardings.params)
+  assert pathlib.Path(pre.tokenizer_path).read_bytes() == (
+      REPO / "data" / "tokenizer.model").read_bytes()
+  _equal(pre.params, state.params)
+  assert pre.params["mlm_bias"].sharding == one.state_shardings.params["mlm_bias"]
+
+
+def test_scanned_run_loads_unscanned(tmp_path):
+  c = _loop_config(2, **{"model.scan_layers": True, "eval.every_steps": 0})
+  assert loop.train_and_evaluate(c, str(tmp_path)) == 0
+  pre = checkpoint.load_pretrained(str(tmp_path))
+  enc = pre.params["bert"]["encoder"]
+  assert set(enc) == {"layer_0", "layer_1"} and not pre.config.scan_layers
+  # and continues pretraining from it (init_from) in a fresh unscanned run
+  c2 = _loop_config(1, **{"train.init_from": str(tmp_path), "eval.every_steps": 0})
+  assert loop.train_and_evaluate(c2, str(tmp_path / "continued")) == 0
+
+
+def test_config_mismatch_names_the_field(tmp_path):
+  _run_until(_loop_config(6, **{"eval.every_steps": 0}), tmp_path, 3)
+  c = _loop_config(6, **{"model.hidden_size": 64, "model.intermediate_size": 256})
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"config.model.hidden_size=128"):
+    loop.train_and_evaluate(c, str(tmp_path))
+
+
+def _pretrain_cmd(workdir, steps):
+  return [sys.executable, "-m", "bertjax.cli", "pretrain",
+          "--config", str(REPO / "experiments" / "pretrain.py") + ":tiny",
+          "--workdir", str(workdir), "--config.data.source=synthetic",
+          "--config.model.vocab_size=1000", "--config.data.seq_len=32",
+          "--config.data.max_predictions_per_seq=5", "--config.train.batch_size=16",
+          f"--config.train.steps={steps}", "--config.train.warmup_steps=2",
+          "--config.log_every_steps=1", "--config.checkpoint.every_steps=4",
+          "--config.eval.every_steps=0", "--config.tensorboard=false"]
+
+
+def _env():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  return env
+
+
+def _kill_when(workdir: pathlib.Path, ready, timeout=300) -> None:
+  proc = subprocess.Popen(_pretrain_cmd(workdir, 16), env=_env(), cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  t0 = time.time()
+  try:
+    while proc.poll() is None and time.time() - t0 < timeout:
+      if ready(workdir / "checkpoints"):
+        proc.send_signal(signal.SIGKILL)
+        break
+      time.sleep(0.005)
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+def _saving(ckpt_dir: pathlib.Path) -> bool:  # an orbax temporary step directory exists
+  return ckpt_dir.exists() and any("tmp" in p.name for p in ckpt_dir.iterdir())
+
+
+def _saved(ckpt_dir: pathlib.Path) -> bool:  # the first step directory is complete
+  return (ckpt_dir / "4" / "commit_success.txt").exists() or (
+      ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir()))
+
+
+@pytest.mark.slow
+def test_sigkill_during_and_after_async_save_then_exact_resume(tmp_path):
+  ref = tmp_path / "ref"
+  subprocess.run(_pretrain_cmd(ref, 16), env=_env(), cwd=REPO, check=True,
+                 capture_output=True)
+  ref_rows, _ = _rows(ref)
+  for name, when in (("during", _saving), ("after", _saved)):
+    wd = tmp_path / name
+    _kill_when(wd, when)
+    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) \
+        if (wd / "checkpoints").exists() else []
+    subprocess.run(_pretrain_cmd(wd, 16), env=_env(), cwd=REPO, check=True,
+                   capture_output=True)
+    rows, _ = _rows(wd)  # later rows (the resumed run) overwrite earlier ones per step
+    resumed_from = steps[-1] if steps else 0
+    later = [s for s in ref_rows if s > resumed_from + 1]
+    assert later, (name, resumed_from)
+    for s in later:
+      assert rows[s]["loss"] == ref_rows[s]["loss"], (name, s)
