@@ -271,16 +271,18 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
   x = list(range(len(rows)))
   xlabel = {"nsp": "pretraining tasks", "layers": "layers L",
             "size": "L / H / A"}[args.sweep]
+  style = "o" if args.sweep == "nsp" else "o-"  # no line between unordered settings
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-  ax1.plot(x, [r.get("mlm_perplexity", math.nan) for r in rows], "o-")
+  ax1.plot(x, [r.get("mlm_perplexity", math.nan) for r in rows], style)
   ax1.set_ylabel("held-out MLM perplexity")
   ax2.set_ylabel("dev score")
   for t in tasks:
-    ax2.plot(x, [r.get(t, math.nan) for r in rows], "o-", label=t)
+    ax2.plot(x, [r.get(t, math.nan) for r in rows], style, label=t)
   if tasks:
     ax2.legend(fontsize=8)
   for ax in (ax1, ax2):
     ax.set_xticks(x, [labels[r["variant"]] for r in rows], rotation=20)
+    ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
   fig.suptitle(f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps")

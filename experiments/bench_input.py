@@ -7,9 +7,10 @@ Command (from the repository root; about a minute on 2 CPU cores):
     python experiments/bench_input.py --copies 4
     python experiments/bench_input.py --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
 
-Hardware: any CPU machine; the stream figures are one Python thread (one core).
-Expected (2-core VM, see docs/data.md): ~28k examples/s at seq 128, ~4k at seq 512; prepare
-~2 MB/s per core at ~120 MB peak for 4 or 16 MB of text; Google's script ~0.14 MB/s, 870 MB.
+Hardware: any CPU machine; examples are built and masked in one Python thread, the tf.data
+reader's reading and parsing run in tf.data's threads beside it. Both readers are timed.
+Expected (2-core VM, see docs/data.md): EXPECTED_STREAM; prepare ~2 MB/s per core at
+~120 MB peak for 4 or 16 MB of text; Google's script ~0.14 MB/s, 870 MB.
 The code lives in bertjax/data/bench.py so that `bertjax bench input` can call `main(argv)`.
 """
 

@@ -92,8 +92,15 @@ def _env():
   return env
 
 
-def _kill_when(workdir: pathlib.Path, ready, timeout=300) -> None:
-  proc = subprocess.Popen(_pretrain_cmd(workdir, 16), env=_env(), cwd=REPO,
+def _cached_env(tmp_path):
+  """Subprocesses of one test share compiled programs through jax's persistent cache."""
+  return dict(_env(), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def _kill_when(workdir: pathlib.Path, ready, env, timeout=300) -> None:
+  proc = subprocess.Popen(_pretrain_cmd(workdir, 16), env=env, cwd=REPO,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   t0 = time.time()
   try:
@@ -118,16 +125,16 @@ def _saved(ckpt_dir: pathlib.Path) -> bool:  # the first step directory is compl
 
 @pytest.mark.slow
 def test_sigkill_during_and_after_async_save_then_exact_resume(tmp_path):
-  ref = tmp_path / "ref"
-  subprocess.run(_pretrain_cmd(ref, 16), env=_env(), cwd=REPO, check=True,
+  ref, env = tmp_path / "ref", _cached_env(tmp_path)
+  subprocess.run(_pretrain_cmd(ref, 16), env=env, cwd=REPO, check=True,
                  capture_output=True)
   ref_rows, _ = _rows(ref)
   for name, when in (("during", _saving), ("after", _saved)):
     wd = tmp_path / name
-    _kill_when(wd, when)
+    _kill_when(wd, when, env)
     steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) \
         if (wd / "checkpoints").exists() else []
-    subprocess.run(_pretrain_cmd(wd, 16), env=_env(), cwd=REPO, check=True,
+    subprocess.run(_pretrain_cmd(wd, 16), env=env, cwd=REPO, check=True,
                    capture_output=True)
     rows, _ = _rows(wd)  # later rows (the resumed run) overwrite earlier ones per step
     resumed_from = steps[-1] if steps else 0

@@ -21,7 +21,9 @@ def _free_port() -> int:
 
 def _run(workdir, steps, processes: int, devices_per_process: int):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+             JAX_COMPILATION_CACHE_DIR=str(pathlib.Path(workdir).parent / "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   cmd = _pretrain_cmd(workdir, steps) + ["--config.mesh.data=2", "--config.mesh.fsdp=-1"]
   if processes == 1:
     subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, timeout=600)

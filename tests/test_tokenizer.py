@@ -21,6 +21,8 @@ def test_bundled_tokenizer_has_fixed_special_ids():
             tok_lib.MASK_ID) == (0, 1, 2, 3, 4)
     assert 7000 <= tok.vocab_size <= 8000
     assert len(tok.sha256) == 64
+    # The attributes WordPieceTokenizer also has, so callers need not know which it is.
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
 
 
 def test_encode_decode_roundtrip_and_word_starts():

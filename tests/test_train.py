@@ -74,13 +74,14 @@ def _rows(workdir):
 
 
 def test_guard_stops_the_loop(tmp_path, capsys):
-  c = _loop_config(6, **{"train.inject_nan_at_step": 3})
+  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path)) == 1
   out = capsys.readouterr().out
   assert "step 4: non-finite loss nan" in out and "stopping: 1 non-finite" in out
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
   # With a budget of one skip the run goes on and finishes.
-  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1})
+  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1,
+                         "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path / "skip")) == 0
   train_rows, _ = _rows(tmp_path / "skip")
   assert all(np.isfinite(r["loss"]) for r in train_rows.values())

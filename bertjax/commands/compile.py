@@ -20,10 +20,10 @@ import sys
 from absl import flags
 
 
-def _flags():
+def _flags(argv: list[str]):
   from bertjax.commands import pretrain
 
-  fv = pretrain.define_flags()
+  fv = pretrain.define_flags(["bertjax compile"] + list(argv))
   flags.DEFINE_string("mesh", None, "mesh axes, e.g. data=4,fsdp=2,tensor=1 (-1 fills); "
                       "default: config.mesh", flag_values=fv)
   flags.DEFINE_integer("devices", None, "fake CPU devices to compile for", flag_values=fv)
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
   if any(a in ("-h", "--help") for a in argv):
     print(__doc__)
     return 0
-  fv = _flags()
+  fv = _flags(argv)
   try:
     fv(["bertjax compile"] + list(argv))
   except flags.Error as e:

@@ -24,6 +24,8 @@ def _add_stream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-seq-prob", type=float, default=d.short_seq_prob)
     p.add_argument("--whole-word-mask", action="store_true")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--reader", choices=("tf.data", "python"), default=d.reader,
+                   help="shard reader; both give the same examples")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +48,7 @@ def main(argv: list[str]) -> int:
         source="prepared", path=args.data, seq_len=args.seq_len,
         max_predictions_per_seq=args.max_predictions, pair_mode=args.pair_mode,
         mask_prob=args.mask_prob, short_seq_prob=args.short_seq_prob,
-        whole_word_mask=args.whole_word_mask, seed=args.seed)
+        whole_word_mask=args.whole_word_mask, seed=args.seed, reader=args.reader)
     split = args.split
     try:
         if args.action == "preview":

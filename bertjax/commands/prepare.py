@@ -5,6 +5,8 @@
     bertjax prepare --tfds wikipedia/20230601.en:train --tfds-data-dir ~/tensorflow_datasets \
         --tokenizer wiki.model --output gs://.../wiki --num-shards 256 \
         --worker-index $K --num-workers 8      # on each of 8 machines
+    bertjax prepare --input 'wiki/*.txt' --tokenizer bert-base-uncased/vocab.txt \
+        --output runs/wiki-wp                  # a WordPiece vocab.txt works as well
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--tfds", metavar="NAME[:SPLIT]", help="a TFDS text dataset")
     p.add_argument("--tfds-data-dir", help="TFDS data_dir holding the prepared dataset")
     p.add_argument("--tfds-text-key", default=d.tfds_text_key)
-    p.add_argument("--tokenizer", required=True, metavar="PREFIX.model")
+    p.add_argument("--tokenizer", required=True, metavar="PREFIX.model|vocab.txt",
+                   help="SentencePiece model or WordPiece vocab.txt (uncased if a "
+                        "tokenizer_config.json beside it says so, else guessed from the vocab)")
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--num-shards", type=int, default=d.num_shards,
                    help="train shards (per worker); at least the number of training hosts")

@@ -13,11 +13,15 @@ from absl import flags
 from ml_collections import config_flags
 
 
-def define_flags() -> flags.FlagValues:
-  """A private flag set (no absl globals), so several commands can run in one process."""
+def define_flags(sys_argv: list[str]) -> flags.FlagValues:
+  """A private flag set (no absl globals), so several commands can run in one process.
+
+  `sys_argv` (program name first) is what ml_collections scans for `--config.KEY` overrides;
+  it is not `sys.argv` when a command is called from Python (the demo, tests).
+  """
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "experiments/pretrain.py:VARIANT",
-                                  flag_values=fv, lock_config=True)
+                                  flag_values=fv, lock_config=True, sys_argv=sys_argv)
   flags.DEFINE_string("workdir", None, "output directory (local or gs://); reruns resume",
                       flag_values=fv)
   flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (multi-host)",
@@ -28,7 +32,7 @@ def define_flags() -> flags.FlagValues:
 
 
 def parse(argv: list[str], prog: str) -> flags.FlagValues | None:
-  fv = define_flags()
+  fv = define_flags([prog] + list(argv))
   if any(a in ("-h", "--help", "-help") for a in argv):
     print(__doc__)
     print(fv.main_module_help() if hasattr(fv, "main_module_help") else "")

@@ -9,7 +9,9 @@ Command (from the repository root; about a minute on 2 CPU cores):
     python experiments/bench_input.py --copies 4
     python experiments/bench_input.py --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
 
-Hardware: any CPU machine; the stream figures are one Python thread (= one core).
+Hardware: any CPU machine. The stream builds and masks examples in one Python thread (= one
+core); with the tf.data reader (default), reading and parsing the shards run in tf.data's own
+threads beside it, with the Python reader in that same thread. Both readers are timed.
 Expected: tens of thousands of examples/s at seq 128; prepare a few MB/s per core with the
 same peak memory for 1x and Nx the corpus. `--google-bert-dir` points at an unpacked
 `pip download --no-deps --no-binary :all: bert-tensorflow==1.0.4` (Google's BERT on PyPI),
@@ -99,11 +101,13 @@ def bench_prepare(corpus: pathlib.Path, nbytes: int, tokenizer: str, out: pathli
             "peak_rss_mb": round(peak), "tokens": meta["tokens"]}
 
 
-def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int) -> dict:
+def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int,
+                 reader: str) -> dict:
     from bertjax.data import pretraining
 
     cfg = pretraining.InputConfig(source="prepared", path=str(data_dir), seq_len=seq_len,
-                                  max_predictions_per_seq=max(20, round(seq_len * 0.15)))
+                                  max_predictions_per_seq=max(20, round(seq_len * 0.15)),
+                                  reader=reader)
     stream = pretraining.make_stream(cfg, global_batch_size=batch, process_index=0,
                                      process_count=1)
     for _ in range(3):  # TensorFlow start-up and the first block
@@ -112,8 +116,30 @@ def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int) -
     for _ in itertools.islice(stream, steps):
         pass
     seconds = time.perf_counter() - start
-    return {"seq_len": seq_len, "batch": batch, "steps": steps,
+    return {"reader": stream.reader, "seq_len": seq_len, "batch": batch, "steps": steps,
+            "epochs_seen": stream.get_state()["epoch"] + 1,
             "examples_per_s": round(batch * steps / seconds)}
+
+
+def bench_read(data_dir: pathlib.Path, reader: str, block: int = 1024) -> dict:
+    """The reader alone: every train document once, in the stream's blocks, in tokens/s."""
+    from bertjax.data import records, tf_reader
+
+    meta = records.load_metadata(data_dir)
+    shards = [dict(s, id=i) for i, s in enumerate(records.split_shards(meta, data_dir, "train"))]
+    if reader == "tf.data":
+        tf_reader.available()  # TensorFlow's import is a start-up cost, not reading
+    start = time.perf_counter()
+    if reader == "tf.data":
+        blocks = tf_reader.read_blocks(shards, lambda e: list(range(len(shards))), 0, 0, block,
+                                       num_epochs=1)
+        docs = [d[2] for _, b in blocks for d in b]
+    else:
+        docs = [d for s in shards for d in records.read_documents(s["path"])]
+    seconds = time.perf_counter() - start
+    tokens = sum(len(x) for d in docs for x in d)
+    return {"reader": reader, "documents": len(docs), "tokens": tokens,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds)}
 
 
 def _wordpiece_vocab(tokenizer: str, out: pathlib.Path) -> None:
@@ -145,36 +171,54 @@ def bench_google(bert_dir: str, corpus: pathlib.Path, nbytes: int, tokenizer: st
             "peak_rss_mb": round(peak)}
 
 
+def _bench_all(args, readers: list[str], work: pathlib.Path) -> dict:
+    """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
+    small, large = work / "corpus1.txt", work / f"corpus{args.copies}.txt"
+    n_small = make_corpus(pathlib.Path(args.corpus), 1, small)
+    n_large = make_corpus(pathlib.Path(args.corpus), args.copies, large)
+    cores = os.cpu_count() or 1
+    results = {"cpu_cores": cores, "prepare": [
+        bench_prepare(small, n_small, args.tokenizer, work / "p_small_1", 1),
+        bench_prepare(large, n_large, args.tokenizer, work / "p_large_1", 1),
+        bench_prepare(large, n_large, args.tokenizer, work / "p_large_n", cores)]}
+    results.update(_bench_data(work / "p_large_n", args, readers))
+    if args.google_bert_dir:
+        g_corpus = work / "google.txt"
+        n_g = make_corpus(pathlib.Path(args.corpus), args.google_copies, g_corpus)
+        results["google_create_pretraining_data"] = bench_google(
+            args.google_bert_dir, g_corpus, n_g, args.tokenizer, work, dupe_factor=1)
+    return results
+
+
+def _bench_data(data: pathlib.Path, args, readers: list[str]) -> dict:
+    return {"read": [bench_read(data, r) for r in readers],
+            "stream": [bench_stream(data, L, args.batch, args.steps, r)
+                       for L in (128, 512) for r in readers]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_input", description=__doc__.split("\n")[0])
     p.add_argument("--corpus", default=str(REPO / "data" / "austen.txt"))
     p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer.model"))
     p.add_argument("--copies", type=int, default=4, help="corpus copies for the large run")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=100, help="batches timed per stream run")
+    p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
+    p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
     p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")
     p.add_argument("--google-copies", type=int, default=1)
     p.add_argument("--workdir", help="default: a temporary directory")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = pathlib.Path(args.workdir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        small, large = work / "corpus1.txt", work / f"corpus{args.copies}.txt"
-        n_small = make_corpus(pathlib.Path(args.corpus), 1, small)
-        n_large = make_corpus(pathlib.Path(args.corpus), args.copies, large)
-        cores = os.cpu_count() or 1
-        results = {"cpu_cores": cores, "prepare": [
-            bench_prepare(small, n_small, args.tokenizer, work / "p_small_1", 1),
-            bench_prepare(large, n_large, args.tokenizer, work / "p_large_1", 1),
-            bench_prepare(large, n_large, args.tokenizer, work / "p_large_n", cores)]}
-        results["stream"] = [bench_stream(work / "p_large_n", L, args.batch, args.steps)
-                             for L in (128, 512)]
-        if args.google_bert_dir:
-            g_corpus = work / "google.txt"
-            n_g = make_corpus(pathlib.Path(args.corpus), args.google_copies, g_corpus)
-            results["google_create_pretraining_data"] = bench_google(
-                args.google_bert_dir, g_corpus, n_g, args.tokenizer, work, dupe_factor=1)
+    readers = args.readers.split(",")
+    if args.data:
+        results = {"cpu_cores": os.cpu_count() or 1,
+                   **_bench_data(pathlib.Path(args.data), args, readers)}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = pathlib.Path(args.workdir or tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            results = _bench_all(args, readers, work)
     print(json.dumps(results, indent=2))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

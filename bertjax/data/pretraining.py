@@ -128,51 +128,57 @@ class PreparedStream:
         self._blocks: Iterator | None = None  # blocks of the epoch from the current block on
         self._block_items: list | None = None  # the current block's (shard, record, instance)
 
-    def _epoch_order(self, epoch: int) -> list[dict]:
-        order = list(self.shards)
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """Indices of this host's shards in the order epoch `epoch` reads them."""
+        order = list(range(len(self.shards)))
         random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
         return order
 
-    def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[list]:
+    def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[tuple[int, list]]:
         from bertjax.data import records
 
-        block = []
-        for shard in self._epoch_order(epoch):
-            if first_doc >= shard["documents"]:
-                first_doc -= shard["documents"]
-                continue
-            for record, doc in enumerate(records.read_documents(shard["path"], first_doc),
-                                         start=first_doc):
-                block.append((shard["id"], record, doc))
-                if len(block) == self.cfg.shuffle_buffer:
-                    yield block
-                    block = []
-            first_doc = 0
-        if block:
-            yield block
+        while True:
+            block = []
+            for shard in (self.shards[i] for i in self._epoch_order(epoch)):
+                if first_doc >= shard["documents"]:
+                    first_doc -= shard["documents"]
+                    continue
+                for record, doc in enumerate(records.read_documents(shard["path"], first_doc),
+                                             start=first_doc):
+                    block.append((shard["id"], record, doc))
+                    if len(block) == self.cfg.shuffle_buffer:
+                        yield epoch, block
+                        block = []
+                first_doc = 0
+            if block:
+                yield epoch, block
+            epoch, first_doc = epoch + 1, 0
 
-    def _read_blocks(self, epoch: int, first_doc: int) -> Iterator[list]:
-        """Blocks of (shard id, record, sentences) of the epoch from document `first_doc` on."""
+    def _read_blocks(self, epoch: int, first_doc: int, num_epochs: int | None = None
+                     ) -> Iterator[tuple[int, list]]:
+        """(epoch, block of (shard id, record, sentences)) from document `first_doc` of
+        `epoch` on, endlessly unless `num_epochs`; a block never spans two epochs."""
         if self.reader == "tf.data":
             from bertjax.data import tf_reader
 
-            return tf_reader.read_blocks(self._epoch_order(epoch), first_doc,
-                                         self.cfg.shuffle_buffer)
+            return tf_reader.read_blocks(self.shards, self._epoch_order, epoch, first_doc,
+                                         self.cfg.shuffle_buffer, num_epochs)
         return self._python_blocks(epoch, first_doc)
 
     def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
-        """(shard id, record, sentences) of the epoch from document `first_doc` on."""
-        for block in self._read_blocks(epoch, first_doc):
+        """(shard id, record, sentences) of epoch `epoch` from document `first_doc` on."""
+        for e, block in self._read_blocks(epoch, first_doc, num_epochs=1):
+            if e != epoch:
+                return
             yield from block
 
     def _load_block(self) -> None:
         """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
         if self._blocks is None:
             self._blocks = self._read_blocks(self.epoch, self.block * self.cfg.shuffle_buffer)
-        docs = next(self._blocks, None)
-        if docs is None:  # the epoch is over
-            self.epoch, self.block, self._blocks = self.epoch + 1, 0, None
-            return self._load_block()
+        epoch, docs = next(self._blocks)
+        if epoch != self.epoch:  # the epoch is over
+            self.epoch, self.block = epoch, 0
         sentences = [d[2] for d in docs]
         items = []
         for j, (shard_id, record, _) in enumerate(docs):

@@ -202,8 +202,9 @@ def read_records(path: str, start: int = 0) -> Iterator[bytes]:
 def read_documents(path: str, start: int = 0) -> Iterator[list[np.ndarray]]:
     """Documents of one shard from record `start` on, each a list of int32 sentence arrays.
 
-    A plain-Python reader (no tf.data): no TensorFlow start-up or graph tracing per shard,
-    which dominated reading small corpora. The data CRCs are not checked, the lengths are.
+    The plain-Python reader: the stream's reader without TensorFlow (or with
+    `InputConfig.reader="python"`), and the reference that tf_reader.py is tested against.
+    The data CRCs are not checked (tf.data checks them), the lengths are.
     """
     for payload in read_records(path, start):
         yield decode_document(payload)

@@ -1,8 +1,8 @@
 """The stream's shard reader on tf.data: blocks of documents, read and parsed in TF's threads.
 
-    files (this host's, in the epoch's order)
-      -> flat_map: TFRecordDataset(file).skip(first record).enumerate(first record)
-      -> batch(block size)                      one block of serialized documents
+    epochs e, e+1, ... (each: this host's files in that epoch's seeded order)
+      -> flat_map per epoch: files -> flat_map: TFRecordDataset(file).skip(first record)
+                                   -> batch(block size)   one block of serialized documents
       -> map(parse_example, AUTOTUNE threads)   -> flat token ids, sentence and document lengths
       -> prefetch(AUTOTUNE)                     blocks ahead of the Python consumer
 
@@ -12,17 +12,20 @@ exactly that of `records.read_documents` over the same files: one file at a time
 not a parallel `interleave`, which would mix documents across files) and an order-preserving
 parallel map, so both readers give bit-identical streams and the same resume state. Parsing is
 vectorised per block (`parse_example` on a batch) rather than per document, so tf.data's
-per-element overhead is paid once per block, not once per document.
+per-element overhead is paid once per block, not once per document. One pipeline covers
+`EPOCHS_PER_PIPELINE` epochs, so the next epoch's first block is prefetched like any other
+(blocks never span two epochs: the block structure is part of the stream's state).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 Document = tuple[int, int, list[np.ndarray]]  # (shard id, record number, int32 sentences)
+EPOCHS_PER_PIPELINE = 64  # epochs per tf.data pipeline; a new one is built after them
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,30 +49,45 @@ def available() -> bool:
     return True
 
 
-def _parse_block(shard_B, record_B, serialized_B):
+def _parse_block(epoch, shard_B, record_B, serialized_B):
     tf = _tf()
     spec = {"token_ids": tf.io.RaggedFeature(tf.int64),
             "sentence_lengths": tf.io.RaggedFeature(tf.int64)}
     f = tf.io.parse_example(serialized_B, spec)
-    return {"shard": shard_B, "record": record_B,
+    return {"epoch": epoch, "shard": shard_B, "record": record_B,
             "tokens": tf.cast(f["token_ids"].flat_values, tf.int32),
             "sentence_lengths": f["sentence_lengths"].flat_values,
             "doc_sentences": f["sentence_lengths"].row_lengths()}
 
 
-def block_dataset(paths: list[str], shard_ids: list[int], first_records: list[int],
-                  block_size: int):
-    """A tf.data.Dataset of blocks of `block_size` documents (the last one may be shorter)."""
+def block_dataset(shards: list[dict], epochs: list[int], orders: np.ndarray,
+                  first_records: np.ndarray, block_size: int):
+    """A tf.data.Dataset of blocks of `block_size` documents of the given epochs.
+
+    orders [E, F]: the shards' indices in each epoch's order; first_records [E, F]: records to
+    skip in each (the shard's document count skips it whole, without opening it). The last
+    block of an epoch may be shorter.
+    """
     tf = _tf()
+    paths = tf.constant([s["path"] for s in shards], tf.string)
+    ids = tf.constant([s["id"] for s in shards], tf.int64)
+    docs = tf.constant([s["documents"] for s in shards], tf.int64)
 
     def records_of(path, shard_id, first):
         ds = tf.data.TFRecordDataset(path, buffer_size=1 << 20).skip(first).enumerate(first)
         return ds.map(lambda record, x: (shard_id, record, x))
 
-    files = tf.data.Dataset.from_tensor_slices(
-        (tf.constant(paths, tf.string), tf.constant(shard_ids, tf.int64),
-         tf.constant(first_records, tf.int64)))
-    ds = files.flat_map(records_of).batch(block_size)
+    def blocks_of(epoch, order, first):
+        files = tf.data.Dataset.from_tensor_slices(
+            (tf.gather(paths, order), tf.gather(ids, order), first, tf.gather(docs, order)))
+        files = files.filter(lambda path, shard_id, first, n: first < n)
+        ds = files.map(lambda path, shard_id, first, n: (path, shard_id, first))
+        return ds.flat_map(records_of).batch(block_size).map(
+            lambda shard_B, record_B, x_B: (epoch, shard_B, record_B, x_B))
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(epochs, tf.int64), tf.constant(orders, tf.int64),
+         tf.constant(first_records, tf.int64))).flat_map(blocks_of)
     ds = ds.map(_parse_block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
@@ -85,32 +103,44 @@ def _documents(block: dict[str, np.ndarray]) -> list[Document]:
             zip(block["shard"], block["record"], starts, ends)]
 
 
-def read_blocks(shards: list[dict], first_doc: int, block_size: int) -> Iterator[list[Document]]:
-    """Blocks of documents of `shards` (in this order) from document `first_doc` on.
+def _first_records(shards: list[dict], order: list[int], first_doc: int) -> list[int]:
+    """Records to skip per shard (in epoch order) to start at document `first_doc`."""
+    out = []
+    for i in order:
+        skip = min(first_doc, shards[i]["documents"])
+        out.append(skip)
+        first_doc -= skip
+    return out
 
-    `shards` are records.split_shards entries with `id`, `path` and `documents`; whole shards
-    before `first_doc` are skipped by their document counts, without opening them.
+
+def read_blocks(shards: list[dict], epoch_order: Callable[[int], list[int]], epoch: int,
+                first_doc: int, block_size: int, num_epochs: int | None = None
+                ) -> Iterator[tuple[int, list[Document]]]:
+    """(epoch, block of documents) from document `first_doc` of `epoch` on.
+
+    `shards` are records.split_shards entries with `id`, `path` and `documents`;
+    `epoch_order(e)` gives the indices of `shards` in epoch e's order. Endless unless
+    `num_epochs` is given.
     """
-    paths, ids, firsts = [], [], []
-    for shard in shards:
-        if first_doc >= shard["documents"]:
-            first_doc -= shard["documents"]
-            continue
-        paths.append(shard["path"])
-        ids.append(shard["id"])
-        firsts.append(first_doc)
-        first_doc = 0
-    if not paths:
-        return
     tf = _tf()
-    it = block_dataset(paths, ids, firsts, block_size).as_numpy_iterator()
-    while True:
-        try:
-            block = next(it)
-        except StopIteration:
-            return
-        except tf.errors.OpError as e:  # e.g. a truncated or corrupted shard
-            message = e.message.strip().splitlines()[0]
-            raise ValueError(f"tf.data could not read the shards {paths}: {message}; "
-                             "InputConfig(reader='python') names the file and record") from None
-        yield _documents(block)
+    end = None if num_epochs is None else epoch + num_epochs
+    while end is None or epoch < end:
+        epochs = list(range(epoch, epoch + EPOCHS_PER_PIPELINE if end is None
+                            else min(end, epoch + EPOCHS_PER_PIPELINE)))
+        orders = np.array([epoch_order(e) for e in epochs], np.int64)
+        firsts = np.zeros_like(orders)
+        firsts[0] = _first_records(shards, list(orders[0]), first_doc)
+        it = block_dataset(shards, epochs, orders, firsts, block_size).as_numpy_iterator()
+        while True:
+            try:
+                block = next(it)
+            except StopIteration:
+                break
+            except tf.errors.OpError as e:  # e.g. a truncated or corrupted shard
+                message = e.message.strip().splitlines()[0]
+                names = sorted({s["path"] for s in shards})
+                raise ValueError(f"tf.data could not read the shards {names}: {message}; "
+                                 "InputConfig(reader='python') names the file and record"
+                                 ) from None
+            yield int(block["epoch"]), _documents(block)
+        epoch, first_doc = epochs[-1] + 1, 0
