@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from typing import Any
 
@@ -194,6 +195,8 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
   peak, peak_source = device_peak(devices, spec)
   flops = flops_lib.pretraining_flops_per_step(cfg, spec.batch_size, spec.seq_len,
                                                  spec.masked())
+  _progress(f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
+            f"peak {peak / 1e12:.3f} TFLOP/s")
   res = time_bertjax(spec)
   out = {"name": "bertjax", **dataclasses.asdict(spec), "num_masked": spec.masked(),
          "device": f"{devices[0].device_kind} x {len(devices)}", "platform": devices[0].platform,
@@ -203,12 +206,17 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
   _add_rates(out, spec, flops, peak)
   peers = {}
   for name in compare:
+    _progress(f"{name} ...")
     peers[name] = _run_peer(name, spec, cfg, repo_root)
     if peers[name]["status"] == "ok":
       _add_rates(peers[name], spec, flops, peak)
       out[f"ratio_{name}"] = out["tokens_per_sec"] / peers[name]["tokens_per_sec"]
   out["peers"] = peers
   return out
+
+
+def _progress(msg: str) -> None:
+  print(f"bench: {msg}", file=sys.stderr, flush=True)  # stdout stays one JSON object
 
 
 def _add_rates(r: dict, spec: BenchSpec, flops: float, peak: float) -> None:

@@ -117,11 +117,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   jit_eval = jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding),
                      out_shardings=repl)
 
-  # The steps are traced without a mesh context, so the model's activation constraints are
-  # no-ops and XLA propagates the parameter and batch shardings. (Flax's DenseGeneral
-  # re-runs its kernel init during apply to check shapes, reshaping a flat kernel whose
-  # logical constraint has the unflattened rank, which fails under a mesh.)
-  train_step, eval_step = jit_step, jit_eval
+  train_step, eval_step = _InMesh(jit_step, mesh), _InMesh(jit_eval, mesh)
 
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                           state_abs, state_shardings)
@@ -129,6 +125,22 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
                schedule=schedule, abstract_state=abstract, state_shardings=state_shardings,
                batch_sharding=batch_sharding, init_state=init_state, train_step=train_step,
                eval_step=eval_step)
+
+
+class _InMesh:
+  """A jitted step traced under the mesh and the logical-axis rules, so that the model's
+  activation constraints (`nn.with_logical_constraint`) take effect; `.lower` for AOT."""
+
+  def __init__(self, jitted, mesh: jax.sharding.Mesh):
+    self.jitted, self.mesh = jitted, mesh
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return self.jitted.lower(*args)
 
 
 def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):

@@ -76,7 +76,7 @@ def run_bertjax(argv: list[str], log: str, isolate: bool) -> int:
   print(f"\n$ bertjax {shlex.join(argv)}", flush=True)
   if isolate:
     with open(log, "a") as f:
-      proc = subprocess.Popen([sys.executable, "-m", "bertjax.cli", *argv], cwd=REPO,
+      proc = subprocess.Popen([sys.executable, "-m", "bertjax.cli", *argv],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for line in proc.stdout:  # echo and keep: the log explains a failure after the fact
         sys.stdout.write(line)
@@ -84,9 +84,6 @@ def run_bertjax(argv: list[str], log: str, isolate: bool) -> int:
       return proc.wait()
   from bertjax import cli
 
-  # ml_collections' config flags find `--config.x=y` overrides in sys.argv, not in the list
-  # given to the parser, so the subcommand's arguments must be sys.argv while it parses them.
-  saved, sys.argv = sys.argv, ["bertjax", *argv]
   try:
     return cli.main(list(argv))
   except SystemExit as e:  # argument errors of the subcommands
@@ -95,8 +92,6 @@ def run_bertjax(argv: list[str], log: str, isolate: bool) -> int:
   except Exception:  # noqa: BLE001 -- report, keep what is done, let a rerun resume
     traceback.print_exc()
     return 1
-  finally:
-    sys.argv = saved
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -139,7 +134,8 @@ def task_results(glue_dir: str, task: str) -> dict | None:
 
 def pretrain_argv(v: Variant, args, workdir: str, data: str) -> list[str]:
   max_pred = math.ceil(0.15 * args.seq_len)  # 15% of the tokens, rounded up as BERT: 128 -> 20
-  argv = ["pretrain", "--config", v.config, "--workdir", workdir,
+  # The config file by absolute path: the sweep may be started from any directory.
+  argv = ["pretrain", "--config", os.path.join(REPO, v.config), "--workdir", workdir,
           f"--config.train.steps={args.steps}", f"--config.seed={args.seed}",
           f"--config.data.path={data}",
           f"--config.data.seq_len={args.seq_len}",

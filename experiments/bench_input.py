@@ -2,14 +2,15 @@
 
 Purpose: check the data layer's targets: >= 5,000 examples/s per host at seq 128, preparation
 >= 10x google-research/bert's create_pretraining_data.py per core, flat memory.
-Command (from the repository root; about a minute on 2 CPU cores):
+Command (from the repository root; about three minutes on 2 CPU cores):
 
     python experiments/bench_input.py --copies 4
     python experiments/bench_input.py --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
 
 Hardware: any CPU machine; examples are built and masked in one Python thread, the tf.data
 reader's reading and parsing run in tf.data's threads beside it. Both readers are timed.
-Expected (2-core VM, see docs/data.md): EXPECTED_STREAM; prepare ~2 MB/s per core at
+Expected (2-core VM, see docs/data.md): ~13k examples/s at seq 128, ~4k at 512 (tf.data
+reader; the Python reader a little slower); prepare ~2 MB/s per core at
 ~120 MB peak for 4 or 16 MB of text; Google's script ~0.14 MB/s, 870 MB.
 The code lives in bertjax/data/bench.py so that `bertjax bench input` can call `main(argv)`.
 """

@@ -20,7 +20,7 @@
 # example (raw text already split into files under gs://BUCKET/raw/):
 #   launch/prepare_pod.sh --name bert-base --zone us-central2-b --raw gs://BUCKET/raw \
 #     --out gs://BUCKET/wiki-prepared --download '~/data/wiki' -- \
-#     --inputs '../raw/*.txt' --tokenizer data/tokenizer.model --num-shards 64
+#     --input '../raw/*.txt' --tokenizer data/tokenizer.model --num-shards 64
 #
 # (ARGS run in ~/bertjax, so ../raw is where --raw put the text; prepare expands the glob.)
 set -euo pipefail

@@ -51,8 +51,8 @@ def test_pretrain_argv_gives_every_variant_the_same_run(tmp_path):
                   "train.learning_rate=1e-3")
   argvs = [ablate.pretrain_argv(v, args, "WD", "DATA") for v in ablate.variants("nsp", "tiny")]
   # Only --config differs between the variants.
-  assert [a[2] for a in argvs] == ["experiments/pretrain.py:tiny", "experiments/no_nsp.py:tiny",
-                                   "experiments/sop.py:tiny"]
+  assert [a[2] for a in argvs] == [str(REPO / "experiments" / f) for f in (
+      "pretrain.py:tiny", "no_nsp.py:tiny", "sop.py:tiny")]
   assert all(a[3:] == argvs[0][3:] for a in argvs)
   a = argvs[0]
   for flag in ("--config.train.steps=10", "--config.seed=0", "--config.data.path=DATA",
@@ -134,10 +134,11 @@ def test_resume_half_finished_sweep(tmp_path, monkeypatch):
   # Rerun: the first variant resumes (same command: bertjax resumes from its checkpoint), ...
   fake.calls.clear()
   assert ablate.main(sweep(tmp_path, "--tasks", "sst2")) == 0
+  exp = REPO / "experiments"
   assert [(c[0], c[2]) for c in fake.calls] == [
-      ("pretrain", "experiments/pretrain.py:tiny"), ("glue", "sst2"),
-      ("pretrain", "experiments/no_nsp.py:tiny"), ("glue", "sst2"),
-      ("pretrain", "experiments/sop.py:tiny"), ("glue", "sst2")]
+      ("pretrain", f"{exp}/pretrain.py:tiny"), ("glue", "sst2"),
+      ("pretrain", f"{exp}/no_nsp.py:tiny"), ("glue", "sst2"),
+      ("pretrain", f"{exp}/sop.py:tiny"), ("glue", "sst2")]
   # ... fine-tuning starts from the final checkpoint ...
   glue = fake.calls[1]
   assert glue[glue.index("--init") + 1] == str(tmp_path / "out" / "nsp" / "pretrain" /

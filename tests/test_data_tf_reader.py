@@ -126,3 +126,18 @@ def test_falls_back_to_python_without_tensorflow(data_dir):
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "TensorFlow is not installed" in run.stderr
+
+
+def test_prefetch_to_device_drives_the_tf_data_stream_from_its_thread(data_dir):
+    import jax
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    want = list(itertools.islice(_stream(_cfg(data_dir, reader="python")), 3))
+    prefetched = pretraining.prefetch_to_device(_stream(_cfg(data_dir)), sharding, size=2)
+    for w in want:
+        got = next(prefetched)
+        for k in pretraining.FEATURES:
+            np.testing.assert_array_equal(np.asarray(got[k]), w[k])
+    assert prefetched.get_state()["step"] == 3
+    prefetched.close()

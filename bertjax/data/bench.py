@@ -4,7 +4,7 @@ The code behind `experiments/bench_input.py` (and `bertjax bench input`, via `ma
 
 Purpose: check the data layer's targets (issue 3): >= 5,000 examples/s per host at seq 128,
 preparation >= 10x google-research/bert's create_pretraining_data.py per core, flat memory.
-Command (from the repository root; about a minute on 2 CPU cores):
+Command (from the repository root; about three minutes on 2 CPU cores):
 
     python experiments/bench_input.py --copies 4
     python experiments/bench_input.py --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
@@ -12,8 +12,8 @@ Command (from the repository root; about a minute on 2 CPU cores):
 Hardware: any CPU machine. The stream builds and masks examples in one Python thread (= one
 core); with the tf.data reader (default), reading and parsing the shards run in tf.data's own
 threads beside it, with the Python reader in that same thread. Both readers are timed.
-Expected: tens of thousands of examples/s at seq 128; prepare a few MB/s per core with the
-same peak memory for 1x and Nx the corpus. `--google-bert-dir` points at an unpacked
+Expected: >10,000 examples/s at seq 128 on one core, the tf.data reader somewhat faster than
+the Python one; prepare a few MB/s per core with the same peak memory for 1x and Nx the corpus. `--google-bert-dir` points at an unpacked
 `pip download --no-deps --no-binary :all: bert-tensorflow==1.0.4` (Google's BERT on PyPI),
 whose create_pretraining_data.py is run, not copied, on the same text with a WordPiece vocab
 made from our SentencePiece pieces.
@@ -110,8 +110,8 @@ def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int,
                                   reader=reader)
     stream = pretraining.make_stream(cfg, global_batch_size=batch, process_index=0,
                                      process_count=1)
-    for _ in range(3):  # TensorFlow start-up and the first block
-        next(stream)
+    for _ in range(3):  # TensorFlow start-up and the first block; the timed steps span several
+        next(stream)     # epochs, so they include building instances, not only masking
     start = time.perf_counter()
     for _ in itertools.islice(stream, steps):
         pass
@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer.model"))
     p.add_argument("--copies", type=int, default=4, help="corpus copies for the large run")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=100, help="batches timed per stream run")
+    p.add_argument("--steps", type=int, default=400,
+                   help="batches timed per stream run; several epochs of the default corpus")
     p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
     p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
     p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")

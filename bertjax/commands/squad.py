@@ -1,0 +1,104 @@
+"""`bertjax squad`: fine-tune a pretrained checkpoint on SQuAD v1.1 or v2.0 and score it.
+
+  bertjax squad --init runs/base --train train-v1.1.json --dev dev-v1.1.json --version 1.1 \\
+      --workdir out/squad11
+  bertjax squad --init uncased_L-12_H-768_A-12 --train train-v2.0.json --dev dev-v2.0.json \\
+      --version 2.0 --workdir out/squad20 --null-threshold -1.5
+
+Writes OUT/predictions.json (question id -> answer, the input of the official evaluation
+script), OUT/nbest_predictions.json, OUT/null_odds.json (v2.0), OUT/results.json (official EM/F1
+in percent; for v2.0 also HasAns/NoAns and the best null threshold), OUT/metrics.jsonl per epoch,
+OUT/skipped_questions.txt when questions were malformed, and the best epoch's parameters in
+OUT/best/ with OUT/best.json. See docs/tasks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="bertjax squad", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--init", required=True,
+                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
+                      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  p.add_argument("--train", required=True, help="SQuAD training JSON")
+  p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
+  p.add_argument("--version", required=True, choices=("1.1", "2.0"))
+  p.add_argument("--workdir", required=True, help="output directory (OUT)")
+  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
+                 "SentencePiece .model or a WordPiece vocab.txt")
+  p.add_argument("--preset", default="tiny", help="model preset for --init random")
+  g = p.add_argument_group("features and decoding (google-research/bert's defaults)")
+  g.add_argument("--max-seq-len", type=int, default=384)
+  g.add_argument("--doc-stride", type=int, default=128)
+  g.add_argument("--max-query-length", type=int, default=64)
+  g.add_argument("--n-best", type=int, default=20)
+  g.add_argument("--max-answer-length", type=int, default=30, help="in tokens")
+  g.add_argument("--null-threshold", type=float, default=0.0,
+                 help="v2.0: answer '' when null score - best span score exceeds this")
+  g = p.add_argument_group("recipe")
+  g.add_argument("--learning-rate", type=float, default=3e-5)
+  g.add_argument("--epochs", type=int, default=2)
+  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
+  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
+  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
+  g.add_argument("--weight-decay", type=float, default=0.01)
+  g.add_argument("--dropout", type=float, default=0.1)
+  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
+  g.add_argument("--eval-untrained", action="store_true",
+                 help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
+  g.add_argument("--no-progress", action="store_true", help="no progress bars")
+  return p
+
+
+def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
+  """Name the first few bad entries, list them all in `path`."""
+  if not skipped:
+    return
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(skipped) + "\n")
+  shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+  print(f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",
+        file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+  args = _parser().parse_args(argv)
+  from bertjax.glue import finetune, restore
+  from bertjax.squad import data, train
+
+  try:
+    enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
+    train_ex, bad_train = data.read(args.train, args.version, training=True)
+    dev_ex, bad_dev = data.read(args.dev, args.version, training=False)
+  except (ValueError, FileNotFoundError) as e:
+    print(str(e) if str(e).startswith(("squad:", "glue:")) else f"squad: {e}", file=sys.stderr)
+    return 2
+  os.makedirs(args.workdir, exist_ok=True)
+  report_skipped("squad", bad_train + bad_dev,
+                 os.path.join(args.workdir, "skipped_questions.txt"))
+  print(f"squad: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
+        f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
+  recipe = finetune.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  opts = train.Options(version=args.version, max_seq_len=args.max_seq_len,
+                       doc_stride=args.doc_stride, max_query_length=args.max_query_length,
+                       n_best=args.n_best, max_answer_length=args.max_answer_length,
+                       null_threshold=args.null_threshold, eval_untrained=args.eval_untrained)
+  try:
+    result = train.train_and_evaluate(enc, train_ex, dev_ex, recipe, opts, args.workdir,
+                                      progress=not args.no_progress)
+  except ValueError as e:
+    print(str(e), file=sys.stderr)
+    return 2
+  print(f"squad: best epoch {result.best_epoch}: " + ", ".join(
+      f"{k} {v:.2f}" for k, v in result.best.items() if not k.endswith("_total")))
+  print(f"squad: wrote {os.path.join(args.workdir, 'predictions.json')} and results.json")
+  return 0
