@@ -142,6 +142,10 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   if jax.process_index() == 0:
     (epath.Path(workdir) / "tokenizer").mkdir(parents=True, exist_ok=True)
     src.copy(epath.Path(workdir) / rel, overwrite=True)
+    # A WordPiece vocab.txt does not record its casing; prepare writes it beside the vocab.
+    casing = src.parent / "tokenizer_config.json"
+    if src.suffix == ".txt" and casing.exists():
+      casing.copy(epath.Path(workdir) / "tokenizer" / casing.name, overwrite=True)
   return rel
 
 

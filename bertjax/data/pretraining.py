@@ -15,9 +15,9 @@ Prepared source. Hosts take whole shard files (`shards[process_index::process_co
 each epoch every document is used exactly once across hosts. An epoch visits the host's shards
 in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
 are built (instances.py), shuffled together and masked (masking.py) as batches are drawn. The
-shards are read by a tf.data pipeline (tf_reader.py: TFRecordDataset -> parallel
-parse_example -> blocks -> prefetch), so reading and parsing run in tf.data's threads while
-Python builds the previous block's instances; without TensorFlow (or with
+shards are read by a tf.data pipeline (tf_reader.py: TFRecordDataset -> blocks -> parallel
+parse_example -> prefetch), so reading and parsing the next blocks run in tf.data's threads
+while Python builds and masks the current one; without TensorFlow (or with
 `reader="python"`) records.py reads them in plain Python. Both give the same documents in the
 same order, hence bit-identical batches. The state is (epoch, block, offset in block):
 resuming re-reads that block's documents, skipping the records before it in one shard (no
@@ -125,7 +125,7 @@ class PreparedStream:
         self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
         self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
         self.offset, self.step = state.get("offset", 0), state.get("step", 0)
-        self._blocks: Iterator | None = None  # blocks of the epoch from the current block on
+        self._blocks: Iterator | None = None  # (epoch, block) from the current block on
         self._block_items: list | None = None  # the current block's (shard, record, instance)
 
     def _epoch_order(self, epoch: int) -> list[int]:

@@ -6,8 +6,8 @@
       -> map(parse_example, AUTOTUNE threads)   -> flat token ids, sentence and document lengths
       -> prefetch(AUTOTUNE)                     blocks ahead of the Python consumer
 
-Reading, CRC checks and protobuf parsing run in tf.data's C++ threads while Python builds and
-masks the instances of the previous block (instances.py, masking.py stay in numpy). The order is
+Reading, CRC checks and protobuf parsing of the next blocks run in tf.data's C++ threads while
+Python builds and masks the instances of the current one (instances.py, masking.py stay in numpy). The order is
 exactly that of `records.read_documents` over the same files: one file at a time (`flat_map`,
 not a parallel `interleave`, which would mix documents across files) and an order-preserving
 parallel map, so both readers give bit-identical streams and the same resume state. Parsing is
