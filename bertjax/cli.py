@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "glue": "fine-tune and evaluate a checkpoint on GLUE or a custom TSV task",
     "convert": "convert checkpoints between Google BERT, Hugging Face and bertjax",
     "extract": "extract per-token features (e.g. the last four layers) to .jsonl/.npy",
+    "squad": "fine-tune and evaluate a checkpoint on SQuAD v1.1/v2.0 (official EM/F1)",
+    "ner": "fine-tune a checkpoint for token classification (CoNLL NER, entity F1)",
     "bench": "benchmark the train step (tokens/s, MFU) or the input pipeline",
 }
 
@@ -58,6 +60,10 @@ def _load(name: str):
         from bertjax.commands import convert as mod
     elif name == "extract":
         from bertjax.commands import extract as mod
+    elif name == "squad":
+        from bertjax.commands import squad as mod
+    elif name == "ner":
+        from bertjax.commands import ner as mod
     elif name == "bench":
         from bertjax.commands import bench as mod
     else:
