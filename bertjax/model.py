@@ -433,6 +433,45 @@ class BertForSequenceClassification(nn.Module):
     return logits_BxC.astype(jnp.float32)
 
 
+class BertForQuestionAnswering(nn.Module):
+  """google-research/bert's SQuAD head: one dense layer from each token to (start, end)."""
+
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
+               attention_mask_BxL: Array | None = None, *,
+               deterministic: bool = True) -> tuple[Array, Array]:
+    enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
+                                           deterministic=deterministic)
+    logits_BxLx2 = nn.Dense(2, dtype=self.cfg.compute_dtype, param_dtype=self.cfg.params_dtype,
+                            kernel_init=_init(self.cfg, ("embed", "classes")),
+                            bias_init=_zeros(("classes",)),
+                            name="qa_outputs")(enc.sequence_output)
+    logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
+    return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
+
+
+class BertForTokenClassification(nn.Module):
+  """The NER head: dropout + dense from each token's last hidden state to `num_labels` tags."""
+
+  cfg: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
+               attention_mask_BxL: Array | None = None, *, deterministic: bool = True) -> Array:
+    enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
+                                           deterministic=deterministic)
+    x_BxLxH = nn.Dropout(self.cfg.hidden_dropout_rate)(enc.sequence_output,
+                                                       deterministic=deterministic)
+    logits_BxLxC = nn.Dense(self.num_labels, dtype=self.cfg.compute_dtype,
+                            param_dtype=self.cfg.params_dtype,
+                            kernel_init=_init(self.cfg, ("embed", "classes")),
+                            bias_init=_zeros(("classes",)), name="classifier")(x_BxLxH)
+    return logits_BxLxC.astype(jnp.float32)
+
+
 # ----------------------------------------------------------------------------- parameter trees
 
 

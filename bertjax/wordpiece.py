@@ -100,7 +100,7 @@ def _is_whitespace(ch: str) -> bool:
   return ch in " \t\n\r" or unicodedata.category(ch) == "Zs"
 
 
-def _is_punctuation(ch: str) -> bool:
+def is_punctuation(ch: str) -> bool:
   cp = ord(ch)
   # ASCII symbols such as "$", "^" and "`" are not Unicode "P*" but BERT splits on them.
   if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
@@ -108,7 +108,7 @@ def _is_punctuation(ch: str) -> bool:
   return unicodedata.category(ch).startswith("P")
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
   cp = ord(ch)
   return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
@@ -121,7 +121,7 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
       continue
     if _is_whitespace(ch):
       chars.append(" ")
-    elif _is_cjk(ch):
+    elif is_cjk(ch):
       chars.extend((" ", ch, " "))
     else:
       chars.append(ch)
@@ -132,7 +132,7 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
                       if unicodedata.category(c) != "Mn")
     current = []
     for ch in token:
-      if _is_punctuation(ch):
+      if is_punctuation(ch):
         if current:
           words.append("".join(current))
           current = []

@@ -114,7 +114,7 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
 
   import jax
 
-  from bertjax import convert, model as model_lib
+  from bertjax import convert, finetuning, model as model_lib
   from bertjax.glue import finetune, restore
 
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
@@ -126,7 +126,7 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
   shutil.copy(TOKENIZER, tmp_path / "hf" / "tokenizer.model")
   enc = restore.load_encoder(str(tmp_path / "hf"))
   assert enc.source.startswith("hf:") and enc.tokenizer.vocab_size == 8000
-  trainer = finetune.Trainer(tasks.TASKS["mnli"], enc, finetune.Recipe(), total_steps=10)
+  trainer = finetune.make_trainer(tasks.TASKS["mnli"], enc, finetuning.Recipe(), total_steps=10)
   state = trainer.init_state(seed=0, learning_rate=2e-5)
   for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(state.params["bert"]),
                                jax.tree.leaves(params["bert"])):

@@ -257,7 +257,7 @@ def test_finetune_learns_the_word_after_the_marker(tmp_path):
 def test_heads_share_the_pretrained_bert_subtree():
   import jax
 
-  from bertjax import heads, model as model_lib
+  from bertjax import model as model_lib
 
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=16)
   d = model_lib.dummy_inputs(2, 8, 2)
@@ -266,11 +266,11 @@ def test_heads_share_the_pretrained_bert_subtree():
   pre = shapes(model_lib.BertForPreTraining(cfg), d["input_ids"], d["token_type_ids"],
                d["attention_mask"], d["masked_positions"])
   args = (d["input_ids"], d["token_type_ids"], d["attention_mask"])
-  qa = shapes(heads.BertForQuestionAnswering(cfg), *args)
-  tc = shapes(heads.BertForTokenClassification(cfg, 5), *args)
+  qa = shapes(model_lib.BertForQuestionAnswering(cfg), *args)
+  tc = shapes(model_lib.BertForTokenClassification(cfg, 5), *args)
   assert qa["bert"] == pre["bert"] == tc["bert"]
   assert qa["qa_outputs"]["kernel"] == (128, 2) and tc["classifier"]["kernel"] == (128, 5)
-  start, end = jax.eval_shape(lambda: heads.BertForQuestionAnswering(cfg).apply(
+  start, end = jax.eval_shape(lambda: model_lib.BertForQuestionAnswering(cfg).apply(
       {"params": jax.tree.map(lambda s: jax.numpy.zeros(s), qa,
                               is_leaf=lambda x: isinstance(x, tuple))}, *args))
   assert start.shape == end.shape == (2, 8)

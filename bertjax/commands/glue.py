@@ -201,7 +201,8 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   import dataclasses
 
-  from bertjax.glue import finetune, restore, submission, tsv
+  from bertjax import finetuning
+  from bertjax.glue import restore, submission, tsv
 
   try:
     task_list = _task_list(args)
@@ -211,10 +212,10 @@ def main(argv: list[str]) -> int:
     return 2
   print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
-  base = finetune.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                         batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                         warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                         dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  base = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
   lrs = [float(x) for x in args.learning_rates.split(",")] if args.sweep else [args.learning_rate]
   recipes = [dataclasses.replace(base, learning_rate=lr, seed=s)
              for lr in lrs for s in _seeds(args.seeds, args.sweep, args.seed)]

@@ -51,25 +51,26 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   from bertjax.commands.squad import report_skipped
-  from bertjax.glue import finetune, restore
+  from bertjax import finetuning
+  from bertjax.glue import restore
   from bertjax.ner import conll, train
 
   try:
-    enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
+    enc = restore.load_encoder(args.init, args.tokenizer, args.preset, "ner")
     files = dict(train=args.train, dev=args.dev, **({"test": args.test} if args.test else {}))
     splits = {k: conll.read(v) for k, v in files.items()}
   except (ValueError, FileNotFoundError) as e:
-    print(str(e) if str(e).startswith(("ner:", "glue:")) else f"ner: {e}", file=sys.stderr)
+    print(str(e) if str(e).startswith("ner:") else f"ner: {e}", file=sys.stderr)
     return 2
   os.makedirs(args.workdir, exist_ok=True)
   report_skipped("ner", [s for v in splits.values() for s in v.skipped],
                  os.path.join(args.workdir, "skipped_lines.txt"))
   print(f"ner: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetune.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  recipe = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                             batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                             warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                             dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
   try:
     result = train.train_and_evaluate(enc, splits, recipe, args.max_seq_len, args.workdir,
                                       args.eval_untrained, progress=not args.no_progress)

@@ -69,25 +69,26 @@ def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.glue import finetune, restore
+  from bertjax import finetuning
+  from bertjax.glue import restore
   from bertjax.squad import data, train
 
   try:
-    enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
+    enc = restore.load_encoder(args.init, args.tokenizer, args.preset, "squad")
     train_ex, bad_train = data.read(args.train, args.version, training=True)
     dev_ex, bad_dev = data.read(args.dev, args.version, training=False)
   except (ValueError, FileNotFoundError) as e:
-    print(str(e) if str(e).startswith(("squad:", "glue:")) else f"squad: {e}", file=sys.stderr)
+    print(str(e) if str(e).startswith("squad:") else f"squad: {e}", file=sys.stderr)
     return 2
   os.makedirs(args.workdir, exist_ok=True)
   report_skipped("squad", bad_train + bad_dev,
                  os.path.join(args.workdir, "skipped_questions.txt"))
   print(f"squad: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetune.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  recipe = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                             batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                             warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                             dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
   opts = train.Options(version=args.version, max_seq_len=args.max_seq_len,
                        doc_stride=args.doc_stride, max_query_length=args.max_query_length,
                        n_best=args.n_best, max_answer_length=args.max_answer_length,

@@ -6,7 +6,8 @@ Modules, in the order data flows through them:
   tfds_source  the same splits from TFDS `glue/<task>`
   features     Examples -> [CLS] A [SEP] B [SEP] token ids, segment ids and masks
   metrics      accuracy, F1, Matthews correlation, Pearson, Spearman (numpy only)
-  finetune     restore the encoder, fine-tune with the BERT recipe, keep the best epoch
+  restore      the encoder to fine-tune (`--init`), shared with `bertjax squad` and `ner`
+  finetune     the GLUE loss and metrics on `bertjax.finetuning`'s trainer; the best epoch kept
   submission   leaderboard files under OUT/submission/, results.json and the Markdown table
 The command line is `bertjax glue` (bertjax/commands/glue.py).
 """

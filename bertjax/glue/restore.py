@@ -8,7 +8,7 @@
 or is "random": a randomly initialised preset, the no-pretraining baseline (needs --tokenizer).
 `--tokenizer PATH` (SentencePiece .model or WordPiece vocab.txt) overrides the tokenizer.
 
-Parameters come back as host arrays; `finetune.Trainer` places them on its mesh, whatever mesh
+Parameters come back as host arrays; `finetuning.Trainer` places them on its mesh, whatever mesh
 wrote them.
 """
 
@@ -31,26 +31,28 @@ class Encoder:
   source: str  # what was restored, for logs and best.json
 
 
-def load_encoder(init: str, tokenizer: str | None = None, preset: str = "tiny") -> Encoder:
-  """The encoder and tokenizer behind `--init` (see the module docstring for the kinds)."""
+def load_encoder(init: str, tokenizer: str | None = None, preset: str = "tiny",
+                 prefix: str = "glue") -> Encoder:
+  """The encoder and tokenizer behind `--init` (see the module docstring for the kinds);
+  `prefix` (the command: "glue", "squad", "ner") starts the error messages."""
   from bertjax import features as features_lib, wordpiece
 
   if init == "random":
     if not tokenizer:
-      raise ValueError("glue: --init random needs --tokenizer (a .model or vocab.txt)")
+      raise ValueError(f"{prefix}: --init random needs --tokenizer (a .model or vocab.txt)")
     tok = wordpiece.load_tokenizer(tokenizer)
     return Encoder(model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok,
                    f"random:{preset}")
   if not (os.path.exists(init) or os.path.exists(init + ".index")):
-    raise FileNotFoundError(f"glue: --init {init}: no such checkpoint or directory")
+    raise FileNotFoundError(f"{prefix}: --init {init}: no such checkpoint or directory")
   enc = features_lib.load_encoder(init)
   tok_path = tokenizer or enc.tokenizer_path
   if not tok_path:
-    raise ValueError(f"glue: --init {init}: no tokenizer recorded with it or found beside it; "
+    raise ValueError(f"{prefix}: --init {init}: no tokenizer recorded with it or found beside it; "
                      "pass --tokenizer PATH (.model or vocab.txt)")
   tok = wordpiece.load_tokenizer(tok_path)
   if tok.vocab_size > enc.config.vocab_size:
-    raise ValueError(f"glue: tokenizer {tok_path} has {tok.vocab_size} ids but the model's "
+    raise ValueError(f"{prefix}: tokenizer {tok_path} has {tok.vocab_size} ids but the model's "
                      f"vocab_size is {enc.config.vocab_size}; pass the tokenizer it was "
                      "pretrained with (--tokenizer)")
   return Encoder(enc.config, enc.bert_params, tok, f"{enc.source}:{init}")

@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import heads
-from bertjax.glue import finetune
+from bertjax import finetuning, model as model_lib
 from bertjax.glue.restore import Encoder
 from bertjax.ner import conll, features as feats_lib, metrics
 
@@ -37,15 +36,16 @@ def ner_loss(logits_BxLxC, batch: dict) -> jax.Array:
   return jnp.sum(ce_BxL * scored_BxL) / jnp.maximum(jnp.sum(scored_BxL), 1.0)
 
 
-def tag(trainer: heads.HeadTrainer, params, sents: conll.Sentences, feats: feats_lib.Features,
-        labels: list[str], batch_size: int) -> list[list[str]]:
+def tag(trainer: finetuning.Trainer, params, sents: conll.Sentences,
+        feats: feats_lib.Features, labels: list[str], batch_size: int) -> list[list[str]]:
   logits_NxLxC = trainer.predict(params, feats.arrays, batch_size)
   return feats_lib.word_tags(feats, sents, np.argmax(logits_NxLxC, -1), labels)
 
 
-def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences], recipe: finetune.Recipe,
-                       max_seq_len: int, workdir: str, eval_untrained: bool = False,
-                       progress: bool = True) -> heads.FitResult:
+def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences],
+                       recipe: finetuning.Recipe, max_seq_len: int, workdir: str,
+                       eval_untrained: bool = False,
+                       progress: bool = True) -> finetuning.FitResult:
   labels = conll.label_list(splits["train"])
   unseen = sorted(set(conll.label_list(*splits.values())) - set(labels))
   if unseen:
@@ -54,15 +54,15 @@ def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences], recipe:
   feats = {k: feats_lib.build(enc.tokenizer, v, labels, max_seq_len) for k, v in splits.items()}
   print("ner: " + ", ".join(f"{k} {len(splits[k])} sentences -> {len(f)} rows"
                             for k, f in feats.items()) + f"; {len(labels)} tags", flush=True)
-  total = recipe.epochs * heads.steps_per_epoch(len(feats["train"]), recipe)
-  trainer = heads.HeadTrainer(
-      functools.partial(heads.BertForTokenClassification, num_labels=len(labels)), enc, recipe,
-      total, ner_loss, "ner")
+  total = recipe.epochs * finetuning.steps_per_epoch(len(feats["train"]), recipe)
+  trainer = finetuning.Trainer(
+      functools.partial(model_lib.BertForTokenClassification, num_labels=len(labels)), enc,
+      recipe, total, ner_loss, "ner")
   predict = lambda params, split: tag(trainer, params, splits[split], feats[split], labels,
                                       recipe.eval_batch_size)
   evaluate = lambda params: metrics.score(splits["dev"].tags, predict(params, "dev"))
-  result = heads.fit(trainer, feats["train"].arrays, recipe, evaluate, "f1", workdir,
-                     eval_untrained, progress)
+  result = finetuning.fit(trainer, feats["train"].arrays, recipe, evaluate, "f1", workdir,
+                          eval_untrained, progress)
   out = dict(best_epoch=result.best_epoch, dev=result.best, labels=labels,
              history=result.history)
   untrained = [h for h in result.history if h["epoch"] == 0]
@@ -77,7 +77,7 @@ def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences], recipe:
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "results.json"), "w") as f:
       json.dump(out, f, indent=2)
-  heads.save_params(workdir, result.best_params, dict(
+  finetuning.save_params(workdir, result.best_params, dict(
       task="ner", labels=labels, init=enc.source, dev=result.best, config=trainer.cfg.to_dict(),
       recipe=dataclasses.asdict(recipe), max_seq_len=max_seq_len,
       tokenizer=str(getattr(enc.tokenizer, "path", ""))))

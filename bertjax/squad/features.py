@@ -44,7 +44,7 @@ class Features:
 def _is_split_char(ch: str) -> bool:
   from bertjax import wordpiece
 
-  return wordpiece._is_punctuation(ch) or wordpiece._is_cjk(ch)
+  return wordpiece.is_punctuation(ch) or wordpiece.is_cjk(ch)
 
 
 def _is_space(ch: str) -> bool:

@@ -21,8 +21,7 @@ import os
 import jax
 import optax
 
-from bertjax import heads
-from bertjax.glue import finetune
+from bertjax import finetuning, model as model_lib
 from bertjax.glue.restore import Encoder
 from bertjax.squad import decode as decode_lib, evaluate as evaluate_lib, features as feats_lib
 from bertjax.squad.data import Example, gold_answers
@@ -47,11 +46,11 @@ def squad_loss(outputs, batch: dict) -> jax.Array:
   per_example_B = 0.5 * (
       optax.softmax_cross_entropy_with_integer_labels(start_BxL, batch["start_positions"])
       + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"]))
-  return heads.masked_mean(per_example_B, batch["weights"])
+  return finetuning.masked_mean(per_example_B, batch["weights"])
 
 
-def predict_and_score(trainer: heads.HeadTrainer, params, examples: list[Example],
-                      feats: feats_lib.Features, recipe: finetune.Recipe, opts: Options,
+def predict_and_score(trainer: finetuning.Trainer, params, examples: list[Example],
+                      feats: feats_lib.Features, recipe: finetuning.Recipe, opts: Options,
                       progress: bool = False) -> tuple[dict[str, float], decode_lib.Decoded]:
   start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
   dec = decode_lib.decode(examples, feats, start_NxL, end_NxL, opts.version, opts.n_best,
@@ -62,8 +61,8 @@ def predict_and_score(trainer: heads.HeadTrainer, params, examples: list[Example
 
 
 def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
-                       recipe: finetune.Recipe, opts: Options, workdir: str,
-                       progress: bool = True) -> heads.FitResult:
+                       recipe: finetuning.Recipe, opts: Options, workdir: str,
+                       progress: bool = True) -> finetuning.FitResult:
   tok = enc.tokenizer
   if opts.max_seq_len > enc.config.max_position_embeddings:
     raise ValueError(f"squad: --max-seq-len={opts.max_seq_len} exceeds the model's "
@@ -76,15 +75,15 @@ def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
         f"the answer); dev {len(dev)} -> {len(dev_feats)}", flush=True)
   if not len(train_feats) or not len(dev_feats):
     raise ValueError("squad: the train or dev file has no usable questions")
-  total = recipe.epochs * heads.steps_per_epoch(len(train_feats), recipe)
-  trainer = heads.HeadTrainer(heads.BertForQuestionAnswering, enc, recipe, total, squad_loss,
-                              "squad")
+  total = recipe.epochs * finetuning.steps_per_epoch(len(train_feats), recipe)
+  trainer = finetuning.Trainer(model_lib.BertForQuestionAnswering, enc, recipe, total,
+                               squad_loss, "squad")
 
   def evaluate(params):
     return predict_and_score(trainer, params, dev, dev_feats, recipe, opts)[0]
 
-  result = heads.fit(trainer, train_feats.arrays, recipe, evaluate, "f1", workdir,
-                     opts.eval_untrained, progress)
+  result = finetuning.fit(trainer, train_feats.arrays, recipe, evaluate, "f1", workdir,
+                          opts.eval_untrained, progress)
   scores, dec = predict_and_score(trainer, result.best_params, dev, dev_feats, recipe, opts)
   if jax.process_index() == 0:
     _write(workdir, "predictions.json", dec.predictions)
@@ -95,7 +94,7 @@ def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
     _write(workdir, "results.json", dict(
         version=opts.version, best_epoch=result.best_epoch, dev=scores,
         untrained=untrained[0] if untrained else None, history=result.history))
-  heads.save_params(workdir, result.best_params, dict(
+  finetuning.save_params(workdir, result.best_params, dict(
       task=f"squad{opts.version}", init=enc.source, dev=scores, config=trainer.cfg.to_dict(),
       recipe=dataclasses.asdict(recipe), options=dataclasses.asdict(opts),
       tokenizer=str(getattr(tok, "path", ""))))

@@ -1,0 +1,315 @@
+"""Fine-tune a restored encoder with a task head: the machinery GLUE, SQuAD and NER share.
+
+    trainer = finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "squad")
+    result = finetuning.fit(trainer, train_arrays, recipe, evaluate, "f1", workdir)
+
+`make_model(cfg)` builds a Flax module (`model.BertForSequenceClassification`,
+`BertForQuestionAnswering`, `BertForTokenClassification`) that holds the encoder as the
+submodule "bert" and takes (input_ids, token_type_ids, attention_mask); `loss_fn(outputs, batch)`
+turns its outputs into a mean loss. Batches are dicts of host numpy arrays with the global
+batch on the leading axis; "weights" (1 real row, 0 padding) is added by `fit`.
+
+Data-parallel over every device there is (`sharding.make_mesh(data=-1)`); the batch sizes are
+global. The state is built from `jax.eval_shape` with shardings from the model's logical axes
+and created by a jitted init that takes the restored encoder as an argument, so the encoder
+goes straight from the checkpoint to its place. Steps are jitted with explicit shardings and
+donate the old state. No mesh context or logical-axis rules are entered around the steps: the
+jit shardings place the batch and the parameters and XLA propagates the rest (under the rules,
+flax's parameter shape check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
+
+Shape letters: B batch, L sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax import model as model_lib, optim, sharding
+from bertjax.glue.restore import Encoder
+
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+LossFn = Callable[[Any, dict], jax.Array]  # (model outputs, batch) -> mean loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Fine-tuning hyperparameters; the defaults are BERT's GLUE recipe."""
+
+  learning_rate: float = 2e-5  # BERT searched {5e-5, 4e-5, 3e-5, 2e-5}
+  epochs: int = 3
+  batch_size: int = 32  # global, split over all devices
+  eval_batch_size: int = 64  # global; only memory depends on it
+  warmup_fraction: float = 0.1  # of all steps, then linear decay to 0
+  weight_decay: float = 0.01  # AdamW, masked off biases and LayerNorm
+  dropout: float = 0.1  # hidden and attention dropout, replacing the checkpoint's
+  clip_norm: float = 1.0  # global-norm clipping, as BERT's optimizer
+  seed: int = 0  # head init, dropout and data order
+  max_steps: int = 0  # > 0 caps the steps per epoch (smoke tests)
+
+
+@flax.struct.dataclass
+class State:
+  step: jax.Array
+  params: Any  # {"bert": ..., and the head's subtree}
+  opt_state: Any
+  rng: jax.Array  # dropout key; step keys are fold_in(rng, step)
+  learning_rate: jax.Array  # peak learning rate: a value, not a constant, so one compiled
+  # step serves every run of a sweep
+
+
+def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransformation:
+  """AdamW (β 0.9/0.999, ε 1e-6, decay masked off biases and LayerNorm) with the warmup/decay
+  shape peaking at 1; the train step scales the update by the state's peak learning rate."""
+  warmup = int(recipe.warmup_fraction * total_steps)
+  shape = optim.warmup_linear_decay(1.0, warmup, total_steps)
+  return optax.chain(optax.clip_by_global_norm(recipe.clip_norm),
+                     optax.adamw(shape, b1=0.9, b2=0.999, eps=1e-6,
+                                 weight_decay=recipe.weight_decay, mask=optim.decay_mask))
+
+
+def init_train_state(model, tx, bert_params, key, learning_rate):
+  """(boxed params, State): a new model whose "bert" subtree is `bert_params` if given."""
+  z = jnp.zeros((1, 8), jnp.int32)
+  params_key, dropout_key = jax.random.split(key)
+  boxed = model.init({"params": params_key}, z, z, jnp.ones_like(z))["params"]
+  params = nn.unbox(boxed)
+  if bert_params is not None:
+    params = {**params, "bert": bert_params}  # the head stays new
+  return boxed, State(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=dropout_key, learning_rate=jnp.asarray(learning_rate, jnp.float32))
+
+
+def check_encoder(want_boxed, got_abs, source: str, prefix: str) -> None:
+  """Every parameter the config implies is in the restored encoder, with its shape."""
+  if got_abs is None:
+    return
+  want = dict(jax.tree_util.tree_leaves_with_path(nn.unbox(want_boxed)))
+  got = dict(jax.tree_util.tree_leaves_with_path(got_abs))
+  for path, w in want.items():
+    name = "bert/" + "/".join(str(getattr(p, "key", p)) for p in path)
+    if path not in got:
+      raise ValueError(f"{prefix}: {source}: encoder has no {name}")
+    if tuple(got[path].shape) != tuple(w.shape):
+      raise ValueError(f"{prefix}: {source}: {name} has shape {tuple(got[path].shape)}, its "
+                       f"config implies {tuple(w.shape)}")
+
+
+def to_global(batch: dict, sh) -> dict:
+  """Every process holds the whole global batch (fine-tuning sets fit in host memory); each
+  gives its slice of rows."""
+  pi, pc = jax.process_index(), jax.process_count()
+  out = {}
+  for k, v in batch.items():
+    per = v.shape[0] // pc
+    out[k] = jax.make_array_from_process_local_data(sh, v[pi * per:(pi + 1) * per], v.shape)
+  return out
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+  from tqdm import tqdm
+
+  return tqdm(total=total, desc=desc, disable=not enabled or jax.process_index() != 0,
+              leave=True, dynamic_ncols=True)
+
+
+def masked_mean(per_example_B: jax.Array, weights_B: jax.Array) -> jax.Array:
+  return jnp.sum(per_example_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
+
+
+# ------------------------------------------------------------------------------- the trainer
+
+
+def _train_step(state: State, batch: dict, *, model, tx, loss_fn: LossFn):
+  key = jax.random.fold_in(state.rng, state.step)
+
+  def loss_of(params):
+    out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=False,
+                      rngs={"dropout": key})
+    return loss_fn(out, batch)
+
+  loss, grads = jax.value_and_grad(loss_of)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: u * state.learning_rate, updates)
+  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                       opt_state=opt_state), loss
+
+
+def _predict_step(params, batch: dict, *, model):
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
+
+
+class Trainer:
+  """Model, optimizer, shardings and jitted steps for one (head, encoder, recipe); `name`
+  ("glue", "squad", "ner") prefixes its messages."""
+
+  def __init__(self, make_model: Callable[[model_lib.BertConfig], nn.Module], enc: Encoder,
+               recipe: Recipe, total_steps: int, loss_fn: LossFn, name: str):
+    self.name = name
+    self.mesh = sharding.make_mesh(data=-1)
+    shards = sharding.num_batch_shards(self.mesh) * jax.process_count()
+    for field in ("batch_size", "eval_batch_size"):
+      if getattr(recipe, field) % shards:
+        raise ValueError(f"{name}: --{field.replace('_', '-')}={getattr(recipe, field)} is not "
+                         f"divisible by the {shards} batch shards; use a multiple of {shards}")
+    # Fine-tuning runs unscanned, without remat, at the recipe's dropout.
+    self.cfg = enc.config.replace(hidden_dropout_rate=recipe.dropout,
+                                  attention_dropout_rate=recipe.dropout, scan_layers=False,
+                                  remat="none")
+    self.model = make_model(self.cfg)
+    self.tx = make_optimizer(recipe, total_steps)
+    self.bert_params = enc.bert_params
+    bert_abs = None
+    if enc.bert_params is not None:
+      bert_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.float32),
+                              enc.bert_params)
+    init = functools.partial(init_train_state, self.model, self.tx)
+    boxed_abs, state_abs = jax.eval_shape(init, bert_abs, jax.random.key(0), 0.0)
+    check_encoder(boxed_abs["bert"], bert_abs, enc.source, name)
+    param_sh = sharding.state_shardings(boxed_abs, self.mesh)
+    repl = sharding.replicated(self.mesh)
+    opt_sh = optax.tree_utils.tree_map_params(
+        self.tx, lambda _, s: s, state_abs.opt_state, param_sh,
+        transform_non_params=lambda _: repl,
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    self.state_sh = State(step=repl, params=param_sh, opt_state=opt_sh, rng=repl,
+                          learning_rate=repl)
+    self.param_sh, self.batch_sh = param_sh, sharding.batch_sharding(self.mesh)
+    self._init = jax.jit(lambda b, k, lr: init(b, k, lr)[1],
+                         in_shardings=(None if bert_abs is None else param_sh["bert"], repl,
+                                       repl),
+                         out_shardings=self.state_sh)
+    self._train = jax.jit(functools.partial(_train_step, model=self.model, tx=self.tx,
+                                            loss_fn=loss_fn),
+                          in_shardings=(self.state_sh, self.batch_sh),
+                          out_shardings=(self.state_sh, repl), donate_argnums=0)
+    self._predict_fn = functools.partial(_predict_step, model=self.model)
+    self._predict = jax.jit(self._predict_fn, in_shardings=(param_sh, self.batch_sh),
+                            out_shardings=repl)
+
+  def init_state(self, seed: int, learning_rate: float) -> State:
+    """The restored encoder (resharded from wherever the checkpoint put it) and a new head
+    from `seed`."""
+    bert = None
+    if self.bert_params is not None:
+      bert = jax.device_put(jax.tree.map(lambda x: x if isinstance(x, jax.Array)
+                                         else np.asarray(x, np.float32), self.bert_params),
+                            self.param_sh["bert"])
+    return self._init(bert, jax.random.key(seed), np.float32(learning_rate))
+
+  def train_step(self, state: State, batch: dict) -> tuple[State, jax.Array]:
+    return self._train(state, to_global(batch, self.batch_sh))
+
+  def predict(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress=False):
+    """The model's outputs for every row of `arrays` as numpy, [N, ...] per leaf (the last
+    batch padded, the padding dropped)."""
+    n = len(arrays["input_ids"])
+    if n == 0:
+      batch = {k: jax.ShapeDtypeStruct((batch_size,) + arrays[k].shape[1:], arrays[k].dtype)
+               for k in MODEL_INPUTS}
+      out_abs = jax.eval_shape(self._predict_fn, params, batch)
+      return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
+    out = []
+    bar = progress_bar(-(-n // batch_size), f"{self.name} predict", progress)
+    for start in range(0, n, batch_size):
+      idx = np.arange(start, start + batch_size) % n  # wrap-around pads the last batch
+      batch = {k: arrays[k][idx] for k in MODEL_INPUTS}
+      out.append(jax.tree.map(np.asarray, self._predict(params, to_global(batch, self.batch_sh))))
+      bar.update(1)
+    bar.close()
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *out)
+
+
+# ---------------------------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class FitResult:
+  best: dict[str, float]  # the best epoch's dev metrics
+  best_epoch: int
+  best_params: Any  # on device
+  history: list[dict]  # per epoch (0 = before training, if asked): train_loss, dev metrics
+
+
+def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
+        evaluate: Callable[[Any], dict[str, float]], main_metric: str, workdir: str,
+        eval_untrained: bool = False, progress: bool = True, run_name: str = "") -> FitResult:
+  """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
+  epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
+  `run_name` (a GLUE task) goes into the progress bars and log lines."""
+  os.makedirs(workdir, exist_ok=True)
+  n = len(train["input_ids"])
+  steps = steps_per_epoch(n, recipe)
+  state = trainer.init_state(recipe.seed, recipe.learning_rate)
+  rng = np.random.default_rng(recipe.seed)
+  history, best, best_epoch, best_params = [], None, 0, None
+  what = f"{run_name} " if run_name else ""
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as log:
+    if eval_untrained:
+      entry = dict(epoch=0, **evaluate(state.params))
+      history.append(entry)
+      log.write(json.dumps(entry) + "\n")
+      print(f"{trainer.name}: {what}untrained: " + _fmt(entry), flush=True)
+    for epoch in range(1, recipe.epochs + 1):
+      t0 = time.time()
+      order = rng.permutation(n)
+      losses = []
+      bar = progress_bar(steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}",
+                         progress)
+      for step in range(steps):
+        idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
+        weights = np.ones(recipe.batch_size, np.float32)
+        weights[len(idx):] = 0.0
+        idx = np.resize(idx, recipe.batch_size)  # pad by repeating rows; their weight is 0
+        batch = {k: v[idx] for k, v in train.items()}
+        state, loss = trainer.train_step(state, dict(batch, weights=weights))
+        losses.append(loss)
+        if len(losses) >= 2:  # read one step late: the device never waits on the host
+          bar.set_postfix(loss=f"{float(losses[-2]):.4f}", refresh=False)
+        bar.update(1)
+      bar.close()
+      dev = evaluate(state.params)
+      entry = dict(epoch=epoch, train_loss=float(np.mean([float(l) for l in losses])), **dev,
+                   seconds=round(time.time() - t0, 1))
+      history.append(entry)
+      log.write(json.dumps(entry) + "\n")
+      log.flush()
+      improved = best is None or dev[main_metric] > best[main_metric]
+      print(f"{trainer.name}: {what}epoch {epoch}: " + _fmt(entry)
+            + (" (best)" if improved else ""), flush=True)
+      if improved:
+        best, best_epoch = dev, epoch
+        best_params = jax.tree.map(jnp.copy, state.params)  # the step donates state.params
+  return FitResult(best=best, best_epoch=best_epoch, best_params=best_params, history=history)
+
+
+def steps_per_epoch(n: int, recipe: Recipe) -> int:
+  steps = -(-n // recipe.batch_size)  # the last batch is padded, weight 0
+  return min(steps, recipe.max_steps) if recipe.max_steps else steps
+
+
+def _fmt(entry: dict) -> str:
+  return " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                  for k, v in entry.items() if k != "epoch")
+
+
+def save_params(workdir: str, params, meta: dict) -> None:
+  """The fine-tuned parameters (orbax) under workdir/best/, what they are in best.json."""
+  import orbax.checkpoint as ocp
+
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.abspath(os.path.join(workdir, "best")), params, force=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "best.json"), "w") as f:
+      json.dump(meta, f, indent=2)
