@@ -47,7 +47,8 @@ class Example:
 def load_encoder(path: str | Path) -> Encoder:
   """A bertjax checkpoint, a Hugging Face model directory, or a Google BERT directory."""
   path = Path(path)
-  if (path / "config.json").is_file():
+  # A pretrain workdir also has a config.json (the training config) beside checkpoints/.
+  if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
     from bertjax import convert
 
     cfg, params = convert.load_hf(path)

@@ -191,3 +191,11 @@ def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
   assert ablate.main(argv) == 0
   printed = capsys.readouterr().out
   assert "$ bertjax" not in printed and printed.count("pretraining done") == 2
+
+
+def test_isolated_run_keeps_its_log(tmp_path, capsys):
+  log = tmp_path / "x.log"
+  assert ablate.run_bertjax(["--version"], str(log), isolate=True) == 0
+  assert log.read_text().startswith("bertjax ") and "bertjax " in capsys.readouterr().out
+  assert ablate.run_bertjax(["nonesuch"], str(log), isolate=True) == 2
+  assert "unknown command 'nonesuch'" in log.read_text()
