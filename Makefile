@@ -9,7 +9,7 @@ DEMO_DIR ?= runs/demo
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,5 +33,16 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
+# The Flax peer of `bertjax bench --compare hf-flax` needs transformers 4.x (5.x has no Flax
+# models), in a venv of its own.
+HF4_VENV ?= .venv-hf4
+$(HF4_VENV)/bin/python:
+	$(PYTHON) -m venv $(HF4_VENV)
+	$(HF4_VENV)/bin/python -m pip install --quiet 'transformers>=4.57,<5' flax==0.12.8 jax==0.10.2 optax==0.2.8
+
+bench: $(VENV)/.installed-test $(HF4_VENV)/bin/python
+	$(BIN)/bertjax bench --preset mini --batch-size 32 --seq-len 128 --compare hf-torch,hf-flax
+	$(BIN)/bertjax bench --preset base --batch-size 16 --seq-len 128 --compare hf-torch,hf-flax
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(HF4_VENV) runs

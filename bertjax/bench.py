@@ -99,7 +99,8 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
   if dev.platform == "cpu":
     dtypes = sorted({"float32", spec.dtype})
     peak = max(measure_cpu_peak(d) for d in dtypes)
-    return peak, f"measured: best jitted {'/'.join(dtypes)} matmul on {bench_peers.num_cores()} cores"
+    cores = bench_peers.num_cores()
+    return peak, f"measured: best jitted {'/'.join(dtypes)} matmul on {cores} cores"
   per_device = flops_lib.peak_flops_per_device(dev)
   if per_device:
     return per_device * len(devices), (f"published dense bf16 peak of {dev.device_kind} x "
