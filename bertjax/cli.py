@@ -7,6 +7,7 @@ so `bertjax --help` is instant and the model-only commands work without TensorFl
 
 from __future__ import annotations
 
+import os
 import sys
 
 # name -> one-line description, in the order a user meets them.
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertjax {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
+    # TensorFlow (used only for data) logs its CUDA probing at start-up on every machine; its
+    # real errors still surface as Python exceptions. Set TF_CPP_MIN_LOG_LEVEL to see the logs.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if name not in COMMANDS:
         print(f"bertjax: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}",
               file=sys.stderr)

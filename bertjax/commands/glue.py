@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from bertjax.commands import finetune_args
+
 BERT_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)  # the BERT paper's GLUE grid
 
 
@@ -27,36 +29,22 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--task", required=True,
                  help="cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|ax|all|custom "
                       "(ax = the MNLI model's predictions on the diagnostic)")
-  p.add_argument("--init", required=True,
-                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face model "
-                      "directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  finetune_args.add_encoder_args(p)
   p.add_argument("--data", default="tfds", help="'tfds' (glue/<task>) or a GLUE_DIR in the "
                  "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)")
   p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir holding prepared glue/*")
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
-  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
-                 "SentencePiece .model or a WordPiece vocab.txt")
-  p.add_argument("--preset", default="tiny", help="model preset for --init random")
   g = p.add_argument_group("recipe (BERT's defaults)")
-  g.add_argument("--max-seq-len", type=int, default=128)
-  g.add_argument("--learning-rate", type=float, default=2e-5)
-  g.add_argument("--epochs", type=int, default=3)
-  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
-  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
-  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
-  g.add_argument("--weight-decay", type=float, default=0.01)
-  g.add_argument("--dropout", type=float, default=0.1)
-  g.add_argument("--seed", type=int, default=0)
+  finetune_args.add_recipe_args(g, learning_rate=2e-5, epochs=3, max_seq_len=128,
+                                eval_untrained=False)
   g.add_argument("--sweep", action="store_true",
                  help="run every learning rate of --learning-rates x every seed of --seeds")
   g.add_argument("--learning-rates", default=",".join(str(x) for x in BERT_LEARNING_RATES),
                  help="comma-separated grid for --sweep")
   g.add_argument("--seeds", default="1",
                  help="with --sweep: a count N (seeds 0..N-1) or a comma list (0,7,9)")
-  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
   g.add_argument("--max-train-examples", type=int, default=0,
                  help="use only the first N training examples (smoke runs)")
-  g.add_argument("--no-progress", action="store_true", help="no progress bars")
   c = p.add_argument_group("custom tasks (--task custom)")
   c.add_argument("--name", default="custom", help="results key and submission file name")
   c.add_argument("--train", help="training TSV with a header row")
@@ -201,7 +189,6 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   import dataclasses
 
-  from bertjax import finetuning
   from bertjax.glue import restore, submission, tsv
 
   try:
@@ -212,10 +199,7 @@ def main(argv: list[str]) -> int:
     return 2
   print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
-  base = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  base = finetune_args.recipe_from_args(args)
   lrs = [float(x) for x in args.learning_rates.split(",")] if args.sweep else [args.learning_rate]
   recipes = [dataclasses.replace(base, learning_rate=lr, seed=s)
              for lr in lrs for s in _seeds(args.seeds, args.sweep, args.seed)]

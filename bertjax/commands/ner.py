@@ -17,41 +17,24 @@ import argparse
 import os
 import sys
 
+from bertjax.commands import finetune_args
+
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax ner", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--init", required=True,
-                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
-                      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="CoNLL-format training file")
   p.add_argument("--dev", required=True, help="CoNLL-format dev file (scored every epoch)")
   p.add_argument("--test", default=None, help="optional CoNLL-format test file")
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
-  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
-                 "SentencePiece .model or a WordPiece vocab.txt")
-  p.add_argument("--preset", default="tiny", help="model preset for --init random")
   g = p.add_argument_group("recipe")
-  g.add_argument("--max-seq-len", type=int, default=128)
-  g.add_argument("--learning-rate", type=float, default=5e-5)
-  g.add_argument("--epochs", type=int, default=3)
-  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
-  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
-  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
-  g.add_argument("--weight-decay", type=float, default=0.01)
-  g.add_argument("--dropout", type=float, default=0.1)
-  g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
-  g.add_argument("--eval-untrained", action="store_true",
-                 help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
-  g.add_argument("--no-progress", action="store_true", help="no progress bars")
+  finetune_args.add_recipe_args(g, learning_rate=5e-5, epochs=3, max_seq_len=128)
   return p
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.commands.squad import report_skipped
-  from bertjax import finetuning
   from bertjax.glue import restore
   from bertjax.ner import conll, train
 
@@ -63,14 +46,11 @@ def main(argv: list[str]) -> int:
     print(str(e) if str(e).startswith("ner:") else f"ner: {e}", file=sys.stderr)
     return 2
   os.makedirs(args.workdir, exist_ok=True)
-  report_skipped("ner", [s for v in splits.values() for s in v.skipped],
+  finetune_args.report_skipped("ner", [s for v in splits.values() for s in v.skipped],
                  os.path.join(args.workdir, "skipped_lines.txt"))
   print(f"ner: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                             batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                             warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                             dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  recipe = finetune_args.recipe_from_args(args)
   try:
     result = train.train_and_evaluate(enc, splits, recipe, args.max_seq_len, args.workdir,
                                       args.eval_untrained, progress=not args.no_progress)

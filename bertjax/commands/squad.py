@@ -18,20 +18,17 @@ import argparse
 import os
 import sys
 
+from bertjax.commands import finetune_args
+
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax squad", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--init", required=True,
-                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
-                      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="SQuAD training JSON")
   p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
   p.add_argument("--version", required=True, choices=("1.1", "2.0"))
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
-  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
-                 "SentencePiece .model or a WordPiece vocab.txt")
-  p.add_argument("--preset", default="tiny", help="model preset for --init random")
   g = p.add_argument_group("features and decoding (google-research/bert's defaults)")
   g.add_argument("--max-seq-len", type=int, default=384)
   g.add_argument("--doc-stride", type=int, default=128)
@@ -41,35 +38,12 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--null-threshold", type=float, default=0.0,
                  help="v2.0: answer '' when null score - best span score exceeds this")
   g = p.add_argument_group("recipe")
-  g.add_argument("--learning-rate", type=float, default=3e-5)
-  g.add_argument("--epochs", type=int, default=2)
-  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
-  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
-  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
-  g.add_argument("--weight-decay", type=float, default=0.01)
-  g.add_argument("--dropout", type=float, default=0.1)
-  g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
-  g.add_argument("--eval-untrained", action="store_true",
-                 help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
-  g.add_argument("--no-progress", action="store_true", help="no progress bars")
+  finetune_args.add_recipe_args(g, learning_rate=3e-5, epochs=2, max_seq_len=None)
   return p
-
-
-def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
-  """Name the first few bad entries, list them all in `path`."""
-  if not skipped:
-    return
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("\n".join(skipped) + "\n")
-  shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-  print(f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",
-        file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax import finetuning
   from bertjax.glue import restore
   from bertjax.squad import data, train
 
@@ -81,14 +55,11 @@ def main(argv: list[str]) -> int:
     print(str(e) if str(e).startswith("squad:") else f"squad: {e}", file=sys.stderr)
     return 2
   os.makedirs(args.workdir, exist_ok=True)
-  report_skipped("squad", bad_train + bad_dev,
+  finetune_args.report_skipped("squad", bad_train + bad_dev,
                  os.path.join(args.workdir, "skipped_questions.txt"))
   print(f"squad: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
-                             batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                             warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                             dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+  recipe = finetune_args.recipe_from_args(args)
   opts = train.Options(version=args.version, max_seq_len=args.max_seq_len,
                        doc_stride=args.doc_stride, max_query_length=args.max_query_length,
                        n_best=args.n_best, max_answer_length=args.max_answer_length,

@@ -1,0 +1,56 @@
+"""Command-line options shared by `bertjax glue`, `squad` and `ner` (no heavy imports here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_encoder_args(p: argparse.ArgumentParser) -> None:
+  """--init, --tokenizer, --preset: where the encoder and its tokenizer come from."""
+  p.add_argument("--init", required=True,
+                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
+                      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)")
+  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
+                 "SentencePiece .model or a WordPiece vocab.txt")
+  p.add_argument("--preset", default="tiny", help="model preset for --init random")
+
+
+def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | None,
+                    eval_untrained: bool = True) -> None:
+  """The fine-tuning recipe: AdamW, warmup + linear decay, dropout, global batch sizes."""
+  if max_seq_len is not None:
+    g.add_argument("--max-seq-len", type=int, default=max_seq_len)
+  g.add_argument("--learning-rate", type=float, default=learning_rate)
+  g.add_argument("--epochs", type=int, default=epochs)
+  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
+  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
+  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
+  g.add_argument("--weight-decay", type=float, default=0.01)
+  g.add_argument("--dropout", type=float, default=0.1)
+  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
+  if eval_untrained:
+    g.add_argument("--eval-untrained", action="store_true",
+                   help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
+  g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def recipe_from_args(args: argparse.Namespace):
+  from bertjax import finetuning
+
+  return finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
+                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+
+
+def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
+  """Name the first few bad entries, list them all in `path`."""
+  if not skipped:
+    return
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(skipped) + "\n")
+  shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+  print(f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",
+        file=sys.stderr)
