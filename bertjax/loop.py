@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import time
 
@@ -236,6 +237,8 @@ def train_and_evaluate(config, workdir: str) -> int:
   from bertjax.data import pretraining
 
   # --- config, mesh, output --------------------------------------------------------------
+  if "://" not in workdir:
+    workdir = os.path.abspath(workdir)  # orbax writes only to absolute paths
   config = resolve_config(config, workdir)
   mesh = sharding.mesh_from_config(config.mesh)
   plan = phases(config)

@@ -7,7 +7,6 @@ the others itself; elsewhere pass --coordinator_address, --num_processes and --p
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
@@ -62,6 +61,4 @@ def main(argv: list[str]) -> int:
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   from bertjax import loop
 
-  # orbax needs absolute paths; keep remote ones (gs://...) as given.
-  workdir = fv.workdir if "://" in fv.workdir else os.path.abspath(fv.workdir)
-  return loop.train_and_evaluate(fv.config, workdir)
+  return loop.train_and_evaluate(fv.config, fv.workdir)
