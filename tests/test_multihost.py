@@ -26,7 +26,8 @@ def _run(workdir, steps, processes: int, devices_per_process: int):
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   cmd = _pretrain_cmd(workdir, steps) + ["--config.mesh.data=2", "--config.mesh.fsdp=-1"]
   if processes == 1:
-    subprocess.run(cmd, env=env, cwd=REPO, check=True, capture_output=True, timeout=600)
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.returncode, out.stdout[-3000:], out.stderr[-5000:])
     return
   port = _free_port()
   procs = [subprocess.Popen(cmd + [f"--coordinator_address=localhost:{port}",

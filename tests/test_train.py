@@ -73,16 +73,19 @@ def _rows(workdir):
   return {r["step"]: r for r in rows if "loss" in r}, [r for r in rows if "eval_loss" in r]
 
 
-def test_guard_stops_the_loop(tmp_path, capsys):
+def test_guard_stops_the_loop(tmp_path, capsys, monkeypatch):
   c = _loop_config(6, **{"train.inject_nan_at_step": 3, "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path)) == 1
   out = capsys.readouterr().out
   assert "step 4: non-finite loss nan" in out and "stopping: 1 non-finite" in out
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
-  # With a budget of one skip the run goes on and finishes.
+  # With a budget of one skip the run goes on and finishes; a relative workdir (as in
+  # `bertjax demo --workdir runs/demo`) works although orbax writes only absolute paths.
   c = _loop_config(6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1,
                          "eval.every_steps": 0})
-  assert loop.train_and_evaluate(c, str(tmp_path / "skip")) == 0
+  monkeypatch.chdir(tmp_path)
+  assert loop.train_and_evaluate(c, "skip") == 0
+  assert {"3", "6"} <= {p.name for p in (tmp_path / "skip" / "checkpoints").iterdir()}
   train_rows, _ = _rows(tmp_path / "skip")
   assert all(np.isfinite(r["loss"]) for r in train_rows.values())
 

@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import pathlib
 import random
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -388,8 +389,26 @@ class Prefetcher:
     def get_state(self) -> dict | None:
         return self._state
 
-    def close(self) -> None:
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the producer and wait for it.
+
+        A daemon thread still inside TensorFlow or XLA when the interpreter exits aborts the
+        process ("terminate called ... exception not rethrown"), so the thread is joined here.
+        """
+        import queue
+        import time
+
         self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:  # make room for a producer blocked on a full queue
+                self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.1)
+        if self._thread.is_alive():
+            print(f"warning: the input prefetch thread did not stop within {timeout:.0f} s",
+                  file=sys.stderr)
 
 
 def prefetch_to_device(iterator, sharding, size: int = 2) -> Prefetcher:
