@@ -413,6 +413,13 @@ class BertForPreTraining(nn.Module):
                              sequence_output=x_BxLxH, pooled_output=enc.pooled_output)
 
 
+def _head(cfg: BertConfig, num_outputs: int, name: str) -> nn.Dense:
+  """A task head's dense layer from the hidden size to `num_outputs` logits (new on restore)."""
+  return nn.Dense(num_outputs, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                  kernel_init=_init(cfg, ("embed", "classes")), bias_init=_zeros(("classes",)),
+                  name=name)
+
+
 class BertForSequenceClassification(nn.Module):
   """The GLUE head: dropout + dense on the pooled [CLS]; num_labels == 1 is regression."""
 
@@ -426,10 +433,7 @@ class BertForSequenceClassification(nn.Module):
                                            deterministic=deterministic)
     x_BxH = nn.Dropout(self.cfg.hidden_dropout_rate)(enc.pooled_output,
                                                      deterministic=deterministic)
-    logits_BxC = nn.Dense(self.num_labels, dtype=self.cfg.compute_dtype,
-                          param_dtype=self.cfg.params_dtype,
-                          kernel_init=_init(self.cfg, ("embed", "classes")),
-                          bias_init=_zeros(("classes",)), name="classifier")(x_BxH)
+    logits_BxC = _head(self.cfg, self.num_labels, "classifier")(x_BxH)
     return logits_BxC.astype(jnp.float32)
 
 
@@ -444,10 +448,7 @@ class BertForQuestionAnswering(nn.Module):
                deterministic: bool = True) -> tuple[Array, Array]:
     enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
                                            deterministic=deterministic)
-    logits_BxLx2 = nn.Dense(2, dtype=self.cfg.compute_dtype, param_dtype=self.cfg.params_dtype,
-                            kernel_init=_init(self.cfg, ("embed", "classes")),
-                            bias_init=_zeros(("classes",)),
-                            name="qa_outputs")(enc.sequence_output)
+    logits_BxLx2 = _head(self.cfg, 2, "qa_outputs")(enc.sequence_output)
     logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
     return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
 
@@ -465,10 +466,7 @@ class BertForTokenClassification(nn.Module):
                                            deterministic=deterministic)
     x_BxLxH = nn.Dropout(self.cfg.hidden_dropout_rate)(enc.sequence_output,
                                                        deterministic=deterministic)
-    logits_BxLxC = nn.Dense(self.num_labels, dtype=self.cfg.compute_dtype,
-                            param_dtype=self.cfg.params_dtype,
-                            kernel_init=_init(self.cfg, ("embed", "classes")),
-                            bias_init=_zeros(("classes",)), name="classifier")(x_BxLxH)
+    logits_BxLxC = _head(self.cfg, self.num_labels, "classifier")(x_BxLxH)
     return logits_BxLxC.astype(jnp.float32)
 
 
