@@ -24,12 +24,73 @@ def cross_entropy(logits_BxPxV: Array, labels_BxP: Array) -> tuple[Array, Array]
   return nll_BxP, correct_BxP
 
 
-def pretraining_sums(mlm_logits_BxPxV: Array, nsp_logits_Bx2: Array, batch: dict[str, Array],
-                     pair_mode: str) -> dict[str, Array]:
-  """Summed losses and counts of one (micro)batch; `finalize` turns them into means."""
+def mlm_cross_entropy(x_BxPxH: Array, table_VxH: Array, bias_V: Array,
+                      labels_BxP: Array) -> tuple[Array, Array]:
+  """The tied MLM decoder and its cross-entropy in one op: (nll, correct), each [B, P] float32.
+
+  Equal to `cross_entropy(x @ table.T + bias, labels)` (logits in float32 from `x`'s dtype,
+  a label whose logit ties the maximum counts as correct), but with a hand-written gradient,
+  because at BERT's vocabulary the elementwise work around the decoder costs as much as its
+  matmuls: autodiff of that expression materialises a zero [B, P, V] tensor to scatter the
+  label gradient into, takes an argmax pass and a log-softmax pass, and sums the bias
+  gradient as a column reduction (on XLA's CPU backend ~30x slower than the same sum as a
+  matrix-vector product). Here the gradient of the logits, softmax − one-hot, is one fused
+  elementwise pass, and the bias gradient a matrix-vector product. Saved for the backward
+  pass: the float32 logits, as autodiff would.
+  """
+  b, p, h = x_BxPxH.shape
+  nll_N, correct_N = _fused_xent(x_BxPxH.reshape(b * p, h), table_VxH, bias_V,
+                                 labels_BxP.reshape(b * p).astype(jnp.int32))
+  return nll_N.reshape(b, p), correct_N.reshape(b, p)
+
+
+def _xent_forward(x_NxH, table_VxH, bias_V, labels_N):
+  logits_NxV = jnp.dot(x_NxH, table_VxH.T, preferred_element_type=jnp.float32)
+  logits_NxV = logits_NxV + bias_V.astype(jnp.float32)
+  max_N = jnp.max(logits_NxV, axis=-1)
+  lse_N = max_N + jnp.log(jnp.sum(jnp.exp(logits_NxV - max_N[:, None]), axis=-1))
+  is_label_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, 1) == labels_N[:, None]
+  label_logit_N = jnp.sum(jnp.where(is_label_NxV, logits_NxV, 0.0), axis=-1)
+  nll_N = lse_N - label_logit_N
+  correct_N = (label_logit_N >= max_N).astype(jnp.float32)
+  return (nll_N, correct_N), (logits_NxV, lse_N)
+
+
+@jax.custom_vjp
+def _fused_xent(x_NxH, table_VxH, bias_V, labels_N):
+  return _xent_forward(x_NxH, table_VxH, bias_V, labels_N)[0]
+
+
+def _fused_xent_fwd(x_NxH, table_VxH, bias_V, labels_N):
+  out, (logits_NxV, lse_N) = _xent_forward(x_NxH, table_VxH, bias_V, labels_N)
+  return out, (x_NxH, table_VxH, bias_V, labels_N, logits_NxV, lse_N)
+
+
+def _fused_xent_bwd(res, cotangents):
+  x_NxH, table_VxH, bias_V, labels_N, logits_NxV, lse_N = res
+  g_nll_N, _ = cotangents  # `correct` is a step function: no gradient
+  is_label_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, 1) == labels_N[:, None]
+  g_NxV = (jnp.exp(logits_NxV - lse_N[:, None]) - is_label_NxV) * g_nll_N[:, None]
+  g_bias_V = jnp.dot(jnp.ones_like(g_nll_N), g_NxV)  # a column sum, as a matrix-vector product
+  g_NxV = g_NxV.astype(x_NxH.dtype)
+  g_x_NxH = jnp.dot(g_NxV, table_VxH, preferred_element_type=jnp.float32)
+  g_table_VxH = jnp.dot(g_NxV.T, x_NxH, preferred_element_type=jnp.float32)
+  return (g_x_NxH.astype(x_NxH.dtype), g_table_VxH.astype(table_VxH.dtype),
+          g_bias_V.astype(bias_V.dtype), None)
+
+
+_fused_xent.defvjp(_fused_xent_fwd, _fused_xent_bwd)
+
+
+def pretraining_sums(mlm_nll_BxP: Array, mlm_correct_BxP: Array, nsp_logits_Bx2: Array,
+                     batch: dict[str, Array], pair_mode: str) -> dict[str, Array]:
+  """Summed losses and counts of one (micro)batch; `finalize` turns them into means.
+
+  `mlm_nll_BxP` / `mlm_correct_BxP` come from `mlm_cross_entropy` (what the model returns when
+  given the labels) or from `cross_entropy` on logits.
+  """
   w_BxP = batch["masked_weights"].astype(jnp.float32)  # 0 on padded prediction slots
-  nll_BxP, correct_BxP = cross_entropy(mlm_logits_BxPxV, batch["masked_ids"])
-  sums = dict(mlm_loss=jnp.sum(nll_BxP * w_BxP), mlm_correct=jnp.sum(correct_BxP * w_BxP),
+  sums = dict(mlm_loss=jnp.sum(mlm_nll_BxP * w_BxP), mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),
               mlm_count=jnp.sum(w_BxP))
   if pair_mode == "none":
     zero = jnp.zeros((), jnp.float32)

@@ -27,6 +27,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bertjax import losses
+
 Array = jax.Array
 Dtype = Any
 
@@ -146,6 +148,33 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, names)
 
 
+class Dropout(nn.Module):
+  """Inverted dropout that draws 16 random bits per element instead of 32.
+
+  Same contract as `nn.Dropout` (RNG stream 'dropout', identity when deterministic), but each
+  uint32 that threefry generates decides two elements, from its low and high halves. Random-bit
+  generation is the costly part of dropout: with flax's `nn.Dropout` it was about 5% of a
+  BERT-base training step on CPU, and BERT applies dropout at four places per layer. The keep
+  probability is quantised to 1/65536 (0.9 -> 0.899994) and the scale uses the exact value,
+  so the layer stays unbiased.
+  """
+
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    threshold = max(1, min(65536, round((1.0 - self.rate) * 65536)))
+    n = x.shape[-1]
+    bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((n + 1) // 2,), jnp.uint32)
+    keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold],
+                           axis=-1)[..., :n]
+    return jnp.where(keep, x * (65536.0 / threshold), 0.0).astype(x.dtype)
+
+
 class Embeddings(nn.Module):
   """Word + learned position + segment embeddings, then LayerNorm and dropout."""
 
@@ -163,7 +192,7 @@ class Embeddings(nn.Module):
                                           dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                                           embedding_init=_init(cfg, ("type", "embed")))
     self.layer_norm = _layer_norm(cfg, "layer_norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+    self.dropout = Dropout(cfg.hidden_dropout_rate)
 
   def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array, deterministic: bool) -> Array:
     seq_len = input_ids_BxL.shape[1]
@@ -235,7 +264,7 @@ class Attention(nn.Module):
     use_dropout = not self.deterministic and cfg.attention_dropout_rate > 0.0
     if use_dropout:
       out_BxLxNxD = einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL,
-                                     dropout=lambda p: nn.Dropout(cfg.attention_dropout_rate)(
+                                     dropout=lambda p: Dropout(cfg.attention_dropout_rate)(
                                          p, deterministic=False))
     else:
       out_BxLxNxD = jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
@@ -268,7 +297,7 @@ class Layer(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array):
     cfg = self.cfg
-    dropout = nn.Dropout(cfg.hidden_dropout_rate)
+    dropout = Dropout(cfg.hidden_dropout_rate)
     attn_BxLxH = Attention(cfg, self.deterministic, name="attention")(x_BxLxH, mask_Bx1x1xL)
     attn_BxLxH = dropout(attn_BxLxH, deterministic=self.deterministic)
     x_BxLxH = _layer_norm(cfg, "attention_layer_norm")(x_BxLxH + attn_BxLxH)
@@ -364,10 +393,12 @@ class BertModel(nn.Module):
 
 @flax.struct.dataclass
 class PretrainingOutput:
-  mlm_logits: Array  # [B, P, V] float32, at masked_positions
+  mlm_logits: Array | None  # [B, P, V] float32, at masked_positions; None when given masked_ids
   nsp_logits: Array  # [B, 2] float32 (IsNext = 0, NotNext = 1; SOP uses the same head)
   sequence_output: Array  # [B, L, H]
   pooled_output: Array  # [B, H]
+  mlm_nll: Array | None = None  # [B, P] float32 MLM loss per position, only given masked_ids
+  mlm_correct: Array | None = None  # [B, P] float32 1.0 where the top logit is the label
 
 
 def gather_positions(x_BxLxH: Array, positions_BxP: Array) -> Array:
@@ -396,7 +427,11 @@ class BertForPreTraining(nn.Module):
 
   def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
                attention_mask_BxL: Array | None = None, masked_positions_BxP: Array | None = None,
-               *, deterministic: bool = True) -> PretrainingOutput:
+               masked_ids_BxP: Array | None = None, *,
+               deterministic: bool = True) -> PretrainingOutput:
+    """With `masked_ids_BxP` (the labels) the MLM loss is computed fused with the decoder
+    (`losses.mlm_cross_entropy`): `mlm_nll` / `mlm_correct` are set and `mlm_logits` is None;
+    this is what training and evaluation use. Without it, `mlm_logits` are returned."""
     enc = self.bert(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
                     deterministic=deterministic)
     x_BxLxH = enc.sequence_output
@@ -406,9 +441,16 @@ class BertForPreTraining(nn.Module):
         x_BxLxH, masked_positions_BxP)
     x_BxPxH = _ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x_BxPxH))
     x_BxPxH = self.mlm_layer_norm(x_BxPxH)
+    nsp_Bx2 = self.nsp(enc.pooled_output).astype(jnp.float32)
+    if masked_ids_BxP is not None:
+      table_VxH = self.bert.embeddings.word_embeddings.embedding.astype(x_BxPxH.dtype)
+      nll_BxP, correct_BxP = losses.mlm_cross_entropy(x_BxPxH, table_VxH, self.mlm_bias,
+                                                      masked_ids_BxP)
+      return PretrainingOutput(mlm_logits=None, nsp_logits=nsp_Bx2, sequence_output=x_BxLxH,
+                               pooled_output=enc.pooled_output, mlm_nll=nll_BxP,
+                               mlm_correct=correct_BxP)
     logits_BxPxV = self.bert.embeddings.attend(x_BxPxH).astype(jnp.float32)
     logits_BxPxV = logits_BxPxV + self.mlm_bias.astype(jnp.float32)
-    nsp_Bx2 = self.nsp(enc.pooled_output).astype(jnp.float32)
     return PretrainingOutput(mlm_logits=logits_BxPxV, nsp_logits=nsp_Bx2,
                              sequence_output=x_BxLxH, pooled_output=enc.pooled_output)
 
@@ -431,7 +473,7 @@ class BertForSequenceClassification(nn.Module):
                attention_mask_BxL: Array | None = None, *, deterministic: bool = True) -> Array:
     enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
                                            deterministic=deterministic)
-    x_BxH = nn.Dropout(self.cfg.hidden_dropout_rate)(enc.pooled_output,
+    x_BxH = Dropout(self.cfg.hidden_dropout_rate)(enc.pooled_output,
                                                      deterministic=deterministic)
     logits_BxC = _head(self.cfg, self.num_labels, "classifier")(x_BxH)
     return logits_BxC.astype(jnp.float32)
@@ -464,7 +506,7 @@ class BertForTokenClassification(nn.Module):
                attention_mask_BxL: Array | None = None, *, deterministic: bool = True) -> Array:
     enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
                                            deterministic=deterministic)
-    x_BxLxH = nn.Dropout(self.cfg.hidden_dropout_rate)(enc.sequence_output,
+    x_BxLxH = Dropout(self.cfg.hidden_dropout_rate)(enc.sequence_output,
                                                        deterministic=deterministic)
     logits_BxLxC = _head(self.cfg, self.num_labels, "classifier")(x_BxLxH)
     return logits_BxLxC.astype(jnp.float32)

@@ -144,9 +144,9 @@ class _InMesh:
 
 
 def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
-  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
+  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
                     deterministic=deterministic, rngs={"dropout": dropout_key})
-  return losses.pretraining_sums(out.mlm_logits, out.nsp_logits, batch, pair_mode)
+  return losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
 
 
 def _split_microbatches(batch: dict, m: int, mesh) -> dict:
@@ -196,12 +196,16 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
     grads = jax.tree.map(lambda g: g * poison, grads)
   grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, new_opt = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
   # Non-finite step: keep the old params and optimizer state (never applied, never saved).
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  new_state = state.replace(step=state.step + 1, params=keep(new_params, state.params),
-                            opt_state=keep(new_opt, state.opt_state))
+  # A conditional rather than an elementwise select of new vs old: the select would read and
+  # write the parameters and both Adam moments once more every step.
+  def apply(params_and_opt):
+    params, opt_state = params_and_opt
+    updates, new_opt = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_opt
+
+  new_params, new_opt = jax.lax.cond(ok, apply, lambda po: po, (state.params, state.opt_state))
+  new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt)
   metrics.update(loss=loss, grad_norm=grad_norm, finite=ok.astype(jnp.float32),
                  learning_rate=schedule(state.step), param_norm=optax.tree.norm(new_params))
   return new_state, metrics

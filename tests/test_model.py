@@ -233,3 +233,47 @@ def test_applies_under_a_mesh_with_logical_rules():
   assert kernel.value.shape == (128, 3, 2, 64)
   ref = m.apply(nn.unbox(v), ids, types, mask, pos)
   np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
+
+
+def test_pretraining_with_labels_returns_the_fused_loss():
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=100)
+  params = _init(cfg)
+  batch = _batch(cfg.vocab_size)
+  labels = np.random.default_rng(1).integers(0, cfg.vocab_size, (B, P)).astype(np.int32)
+  plain = _apply(cfg, params, batch)
+  fused = _apply(cfg, params, batch, masked_ids_BxP=labels)
+  assert fused.mlm_logits is None and plain.mlm_nll is None
+  from bertjax import losses
+  nll, correct = losses.cross_entropy(plain.mlm_logits, labels)
+  np.testing.assert_allclose(fused.mlm_nll, nll, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(fused.mlm_correct, correct)
+  np.testing.assert_allclose(fused.nsp_logits, plain.nsp_logits)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_rate_and_scale(rate):
+  x = jnp.ones((64, 128, 257), jnp.float32)  # odd last axis: the bit halves are trimmed
+  y = model_lib.Dropout(rate).apply({}, x, deterministic=False,
+                                    rngs={"dropout": jax.random.key(0)})
+  dropped = float(jnp.mean(y == 0))
+  n = x.size
+  assert abs(dropped - rate) < 5 * np.sqrt(rate * (1 - rate) / n), dropped
+  assert abs(float(jnp.mean(y)) - 1.0) < 0.01  # unbiased: kept values are scaled up
+  kept = y[y != 0]
+  np.testing.assert_allclose(kept, kept[0])
+  # both halves of each random word are used: no column pattern in the mask
+  per_column = jnp.mean(y == 0, axis=(0, 1))
+  assert abs(float(jnp.mean(per_column[:128])) - float(jnp.mean(per_column[128:256]))) < 0.01
+  other = model_lib.Dropout(rate).apply({}, x, deterministic=False,
+                                        rngs={"dropout": jax.random.key(1)})
+  assert float(jnp.mean((y == 0) != (other == 0))) > rate  # another key, another mask
+
+
+def test_dropout_identity_cases_and_dtype():
+  x = jax.random.normal(jax.random.key(0), (4, 8), jnp.bfloat16)
+  d = model_lib.Dropout(0.1)
+  np.testing.assert_array_equal(d.apply({}, x, deterministic=True), x)
+  np.testing.assert_array_equal(model_lib.Dropout(0.0).apply({}, x, deterministic=False), x)
+  assert float(jnp.abs(model_lib.Dropout(1.0).apply({}, x, deterministic=False)).sum()) == 0
+  y = d.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  assert y.dtype == jnp.bfloat16
