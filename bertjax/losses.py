@@ -45,15 +45,17 @@ def mlm_cross_entropy(x_BxPxH: Array, table_VxH: Array, bias_V: Array,
 
 
 def _xent_forward(x_NxH, table_VxH, bias_V, labels_N):
-  logits_NxV = jnp.dot(x_NxH, table_VxH.T, preferred_element_type=jnp.float32)
-  logits_NxV = logits_NxV + bias_V.astype(jnp.float32)
+  # The matmul's output is what the backward pass keeps; the bias is added inside the passes
+  # that read it (XLA fuses the add), so no second [N, V] array is written.
+  raw_NxV = jnp.dot(x_NxH, table_VxH.T, preferred_element_type=jnp.float32)
+  logits_NxV = raw_NxV + bias_V.astype(jnp.float32)
   max_N = jnp.max(logits_NxV, axis=-1)
   lse_N = max_N + jnp.log(jnp.sum(jnp.exp(logits_NxV - max_N[:, None]), axis=-1))
-  is_label_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, 1) == labels_N[:, None]
-  label_logit_N = jnp.sum(jnp.where(is_label_NxV, logits_NxV, 0.0), axis=-1)
+  label_logit_N = (jnp.take_along_axis(raw_NxV, labels_N[:, None], axis=-1)[:, 0]
+                   + bias_V.astype(jnp.float32)[labels_N])
   nll_N = lse_N - label_logit_N
   correct_N = (label_logit_N >= max_N).astype(jnp.float32)
-  return (nll_N, correct_N), (logits_NxV, lse_N)
+  return (nll_N, correct_N), (raw_NxV, lse_N)
 
 
 @jax.custom_vjp
@@ -62,15 +64,16 @@ def _fused_xent(x_NxH, table_VxH, bias_V, labels_N):
 
 
 def _fused_xent_fwd(x_NxH, table_VxH, bias_V, labels_N):
-  out, (logits_NxV, lse_N) = _xent_forward(x_NxH, table_VxH, bias_V, labels_N)
-  return out, (x_NxH, table_VxH, bias_V, labels_N, logits_NxV, lse_N)
+  out, (raw_NxV, lse_N) = _xent_forward(x_NxH, table_VxH, bias_V, labels_N)
+  return out, (x_NxH, table_VxH, bias_V, labels_N, raw_NxV, lse_N)
 
 
 def _fused_xent_bwd(res, cotangents):
-  x_NxH, table_VxH, bias_V, labels_N, logits_NxV, lse_N = res
+  x_NxH, table_VxH, bias_V, labels_N, raw_NxV, lse_N = res
   g_nll_N, _ = cotangents  # `correct` is a step function: no gradient
-  is_label_NxV = jax.lax.broadcasted_iota(jnp.int32, logits_NxV.shape, 1) == labels_N[:, None]
-  g_NxV = (jnp.exp(logits_NxV - lse_N[:, None]) - is_label_NxV) * g_nll_N[:, None]
+  is_label_NxV = jax.lax.broadcasted_iota(jnp.int32, raw_NxV.shape, 1) == labels_N[:, None]
+  probs_NxV = jnp.exp(raw_NxV + bias_V.astype(jnp.float32) - lse_N[:, None])
+  g_NxV = (probs_NxV - is_label_NxV) * g_nll_N[:, None]
   g_bias_V = jnp.dot(jnp.ones_like(g_nll_N), g_NxV)  # a column sum, as a matrix-vector product
   g_NxV = g_NxV.astype(x_NxH.dtype)
   g_x_NxH = jnp.dot(g_NxV, table_VxH, preferred_element_type=jnp.float32)

@@ -42,8 +42,19 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "large": (24, 1024, 16),
 }
 
+def gelu_erf(x: Array) -> Array:
+  """Exact GELU as BERT and PyTorch write it, x/2 * (1 + erf(x/sqrt(2))).
+
+  The same function as `jax.nn.gelu(approximate=False)`, which evaluates it through erfc for
+  accuracy far in the negative tail (absolute differences there are below 1e-6); XLA's erf is
+  a cheaper rational approximation than its erfc, which matters on CPU (~3% of a BERT-mini
+  training step).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * (2.0 ** -0.5)).astype(x.dtype))
+
+
 _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": functools.partial(nn.gelu, approximate=False),  # exact erf GELU, as BERT
+    "gelu": gelu_erf,  # exact erf GELU, as BERT
     "gelu_new": functools.partial(nn.gelu, approximate=True),  # tanh approximation
     "relu": nn.relu,
 }
