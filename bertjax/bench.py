@@ -184,6 +184,99 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict
           "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
 
 
+# ----------------------------------------------------------------------------------- profile
+
+def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
+                    mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down.
+
+  The trace (TensorBoard's profile plugin or Perfetto read it) is written as usual; the
+  breakdown maps every XLA op in it back to the model op it came from (the `op_name` metadata
+  of the compiled HLO, layer numbers folded) and attributes *wall* time: while k ops run at
+  once, each gets 1/k of that interval, so concurrent ops are not double-counted. Time when no
+  traced op runs is reported as `untraced`: on CPU that is mostly matmuls XLA hands to Eigen
+  asynchronously (their trace events end when they are dispatched), plus runtime overhead.
+  """
+  import glob
+  import gzip
+  import json
+  import re
+
+  from bertjax import sharding
+  from bertjax import train
+
+  mesh = mesh or sharding.make_mesh(data=-1)
+  setup = train.setup(train_config(spec), mesh)
+  state = setup.init_state(spec.seed)
+  host_batch = bench_peers.synthetic_batch(spec.batch_size, spec.seq_len, spec.masked(),
+                                           spec.vocab_size, spec.seed)
+  batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
+  compiled = setup.train_step.lower(state, batch).compile()
+  for _ in range(2):  # warm: allocations and thread pools as in a long run
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.perf_counter()
+  with jax.profiler.trace(out_dir, create_perfetto_trace=True):
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
+  wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+
+  op_names = {}
+  for line in compiled.as_text().splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]+)\"", line)
+    if m:
+      name = re.sub(r"layer_\d+", "layer_N", m.group(2))
+      name = re.sub(r"^jit\([^)]*\)/", "", name)
+      op_names[m.group(1)] = re.sub(r"\[.*", "", name)  # parameter paths: drop the index
+  traces = sorted(glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"),
+                            recursive=True), key=os.path.getmtime)
+  if not traces:
+    raise RuntimeError(f"bench --profile: jax.profiler wrote no Perfetto trace under {out_dir}")
+  with gzip.open(traces[-1]) as f:
+    events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  ops = [e for e in events if e.get("ph") == "X" and e.get("name") in op_names]
+  edges = sorted([(e["ts"], 1, i) for i, e in enumerate(ops)]
+                 + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(ops)])
+  share = np.zeros(len(ops))
+  active: set[int] = set()
+  untraced, last = 0.0, None
+  for ts, kind, i in edges:
+    if last is not None and ts > last:
+      if active:
+        for j in active:
+          share[j] += (ts - last) / len(active)
+      else:
+        untraced += ts - last
+    last = ts
+    (active.add if kind == 1 else active.discard)(i)
+  by_op: dict[str, float] = {}
+  for i, e in enumerate(ops):
+    key = op_names[e["name"]]
+    by_op[key] = by_op.get(key, 0.0) + share[i]
+  span = (edges[-1][0] - edges[0][0]) if edges else 0.0
+  rows = sorted(((k, v / steps / 1e3) for k, v in by_op.items()), key=lambda kv: -kv[1])
+  return {"trace": traces[-1], "steps": steps, "wall_ms_per_step": wall_ms,
+          "span_ms_per_step": span / steps / 1e3, "untraced_ms_per_step": untraced / steps / 1e3,
+          "ops": [{"op": k, "ms_per_step": v} for k, v in rows]}
+
+
+def format_profile(p: dict[str, Any], top: int = 30) -> str:
+  span = p["span_ms_per_step"] or 1.0
+  lines = [f"profile: {p['steps']} steps, {p['wall_ms_per_step']:.0f} ms/step under the "
+           f"profiler; trace {p['trace']}",
+           f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)"]
+  for row in p["ops"][:top]:
+    lines.append(f"{row['ms_per_step']:9.1f} {100 * row['ms_per_step'] / span:5.1f}%  {row['op']}")
+  rest = sum(r["ms_per_step"] for r in p["ops"][top:])
+  lines.append(f"{rest:9.1f} {100 * rest / span:5.1f}%  ({max(0, len(p['ops']) - top)} more ops)")
+  lines.append(f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
+               "  untraced (asynchronous Eigen matmuls on CPU, runtime)")
+  return "\n".join(lines)
+
+
 def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None
         ) -> dict[str, Any]:
   """Benchmark bertjax (and the `compare` peers) on one spec; one flat JSON-able dict."""

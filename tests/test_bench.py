@@ -146,3 +146,22 @@ def test_bench_input_dispatches_to_the_experiment(tmp_path, monkeypatch, capsys)
   assert "input bench ['--copies', '2']" in capsys.readouterr().out
   (tmp_path / "experiments" / "bench_input.py").unlink()
   assert bench_cmd.main(["input"]) == 2
+
+
+def test_profile_breaks_the_step_down_by_model_op(tmp_path, capsys):
+  assert bench_cmd.main(TINY + ["--peak-flops", "1e12", "--profile", str(tmp_path / "prof"),
+                                "--profile-top", "8"]) == 0
+  out = capsys.readouterr().out
+  assert "profile: 2 steps" in out and "untraced" in out
+  table = out[out.index("profile: 2 steps"):].splitlines()
+  assert len(table) == 2 + 8 + 2  # header, top 8 rows, the rest, untraced
+  p = bench.profile_bertjax(bench.BenchSpec(preset="tiny", batch_size=8, seq_len=16,
+                                            vocab_size=512), str(tmp_path / "prof2"))
+  assert os.path.exists(p["trace"]) and p["trace"].startswith(str(tmp_path / "prof2"))
+  names = [r["op"] for r in p["ops"]]
+  assert any("encoder/layer_N/intermediate/dot_general" in n for n in names), names[:10]
+  assert any(n.startswith("transpose(jvp(") for n in names)  # the backward pass is there
+  assert all("jit(_train_step)" not in n and "layer_0" not in n for n in names)
+  attributed = sum(r["ms_per_step"] for r in p["ops"]) + p["untraced_ms_per_step"]
+  np.testing.assert_allclose(attributed, p["span_ms_per_step"], rtol=1e-6)
+  assert p["ops"] == sorted(p["ops"], key=lambda r: -r["ms_per_step"])

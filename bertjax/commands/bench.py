@@ -40,7 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                  help="peak FLOP/s of the devices used (default: measured on CPU, published "
                       "dense bf16 peak on known GPUs/TPUs)")
   p.add_argument("--xla-flags", default="",
-                 help="extra XLA_FLAGS for this run (set before JAX starts)")
+                 help="extra XLA_FLAGS for this run (set before JAX starts); write it as "
+                      "--xla-flags='--xla_cpu_...=...' (with '=' so the value may start with --)")
+  p.add_argument("--profile", default="", metavar="DIR",
+                 help="also trace two warm steps with jax.profiler into DIR and print where "
+                      "the step's time goes, by model op")
+  p.add_argument("--profile-top", type=int, default=30, help="rows of the --profile breakdown")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
   return p
 
@@ -88,5 +93,12 @@ def main(argv: list[str]) -> int:
     print(f"bertjax bench: {e}", file=sys.stderr)
     return 2
   result = bench.run(spec, compare, repo_root=_REPO_ROOT)
+  if args.profile:
+    bench._progress(f"profiling into {args.profile} ...")
+    prof = bench.profile_bertjax(spec, args.profile)
+    result["profile"] = {**prof, "ops": prof["ops"][:args.profile_top]}
   print(json.dumps(result) if args.json else bench.format_report(result))
+  if args.profile and not args.json:
+    print()
+    print(bench.format_profile(prof, args.profile_top))
   return 0
