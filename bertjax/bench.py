@@ -265,8 +265,8 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
 
 def format_profile(p: dict[str, Any], top: int = 30) -> str:
   span = p["span_ms_per_step"] or 1.0
-  lines = [f"profile: {p['steps']} steps, {p['wall_ms_per_step']:.0f} ms/step under the "
-           f"profiler; trace {p['trace']}",
+  lines = [f"profile: {p['steps']} steps, {p['span_ms_per_step']:.0f} ms/step from the first "
+           f"op to the last (tracing adds overhead around the steps); trace {p['trace']}",
            f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)"]
   for row in p["ops"][:top]:
     lines.append(f"{row['ms_per_step']:9.1f} {100 * row['ms_per_step'] / span:5.1f}%  {row['op']}")
