@@ -157,8 +157,8 @@ def _memory_bytes(compiled, device: jax.Device) -> tuple[int | None, str]:
     return None, "unavailable"
 
 
-def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
-  """Compile (timed, ahead of time) and run `bertjax.train`'s step on one synthetic batch."""
+def _compiled_step(spec: BenchSpec, mesh: jax.sharding.Mesh | None):
+  """`bertjax.train`'s step compiled ahead of time for one synthetic batch on the mesh."""
   from bertjax import sharding
   from bertjax import train
 
@@ -170,7 +170,12 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict
   batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   t0 = time.perf_counter()
   compiled = setup.train_step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t0
+  return compiled, state, batch, mesh, time.perf_counter() - t0
+
+
+def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Compile (timed, ahead of time) and run `bertjax.train`'s step on one synthetic batch."""
+  compiled, state, batch, mesh, compile_s = _compiled_step(spec, mesh)
   box = [state]
 
   def one():
@@ -202,16 +207,7 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
   import json
   import re
 
-  from bertjax import sharding
-  from bertjax import train
-
-  mesh = mesh or sharding.make_mesh(data=-1)
-  setup = train.setup(train_config(spec), mesh)
-  state = setup.init_state(spec.seed)
-  host_batch = bench_peers.synthetic_batch(spec.batch_size, spec.seq_len, spec.masked(),
-                                           spec.vocab_size, spec.seed)
-  batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
-  compiled = setup.train_step.lower(state, batch).compile()
+  compiled, state, batch, _, _ = _compiled_step(spec, mesh)
   for _ in range(2):  # warm: allocations and thread pools as in a long run
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)

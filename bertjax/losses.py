@@ -36,7 +36,7 @@ def mlm_cross_entropy(x_BxPxH: Array, table_VxH: Array, bias_V: Array,
   gradient as a column reduction (on XLA's CPU backend ~30x slower than the same sum as a
   matrix-vector product). Here the gradient of the logits, softmax − one-hot, is one fused
   elementwise pass, and the bias gradient a matrix-vector product. Saved for the backward
-  pass: the float32 logits, as autodiff would.
+  pass: the decoder's float32 output [B·P, V], as autodiff would save the logits.
   """
   b, p, h = x_BxPxH.shape
   nll_N, correct_N = _fused_xent(x_BxPxH.reshape(b * p, h), table_VxH, bias_V,
