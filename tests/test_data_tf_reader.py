@@ -10,23 +10,14 @@ import numpy as np
 import pytest
 
 from bertjax.data import pretraining, records, tf_reader
-from bertjax.data import prepare as prepare_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("small")
+def data_dir(tmp_path_factory, prepare_austen) -> str:
     # ~400 KB of whole chapters (~40 documents): an epoch is ~10 batches, so tests cross epochs.
-    docs = (REPO / "data" / "austen.txt").read_text().split("\n\n")
-    sizes = np.cumsum([len(d) for d in docs])
-    corpus = out / "corpus.txt"
-    corpus.write_text("\n\n".join(docs[:int(np.searchsorted(sizes, 400_000))]) + "\n")
-    prepare_lib.prepare(prepare_lib.PrepareConfig(
-        output=str(out), tokenizer=str(REPO / "data" / "tokenizer.model"),
-        inputs=(str(corpus),), num_shards=5, processes=1, progress=False))
-    return str(out)
+    return prepare_austen(tmp_path_factory.mktemp("small"), 400_000, num_shards=5)
 
 
 def _cfg(data_dir, **kw) -> pretraining.InputConfig:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from bertjax.data import inspect, masking, pretraining, records
-from bertjax.data import prepare as prepare_lib
 from bertjax.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -18,18 +17,10 @@ NUM_SHARDS = 7  # uneven for 2 and 3 hosts
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("austen")
+def data_dir(tmp_path_factory, prepare_austen) -> str:
     # The first ~1.2 MB of the bundled corpus (whole chapters) keeps the tests fast.
-    docs = (REPO / "data" / "austen.txt").read_text().split("\n\n")
-    sizes = np.cumsum([len(d) for d in docs])
-    corpus = out / "corpus.txt"
-    corpus.write_text("\n\n".join(docs[:int(np.searchsorted(sizes, 1_200_000))]) + "\n")
-    prepare_lib.prepare(prepare_lib.PrepareConfig(
-        output=str(out), tokenizer=str(REPO / "data" / "tokenizer.model"),
-        inputs=(str(corpus),), num_shards=NUM_SHARDS,
-        eval_fraction=0.05, eval_shards=3, processes=1, progress=False))
-    return str(out)
+    return prepare_austen(tmp_path_factory.mktemp("austen"), 1_200_000, num_shards=NUM_SHARDS,
+                          eval_fraction=0.05, eval_shards=3)
 
 
 def _cfg(data_dir, **kw) -> pretraining.InputConfig:
