@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax import losses
 
@@ -160,15 +162,56 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, names)
 
 
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k0: Array, k1: Array, x0: Array, x1: Array) -> tuple[Array, Array]:
+  """Threefry-2x32, 20 rounds (Salmon et al. 2011), written out round by round.
+
+  The same function as JAX's `threefry2x32` primitive, which on CPU is lowered as a rolled
+  5-iteration loop; XLA's CPU backend then writes both words to memory after every iteration.
+  Written out, the whole hash is one elementwise fusion that stays in registers.
+  """
+  rotl = lambda v, r: jax.lax.shift_left(v, np.uint32(r)) | jax.lax.shift_right_logical(
+      v, np.uint32(32 - r))
+  ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
+  x0, x1 = x0 + ks[0], x1 + ks[1]
+  for i in range(5):
+    for r in _THREEFRY_ROTATIONS[i % 2]:
+      x0 = x0 + x1
+      x1 = x0 ^ rotl(x1, r)
+    x0 = x0 + ks[(i + 1) % 3]
+    x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x0, x1
+
+
+def random_bits(key: Array, shape: tuple[int, ...]) -> Array:
+  """`jax.random.bits(key, shape, uint32)`, bit for bit, with the hash unrolled on every backend.
+
+  Applies to threefry keys (typed or raw) under `jax_threefry_partitionable` (JAX's default),
+  where element i is the xor of the two output words of threefry(key, (i >> 32, i & 0xFFFFFFFF));
+  other key implementations, and arrays of 2**32 elements or more, go to `jax.random.bits`.
+  """
+  size = math.prod(shape)
+  if (str(jax.random.key_impl(key)) != "threefry2x32" or not jax.config.jax_threefry_partitionable
+      or size >= 2**32 or len(shape) == 0):
+    return jax.random.bits(key, shape, jnp.uint32)
+  words = jax.random.key_data(key)
+  counts = jax.lax.iota(jnp.uint32, size).reshape(shape)
+  y0, y1 = _threefry2x32(words[0], words[1], jnp.zeros_like(counts), counts)
+  return y0 ^ y1
+
+
 class Dropout(nn.Module):
   """Inverted dropout that draws 16 random bits per element instead of 32.
 
   Same contract as `nn.Dropout` (RNG stream 'dropout', identity when deterministic), but each
-  uint32 that threefry generates decides two elements, from its low and high halves. With flax's
-  `nn.Dropout`, dropout was about 6% of a BERT-base training step on CPU (BERT applies it at
-  four places per layer), most of it generating the random bits. The keep
-  probability is quantised to 1/65536 (0.9 -> 0.899994) and the scale uses the exact value,
-  so the layer stays unbiased.
+  uint32 decides two elements, from its low and high halves, and the bits come from
+  `random_bits` (threefry written out; JAX's rolled CPU lowering took twice as long). With
+  flax's `nn.Dropout`, dropout was about 6% of a BERT-base training step on CPU (BERT applies it
+  at four places per layer), most of it generating the random bits. The keep probability is
+  quantised to 1/65536 (0.9 -> 0.899994) and the scale uses the exact value, so the layer stays
+  unbiased.
   """
 
   rate: float
@@ -181,7 +224,7 @@ class Dropout(nn.Module):
       return jnp.zeros_like(x)
     threshold = max(1, min(65536, round((1.0 - self.rate) * 65536)))
     n = x.shape[-1]
-    bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((n + 1) // 2,), jnp.uint32)
+    bits = random_bits(self.make_rng("dropout"), x.shape[:-1] + ((n + 1) // 2,))
     keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold],
                            axis=-1)[..., :n]
     return jnp.where(keep, x * (65536.0 / threshold), 0.0).astype(x.dtype)

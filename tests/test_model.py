@@ -269,6 +269,24 @@ def test_dropout_rate_and_scale(rate):
   assert float(jnp.mean((y == 0) != (other == 0))) > rate  # another key, another mask
 
 
+@pytest.mark.parametrize("key", [jax.random.key(3), jax.random.PRNGKey(7),
+                                 jax.random.fold_in(jax.random.key(1), 5)],
+                         ids=["typed", "raw", "folded"])
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 4, 16, 64)])
+def test_random_bits_match_jax_random_bits(key, shape):
+  # the written-out threefry must give JAX's own stream, jitted or not
+  expected = np.asarray(jax.random.bits(key, shape, jnp.uint32))
+  np.testing.assert_array_equal(model_lib.random_bits(key, shape), expected)
+  jitted = jax.jit(model_lib.random_bits, static_argnums=1)
+  np.testing.assert_array_equal(jitted(key, shape), expected)
+
+
+def test_random_bits_other_key_impl_goes_to_jax():
+  key = jax.random.key(0, impl="rbg")
+  np.testing.assert_array_equal(model_lib.random_bits(key, (4, 3)),
+                                jax.random.bits(key, (4, 3), jnp.uint32))
+
+
 def test_dropout_identity_cases_and_dtype():
   x = jax.random.normal(jax.random.key(0), (4, 8), jnp.bfloat16)
   d = model_lib.Dropout(0.1)
