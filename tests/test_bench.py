@@ -79,6 +79,16 @@ def test_json_report(capsys):
   assert r["peers"] == {}
 
 
+def test_cpu_peak_is_the_best_of_before_and_after(capsys, monkeypatch):
+  # a low first measurement (load from elsewhere) must not become the peak
+  measured = iter([1e9, 3e9])
+  monkeypatch.setattr(bench, "measure_cpu_peak", lambda dtype: next(measured))
+  assert bench_cmd.main(TINY + ["--json"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  assert r["peak_flops"] == 3e9 and "before and after" in r["peak_source"]
+  np.testing.assert_allclose(r["mfu"], r["model_flops_per_sec"] / 3e9)
+
+
 def test_table_report_and_peer_unavailable(capsys, monkeypatch):
   monkeypatch.setenv("BERTJAX_HF4_PYTHON", "/nonexistent/python")
   assert bench_cmd.main(TINY + ["--compare", "hf-flax", "--peak-flops", "1e12"]) == 0
