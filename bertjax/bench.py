@@ -174,8 +174,13 @@ def _compiled_step(spec: BenchSpec, mesh: jax.sharding.Mesh | None):
   return compiled, state, batch, mesh, time.perf_counter() - t0
 
 
-def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
-  """Compile (timed, ahead of time) and run `bertjax.train`'s step on one synthetic batch."""
+def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
+                 profile_dir: str = "") -> dict[str, Any]:
+  """Compile (timed, ahead of time) and run `bertjax.train`'s step on one synthetic batch.
+
+  With `profile_dir`, the same compiled step is then traced (`profile_bertjax`) and the
+  breakdown returned under "profile".
+  """
   compiled, state, batch, mesh, compile_s = _compiled_step(spec, mesh)
   box = [state]
 
@@ -185,9 +190,13 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None) -> dict
 
   t = bench_peers.time_steps(one, jax.block_until_ready, spec.warmup, spec.steps)
   mem, mem_source = _memory_bytes(compiled, mesh.devices.flat[0])
-  return {**t, "compile_s": compile_s, "first_step_s": t["compile_s"],
-          "peak_memory_bytes": mem, "memory_source": mem_source,
-          "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
+  out = {**t, "compile_s": compile_s, "first_step_s": t["compile_s"],
+         "peak_memory_bytes": mem, "memory_source": mem_source,
+         "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
+  if profile_dir:
+    _progress(f"profiling into {profile_dir} ...")
+    out["profile"] = _trace_steps(compiled, box[0], batch, profile_dir)
+  return out
 
 
 # ----------------------------------------------------------------------------------- profile
@@ -203,12 +212,16 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
   traced op runs is reported as `untraced`: on CPU that is mostly matmuls XLA hands to Eigen
   asynchronously (their trace events end when they are dispatched), plus runtime overhead.
   """
+  compiled, state, batch, _, _ = _compiled_step(spec, mesh)
+  return _trace_steps(compiled, state, batch, out_dir, steps)
+
+
+def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2) -> dict[str, Any]:
   import glob
   import gzip
   import json
   import re
 
-  compiled, state, batch, _, _ = _compiled_step(spec, mesh)
   for _ in range(2):  # warm: allocations and thread pools as in a long run
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
@@ -274,9 +287,13 @@ def format_profile(p: dict[str, Any], top: int = 30) -> str:
   return "\n".join(lines)
 
 
-def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None
-        ) -> dict[str, Any]:
-  """Benchmark bertjax (and the `compare` peers) on one spec; one flat JSON-able dict."""
+def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None,
+        profile_dir: str = "") -> dict[str, Any]:
+  """Benchmark bertjax (and the `compare` peers) on one spec; one flat JSON-able dict.
+
+  With `profile_dir`, bertjax's timed step is also traced there (`profile_bertjax`) and the
+  breakdown is under "profile".
+  """
   unknown = [p for p in compare if p not in bench_peers.PEERS]
   if unknown:
     raise ValueError(f"bench: unknown peer(s) {unknown} in --compare; valid: "
@@ -288,10 +305,15 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
                                                  spec.masked())
   _progress(f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
             f"peak {peak / 1e12:.3f} TFLOP/s")
-  res = time_bertjax(spec)
+  res = time_bertjax(spec, profile_dir=profile_dir)
+  peers = {}
+  for name in compare:
+    _progress(f"{name} ...")
+    peers[name] = _run_peer(name, spec, cfg, repo_root)
   if peak_source.startswith("measured"):
-    # Measured again after the timed steps, the best of the two: a neighbour's burst on a shared
-    # machine during one measurement would otherwise lower the peak and inflate every MFU.
+    # On a shared machine the matmul peak can drop to half for seconds at a time (measured here:
+    # 110 instead of ~200 GFLOP/s on 2 vCPUs); a peak measured in such a spell would inflate
+    # every MFU. So it is measured again after the timed steps, and the best is kept.
     again, _ = device_peak(devices, spec)
     if again > peak:
       _progress(f"peak measured again after the steps: {again / 1e12:.3f} TFLOP/s")
@@ -303,13 +325,10 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
          "xla_flags": os.environ.get("XLA_FLAGS", ""), "peak_flops": peak,
          "peak_source": peak_source, "model_flops_per_step": flops, **res}
   _add_rates(out, spec, flops, peak)
-  peers = {}
-  for name in compare:
-    _progress(f"{name} ...")
-    peers[name] = _run_peer(name, spec, cfg, repo_root)
-    if peers[name]["status"] == "ok":
-      _add_rates(peers[name], spec, flops, peak)
-      out[f"ratio_{name}"] = out["tokens_per_sec"] / peers[name]["tokens_per_sec"]
+  for name, peer in peers.items():
+    if peer["status"] == "ok":
+      _add_rates(peer, spec, flops, peak)
+      out[f"ratio_{name}"] = out["tokens_per_sec"] / peer["tokens_per_sec"]
   out["peers"] = peers
   return out
 

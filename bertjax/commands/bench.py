@@ -92,10 +92,9 @@ def main(argv: list[str]) -> int:
   except ValueError as e:
     print(f"bertjax bench: {e}", file=sys.stderr)
     return 2
-  result = bench.run(spec, compare, repo_root=_REPO_ROOT)
+  result = bench.run(spec, compare, repo_root=_REPO_ROOT, profile_dir=args.profile)
   if args.profile:
-    bench._progress(f"profiling into {args.profile} ...")
-    prof = bench.profile_bertjax(spec, args.profile)
+    prof = result["profile"]
     result["profile"] = {**prof, "ops": prof["ops"][:args.profile_top]}
   print(json.dumps(result) if args.json else bench.format_report(result))
   if args.profile and not args.json:
