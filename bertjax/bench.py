@@ -209,8 +209,9 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
   breakdown maps every XLA op in it back to the model op it came from (the `op_name` metadata
   of the compiled HLO, layer numbers folded) and attributes *wall* time: while k ops run at
   once, each gets 1/k of that interval, so concurrent ops are not double-counted. Time when no
-  traced op runs is reported as `untraced`: on CPU that is mostly matmuls XLA hands to Eigen
-  asynchronously (their trace events end when they are dispatched), plus runtime overhead.
+  traced op runs is reported as `untraced`: on CPU that is mostly matmuls that XLA's runtime
+  (YNNPACK or Eigen) runs asynchronously, whose trace events end when they are dispatched, plus
+  runtime overhead.
   """
   compiled, state, batch, _, _ = _compiled_step(spec, mesh)
   return _trace_steps(compiled, state, batch, out_dir, steps)
@@ -283,7 +284,7 @@ def format_profile(p: dict[str, Any], top: int = 30) -> str:
   rest = sum(r["ms_per_step"] for r in p["ops"][top:])
   lines.append(f"{rest:9.1f} {100 * rest / span:5.1f}%  ({max(0, len(p['ops']) - top)} more ops)")
   lines.append(f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
-               "  untraced (asynchronous Eigen matmuls on CPU, runtime)")
+               "  untraced (on CPU: matmuls run asynchronously, runtime overhead)")
   return "\n".join(lines)
 
 
