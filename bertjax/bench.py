@@ -314,7 +314,7 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
   if peak_source.startswith("measured"):
     # On a shared machine the matmul peak can drop to half for seconds at a time (measured here:
     # 110 instead of ~200 GFLOP/s on 2 vCPUs); a peak measured in such a spell would inflate
-    # every MFU. So it is measured again after the timed steps, and the best is kept.
+    # every MFU. So it is measured again after the timed steps and the peers; the best is kept.
     again, _ = device_peak(devices, spec)
     if again > peak:
       _progress(f"peak measured again after the steps: {again / 1e12:.3f} TFLOP/s")

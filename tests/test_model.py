@@ -281,6 +281,18 @@ def test_random_bits_match_jax_random_bits(key, shape):
   np.testing.assert_array_equal(jitted(key, shape), expected)
 
 
+def test_random_bits_are_computed_per_shard():
+  # sharded along the batch, each device hashes only its own rows (no full-size array)
+  mesh = jax.make_mesh((jax.device_count(),), ("data",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  key = jax.random.key(0)
+  shape = (2 * jax.device_count(), 16, 8)
+  f = jax.jit(lambda k: model_lib.random_bits(k, shape), out_shardings=sharding)
+  hlo = f.lower(key).compile().as_text()
+  assert "u32[%d,16,8]" % shape[0] not in hlo and "u32[2,16,8]" in hlo
+  np.testing.assert_array_equal(f(key), jax.random.bits(key, shape, jnp.uint32))
+
+
 def test_random_bits_other_key_impl_goes_to_jax():
   key = jax.random.key(0, impl="rbg")
   np.testing.assert_array_equal(model_lib.random_bits(key, (4, 3)),
