@@ -197,8 +197,10 @@ import jax, numpy as np
 from jax.experimental import multihost_utils
 jax.distributed.initialize(a.coordinator_address, a.num_processes, a.process_id)
 total = multihost_utils.process_allgather(np.array([a.process_id + 1])).sum()
-print(f"process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} "
-      f"sum {total}", flush=True)
+# one write per line: the tasks share a pipe, and print's text and newline can interleave
+sys.stdout.write(f"process {jax.process_index()}/{jax.process_count()} "
+                 f"devices {jax.device_count()} sum {total}\\n")
+sys.stdout.flush()
 """
 
 
