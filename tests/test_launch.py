@@ -53,11 +53,12 @@ def sh_processes(cmd, env=None, check=True, timeout=120):
   the output, so a stalled attempt is reported as a warning, with what it printed, and run once
   more; a second stall fails the test.
   """
+  env_of = env if callable(env) else lambda: env  # a callable gives each attempt its own env
   try:
-    return sh(cmd, env, check, timeout)
+    return sh(cmd, env_of(), check, timeout)
   except Timeout as e:
     warnings.warn(f"first attempt stalled, running again: {e}")
-    return sh(cmd, env, check, timeout)
+    return sh(cmd, env_of(), check, timeout)
 
 
 def lines(out: str) -> list[list[str]]:
@@ -250,11 +251,11 @@ def test_slurm_script_runs_its_tasks(tmp_path):
     for ((i = 0; i < n; i++)); do SLURM_PROCID=$i "$@" & done
     wait
   """))
-  env = dict(SLURM_ENV, PATH=f"{bindir}:{os.environ['PATH']}", BERTJAX_PORT="0",
+  env = dict(SLURM_ENV, PATH=f"{bindir}:{os.environ['PATH']}",
              BERTJAX=f"{sys.executable} {probe}", JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  env["BERTJAX_PORT"] = str(_free_port())
-  out = sh_processes(["bash", "launch/slurm_gpu.sbatch", "--fail=-1"], env=env).stdout
+  out = sh_processes(["bash", "launch/slurm_gpu.sbatch", "--fail=-1"],
+                     env=lambda: dict(env, BERTJAX_PORT=str(_free_port()))).stdout
   assert sorted(l for l in out.splitlines() if l.startswith("process")) == [
       "process 0/2 devices 4 sum 3", "process 1/2 devices 4 sum 3"]
 
