@@ -195,7 +195,8 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
          "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
   if profile_dir:
     _progress(f"profiling into {profile_dir} ...")
-    out["profile"] = _trace_steps(compiled, box[0], batch, profile_dir)
+    # the step has just run warmup + steps times: warm already
+    out["profile"] = _trace_steps(compiled, box[0], batch, profile_dir, warmup=0)
   return out
 
 
@@ -217,13 +218,14 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
   return _trace_steps(compiled, state, batch, out_dir, steps)
 
 
-def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2) -> dict[str, Any]:
+def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2,
+                 warmup: int = 2) -> dict[str, Any]:
   import glob
   import gzip
   import json
   import re
 
-  for _ in range(2):  # warm: allocations and thread pools as in a long run
+  for _ in range(warmup):  # warm: allocations and thread pools as in a long run
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
   os.makedirs(out_dir, exist_ok=True)
