@@ -325,7 +325,8 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
   out = {"name": "bertjax", **dataclasses.asdict(spec), "num_masked": spec.masked(),
          "device": f"{devices[0].device_kind} x {len(devices)}", "platform": devices[0].platform,
          "threads": bench_peers.num_cores(), "jax": jax.__version__,
-         "xla_flags": os.environ.get("XLA_FLAGS", ""), "peak_flops": peak,
+         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "peak_flops": peak,
          "peak_source": peak_source, "model_flops_per_step": flops, **res}
   _add_rates(out, spec, flops, peak)
   for name, peer in peers.items():
@@ -378,7 +379,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"bertjax bench: {r['preset']} (vocab {r['vocab_size']}), batch {r['batch_size']} x seq "
       f"{r['seq_len']}, P={r['num_masked']}, {r['dtype']}, remat={r['remat']}, "
       f"attention dropout {r['attention_dropout']}",
-      f"device {r['device']} ({r['threads']} cores), jax {r['jax']}",
+      f"device {r['device']} ({r['threads']} cores), jax {r['jax']}"
+      + (f"; GLIBC_TUNABLES={r['glibc_tunables']}" if r.get("glibc_tunables") else ""),
       f"peak {r['peak_flops'] / 1e12:.3f} TFLOP/s ({r['peak_source']})",
       f"model FLOPs/step {r['model_flops_per_step'] / 1e9:.2f} G; compile {r['compile_s']:.1f} s;"
       f" peak memory {'n/a' if mem is None else f'{mem / 2**20:.0f} MiB'} ({r['memory_source']})",

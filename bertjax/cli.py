@@ -73,6 +73,7 @@ def _load(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    entry_point = argv is None  # the process's own command line, not a call from Python code
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertjax: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}",
               file=sys.stderr)
         return 2
+    if entry_point and not (name == "bench" and rest[:1] == ["input"]):
+        # XLA's CPU runtime maps and zeroes each step's temporaries afresh under glibc's
+        # default malloc settings; re-executes once with settings that reuse them.
+        from bertjax import host_malloc
+
+        host_malloc.maybe_reexec(name)
     return int(_load(name).main(rest) or 0)
 
 
