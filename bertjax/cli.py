@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if entry_point and not (name == "bench" and rest[:1] == ["input"]):
         # XLA's CPU runtime maps and zeroes each step's temporaries afresh under glibc's
-        # default malloc settings; re-executes once with settings that reuse them.
+        # default malloc settings; re-executes once with settings that reuse them (not for
+        # `bench input`, which times the tf.data pipeline and runs no XLA step).
         from bertjax import host_malloc
 
         host_malloc.maybe_reexec(name)

@@ -47,7 +47,8 @@ def _fake_execv(monkeypatch):
   monkeypatch.setattr(host_malloc.platform, "libc_ver", lambda: ("glibc", "2.36"))
   monkeypatch.setattr(host_malloc.os, "execv", lambda path, args: calls.append((path, args)))
   for k in ("GLIBC_TUNABLES", "BERTJAX_MALLOC_TUNING", "JAX_PLATFORMS"):
-    monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(k, "")  # records the old state, so teardown restores it
+    monkeypatch.delenv(k)
   return calls
 
 
