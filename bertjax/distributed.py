@@ -11,12 +11,13 @@ a user's `JAX_CPU_COLLECTIVES_IMPLEMENTATION` cannot silently leave them unimple
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import threading
 
 import jax
+
+from bertjax import host_malloc
 
 _initialized = False
 
@@ -31,9 +32,9 @@ def _auto_detected() -> str | None:
     return "SLURM"
   if os.environ.get("JAX_COORDINATOR_ADDRESS"):
     return "JAX_COORDINATOR_ADDRESS"
-  # A Cloud TPU VM (one host or a slice created with gcloud) exposes its chips as /dev/accel*
-  # or /dev/vfio/*; jax then reads the slice's hosts from the metadata server.
-  if glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"):
+  # A Cloud TPU VM (one host or a slice created with gcloud): jax then reads the slice's hosts
+  # from the metadata server.
+  if host_malloc.tpu_device_files_present():
     return "Cloud TPU VM"
   return None
 

@@ -35,9 +35,13 @@ XLA_COMMANDS = frozenset({"demo", "pretrain", "compile", "glue", "squad", "ner",
                           "bench"})
 
 
+def tpu_device_files_present() -> bool:
+  """A Cloud TPU VM exposes its chips as /dev/accel* or /dev/vfio/* (checked without jax)."""
+  return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
 def _accelerator_present() -> bool:
-  return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/dev/accel[0-9]*")
-              or glob.glob("/dev/vfio/[0-9]*"))
+  return bool(glob.glob("/dev/nvidia[0-9]*")) or tpu_device_files_present()
 
 
 def decide(environ: Mapping[str, str], *, system: str, libc: str,
