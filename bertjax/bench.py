@@ -327,7 +327,8 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
          "threads": bench_peers.num_cores(), "jax": jax.__version__,
          "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "peak_flops": peak,
-         "peak_source": peak_source, "model_flops_per_step": flops, **res}
+         "peak_source": peak_source, "model_flops_per_step": flops,
+         "attention_chunks": model_lib.attention_chunks(cfg, spec.batch_size), **res}
   _add_rates(out, spec, flops, peak)
   for name, peer in peers.items():
     if peer["status"] == "ok":
@@ -378,7 +379,8 @@ def format_report(r: dict[str, Any]) -> str:
   lines = [
       f"bertjax bench: {r['preset']} (vocab {r['vocab_size']}), batch {r['batch_size']} x seq "
       f"{r['seq_len']}, P={r['num_masked']}, {r['dtype']}, remat={r['remat']}, "
-      f"attention dropout {r['attention_dropout']}",
+      f"attention dropout {r['attention_dropout']}, attention in {r.get('attention_chunks', 1)} "
+      "batch slice(s)",
       f"device {r['device']} ({r['threads']} cores), jax {r['jax']}"
       + (f"; GLIBC_TUNABLES={r['glibc_tunables']}" if r.get("glibc_tunables") else ""),
       f"peak {r['peak_flops'] / 1e12:.3f} TFLOP/s ({r['peak_source']})",

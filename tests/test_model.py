@@ -307,3 +307,66 @@ def test_dropout_identity_cases_and_dtype():
   assert float(jnp.abs(model_lib.Dropout(1.0).apply({}, x, deterministic=False)).sum()) == 0
   y = d.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
   assert y.dtype == jnp.bfloat16
+
+
+def _batch6(vocab):
+  return tuple(np.concatenate(parts) for parts in zip(_batch(vocab, 0), _batch(vocab, 1)))
+
+
+def test_attention_batch_chunks_compute_the_same_function():
+  # in training (attention dropout drawn for the whole batch) and in eval; 6 rows: 1, 2, 3
+  # and 6 slices; 4 does not divide 6 and runs unsliced
+  cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
+  params = _init(cfg)
+  ids, types, mask, pos = _batch6(cfg.vocab_size)
+  assert model_lib.attention_chunks(cfg.replace(attention_batch_chunks=4), 6) == 1
+  assert model_lib.attention_chunks(cfg.replace(attention_batch_chunks=3), 6) == 3
+
+  def run(chunks, deterministic):
+    m = model_lib.BertForPreTraining(cfg.replace(attention_batch_chunks=chunks))
+    def loss(p):
+      out = m.apply({"params": p}, ids, types, mask, pos, deterministic=deterministic,
+                    rngs={"dropout": jax.random.key(5)})
+      return jnp.sum(out.mlm_logits ** 2) * 1e-3 + jnp.sum(out.nsp_logits), out
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return out, grads
+
+  for deterministic in (False, True):
+    ref, ref_grads = run(1, deterministic)
+    for chunks in (2, 3, 4, 6):
+      out, grads = run(chunks, deterministic)
+      np.testing.assert_allclose(out.sequence_output, ref.sequence_output, atol=1e-6)
+      np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, ref_grads)
+  # dropout is on in training: the two modes differ
+  assert not np.allclose(run(2, False)[0].sequence_output, run(2, True)[0].sequence_output)
+
+
+def test_over_batch_chunks_keeps_row_order():
+  x = jnp.arange(12.0).reshape(6, 2)
+  seen = []
+  def fn(a, b):
+    seen.append(np.asarray(a[:, 0]))
+    return a * 10 + b
+  out = model_lib.over_batch_chunks(fn, 3, x, x)
+  np.testing.assert_array_equal(out, x * 11)
+  # interleaved slices: rows 0 and 3, 1 and 4, 2 and 5
+  np.testing.assert_array_equal(np.stack(seen), [[0, 6], [2, 8], [4, 10]])
+
+
+def test_attention_batch_chunks_must_not_be_negative():
+  with pytest.raises(ValueError, match="attention_batch_chunks=-1"):
+    model_lib.BertConfig(attention_batch_chunks=-1)
+
+
+def test_flat_dot_general_equals_dot_general():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 5, 8)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
+  dn = (((2,), (0,)), ((), ()))
+  ref = lambda x, w: jnp.sum(jnp.sin(jax.lax.dot_general(x, w, dn)))
+  flat = lambda x, w: jnp.sum(jnp.sin(model_lib.flat_dot_general(x, w, dn)))
+  assert model_lib.flat_dot_general(x, w, dn).shape == (3, 5, 4)
+  np.testing.assert_allclose(flat(x, w), ref(x, w), rtol=1e-6)
+  for g, g_ref in zip(jax.grad(flat, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
+    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-6)
