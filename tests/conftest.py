@@ -13,6 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import pathlib  # noqa: E402  (after the environment above, which must come first)
+import socket  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -37,3 +38,13 @@ def prepare_austen():
     return str(out)
 
   return make
+
+
+@pytest.fixture
+def free_port():
+  """free_port() -> int: a localhost TCP port that nothing is bound to right now."""
+  def pick() -> int:
+    with socket.socket() as s:
+      s.bind(("localhost", 0))
+      return s.getsockname()[1]
+  return pick

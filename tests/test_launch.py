@@ -240,7 +240,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multihost
-def test_slurm_script_runs_its_tasks(tmp_path):
+def test_slurm_script_runs_its_tasks(tmp_path, free_port):
   """A stand-in srun starts the tasks here; they must find each other as SLURM describes."""
   probe = tmp_path / "probe.py"
   probe.write_text(PROBE)
@@ -255,17 +255,9 @@ def test_slurm_script_runs_its_tasks(tmp_path):
              BERTJAX=f"{sys.executable} {probe}", JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   out = sh_processes(["bash", "launch/slurm_gpu.sbatch", "--fail=-1"],
-                     env=lambda: dict(env, BERTJAX_PORT=str(_free_port()))).stdout
+                     env=lambda: dict(env, BERTJAX_PORT=str(free_port()))).stdout
   assert sorted(l for l in out.splitlines() if l.startswith("process")) == [
       "process 0/2 devices 4 sum 3", "process 1/2 devices 4 sum 3"]
-
-
-def _free_port() -> int:
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------- local_multihost.sh

@@ -3,7 +3,6 @@ checkpoint written by two processes resumes in one."""
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -13,13 +12,7 @@ from tests.test_checkpoint import REPO, _pretrain_cmd
 from tests.test_train import _rows
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def _run(workdir, steps, processes: int, devices_per_process: int):
+def _run(workdir, steps, processes: int, devices_per_process: int, port: int = 0):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
              JAX_COMPILATION_CACHE_DIR=str(pathlib.Path(workdir).parent / "jax_cache"),
@@ -29,7 +22,7 @@ def _run(workdir, steps, processes: int, devices_per_process: int):
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.returncode, out.stdout[-3000:], out.stderr[-5000:])
     return
-  port = _free_port()
+  assert port, "two or more processes need the coordinator's port"
   procs = [subprocess.Popen(cmd + [f"--coordinator_address=localhost:{port}",
                                    f"--num_processes={processes}", f"--process_id={i}"],
                             env=env, cwd=REPO, stdout=subprocess.PIPE,
@@ -41,9 +34,9 @@ def _run(workdir, steps, processes: int, devices_per_process: int):
 
 
 @pytest.mark.multihost
-def test_two_processes_equal_one_process_and_checkpoints_carry_over(tmp_path):
+def test_two_processes_equal_one_process_and_checkpoints_carry_over(tmp_path, free_port):
   _run(tmp_path / "one", 8, processes=1, devices_per_process=4)
-  _run(tmp_path / "two", 8, processes=2, devices_per_process=2)
+  _run(tmp_path / "two", 8, processes=2, devices_per_process=2, port=free_port())
   one, _ = _rows(tmp_path / "one")
   two, _ = _rows(tmp_path / "two")
   assert set(two) == set(one)
