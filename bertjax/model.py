@@ -168,13 +168,13 @@ def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
                      preferred_element_type=None) -> Array:
   """`nn.Dense`'s product with the input's leading axes merged first: [B, L, H] -> [B·L, H].
 
-  The same numbers as `lax.dot_general` on the rank-3 input. The difference is the weight
+  The same function as `lax.dot_general` on the rank-3 input. The difference is the weight
   gradient: autodiff of the rank-3 product contracts two axes (batch and length), which XLA's
   CPU backend lowers as a transposed copy of the output gradient ([F, B·L], written every step)
   followed by a product of two transposed operands; from the rank-2 product it is a plain
   [B·L, H]^T [B·L, F] product with no copy: 4-6% of a BERT-mini and 3-5% of a BERT-base
-  training step on 2 CPU cores. Merging leading axes is a bitcast in XLA's row-major layouts, and the
-  batch axis stays the major one, so its sharding carries over.
+  training step on 2 CPU cores. Merging leading axes is a bitcast in XLA's row-major layouts,
+  and the batch axis stays the major one, so its sharding carries over.
   """
   (lhs_contract, rhs_contract), batch_dims = dimension_numbers
   if (lhs.ndim <= 2 or lhs_contract != (lhs.ndim - 1,) or rhs_contract != (0,)
