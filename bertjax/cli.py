@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertjax: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}",
               file=sys.stderr)
         return 2
-    if entry_point and not (name == "bench" and rest[:1] == ["input"]):
+    if entry_point:
         # XLA's CPU runtime maps and zeroes each step's temporaries afresh under glibc's
-        # default malloc settings; re-executes once with settings that reuse them (not for
-        # `bench input`, which times the tf.data pipeline and runs no XLA step).
+        # default malloc settings; commands that run XLA re-execute once with settings that
+        # reuse them (bertjax.host_malloc).
         from bertjax import host_malloc
 
-        host_malloc.maybe_reexec(name)
+        host_malloc.maybe_reexec(name, rest)
     return int(_load(name).main(rest) or 0)
 
 

@@ -35,6 +35,11 @@ XLA_COMMANDS = frozenset({"demo", "pretrain", "compile", "glue", "squad", "ner",
                           "bench"})
 
 
+def runs_xla(command: str, args: list[str]) -> bool:
+  """Whether `bertjax COMMAND ARGS...` runs XLA programs (`bench input` times tf.data only)."""
+  return command in XLA_COMMANDS and not (command == "bench" and args[:1] == ["input"])
+
+
 def tpu_device_files_present() -> bool:
   """A Cloud TPU VM exposes its chips as /dev/accel* or /dev/vfio/* (checked without jax)."""
   return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
@@ -66,13 +71,13 @@ def decide(environ: Mapping[str, str], *, system: str, libc: str,
   return True, "XLA runs on the CPU"
 
 
-def maybe_reexec(command: str) -> None:
+def maybe_reexec(command: str, args: list[str]) -> None:
   """Re-executes this process with `TUNABLES` when `decide` says so; returns otherwise.
 
   Only for the process's own entry point (the console script or `python -m bertjax.cli`):
   `sys.orig_argv` is replayed exactly, so the new process runs the same command.
   """
-  if command not in XLA_COMMANDS:
+  if not runs_xla(command, args):
     return
   apply, _ = decide(os.environ, system=platform.system(), libc=platform.libc_ver()[0],
                     accelerator_present=_accelerator_present())

@@ -61,6 +61,12 @@ def test_the_console_entry_point_reexecutes_with_the_tunables(monkeypatch):
   assert os.environ["GLIBC_TUNABLES"] == host_malloc.TUNABLES
 
 
+def test_only_commands_that_run_xla_qualify():
+  assert host_malloc.runs_xla("pretrain", []) and host_malloc.runs_xla("bench", ["--json"])
+  assert not host_malloc.runs_xla("bench", ["input", "--copies", "2"])
+  assert not host_malloc.runs_xla("tokenizer", [])
+
+
 @pytest.mark.parametrize("argv", [["bench", "--help"], ["tokenizer", "--help"]])
 def test_calls_from_python_and_data_commands_never_reexecute(monkeypatch, argv):
   calls = _fake_execv(monkeypatch)
@@ -76,7 +82,7 @@ def test_calls_from_python_and_data_commands_never_reexecute(monkeypatch, argv):
 CHILD = r"""
 import json, os, resource
 from bertjax import host_malloc
-host_malloc.maybe_reexec("bench")
+host_malloc.maybe_reexec("bench", [])
 import jax, jax.numpy as jnp
 x = jnp.ones((4096, 4096), jnp.float32)
 v = jnp.ones((4096,), jnp.float32)

@@ -4,7 +4,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import sharding, train
+from bertjax import bench_peers, sharding, train
 from experiments import pretrain
 
 
@@ -92,7 +92,6 @@ def test_attention_batch_slices_add_no_communication():
   # batch 16 over 8 data devices, attention in 2 interleaved slices: each device keeps its own
   # rows, so the compiled step has exactly the collectives of the unsliced one (the gradient
   # all-reduces)
-  from bertjax import bench_peers
   counts = {}
   for chunks in (1, 2):
     c = tiny_config()
