@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 import jax
@@ -36,6 +37,12 @@ PRETRAINED_FORMAT = "bertjax-pretrained-1"
 # BertConfig fields that decide the parameter shapes; a resume must agree on all of them.
 ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size", "scan_layers")
+
+
+def absolute(path: str | epath.Path) -> epath.Path:
+  """`path` made absolute when it is local (orbax mis-reads relative paths; gs:// stays)."""
+  path = str(path)
+  return epath.Path(path if "://" in path else os.path.abspath(os.path.expanduser(path)))
 
 
 class CheckpointMismatchError(ValueError):
@@ -67,7 +74,7 @@ class Manager:
 
   def __init__(self, workdir: str, every_steps: int, max_to_keep: int | None = 3,
                keep_period: int | None = None, async_save: bool = True):
-    self.directory = epath.Path(workdir) / "checkpoints"
+    self.directory = absolute(workdir) / "checkpoints"
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=max(1, every_steps), max_to_keep=max_to_keep,
         keep_period=keep_period, enable_async_checkpointing=async_save, create=True)
@@ -137,7 +144,7 @@ def save_pretrained(path: str, config: model_lib.BertConfig, params: Any,
   file (SentencePiece .model or WordPiece vocab .txt) is copied next to them. Every process
   must call this (orbax writes each process's shards); only process 0 writes the JSON files.
   """
-  out = epath.Path(path)
+  out = absolute(path)
   params = model_lib.unstack_layer_params(params) if config.scan_layers else params
   config = config.replace(scan_layers=False)
   tok_name = epath.Path(tokenizer_path).name if tokenizer_path else None
@@ -199,7 +206,7 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   onto (any mesh: arrays are resharded on read), or None for host numpy arrays, which any
   later `jit` or `device_put` places where it needs them.
   """
-  kind, d = _resolve(epath.Path(path))
+  kind, d = _resolve(absolute(path))
   if kind == "pretrained":
     info = json.loads((d / "pretrained.json").read_text())
     cfg = model_lib.BertConfig.from_dict(json.loads((d / "bert_config.json").read_text()))

@@ -9,6 +9,7 @@ restarts that phase's stream where the checkpoint left it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -21,6 +22,7 @@ from etils import epath
 
 from bertjax import checkpoint, distributed, flops, losses, metrics_writer, model as model_lib
 from bertjax import optim, sharding, train
+from bertjax.tokenizer import MASK_ID
 
 REPO_DATA = pathlib.Path(__file__).resolve().parent.parent / "data"
 
@@ -181,12 +183,42 @@ def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, floa
   from bertjax.data import pretraining
 
   stream = make_stream(config, phase, None, split="eval")
-  totals = None
+  totals, target_counts = None, collections.Counter()
   for _ in range(config.eval.steps):
-    sums = setup.eval_step(params, pretraining.global_batch(next(stream), setup.batch_sharding))
+    host_batch = next(stream)
+    target_counts.update(_targets_at_mask(host_batch).tolist())
+    sums = setup.eval_step(params, pretraining.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-  out = losses.finalize(jax.device_get(totals))
-  return {f"eval_{k}": float(v) for k, v in out.items()}
+  out = {f"eval_{k}": float(v) for k, v in losses.finalize(jax.device_get(totals)).items()}
+  # The best constant guess at the same positions: the most frequent target there. A model
+  # that has not learned to use context (the unigram plateau) scores about this.
+  n = sum(target_counts.values())
+  out["eval_mask_constant_accuracy"] = target_counts.most_common(1)[0][1] / n if n else 0.0
+  return out
+
+
+def _has_eval_data(config, writer) -> bool:
+  """False (with one warning) when the prepared data holds too few held-out shards."""
+  if config.data.source != "prepared":
+    return True
+  from bertjax.data import records
+
+  shards = records.split_shards(records.load_metadata(config.data.path), config.data.path, "eval")
+  if len(shards) >= jax.process_count():
+    return True
+  writer.log(f"warning: {config.data.path} has {len(shards)} non-empty held-out shard(s) for "
+             f"{jax.process_count()} process(es): training without held-out evaluation. "
+             "`bertjax prepare --eval-fraction F --eval-shards N` (N >= processes) writes them; "
+             "--config.eval.every_steps=0 silences this")
+  return False
+
+
+def _targets_at_mask(batch: dict) -> np.ndarray:
+  """This process's target ids at the predicted positions whose input is [MASK]."""
+  given = np.take_along_axis(np.asarray(batch["input_ids"]),
+                             np.asarray(batch["masked_positions"]), axis=1)
+  keep = (given == MASK_ID) & (np.asarray(batch["masked_weights"]) > 0)
+  return np.asarray(batch["masked_ids"])[keep]
 
 
 class _Meter:
@@ -290,7 +322,8 @@ def train_and_evaluate(config, workdir: str) -> int:
   phase = next((ph for ph in plan if ph.start <= step < ph.end), plan[-1])
   batches = open_phase(phase, data_state)
   meter = _Meter(config, setups[phase.index].bert_config, phase)
-  eval_on = config.eval.every_steps > 0 and config.eval.steps > 0
+  eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config,
+                                                                                   writer)
   watcher = distributed.PreemptionWatcher()
   bad_steps, pending, last_saved = 0, None, step
 

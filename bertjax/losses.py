@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bertjax.tokenizer import MASK_ID
+
 Array = jax.Array
 
 
@@ -105,6 +107,12 @@ def pretraining_sums(mlm_nll_BxP: Array, mlm_correct_BxP: Array, nsp_logits_Bx2:
   return sums
 
 
+def at_mask_token(batch: dict[str, Array]) -> Array:
+  """[B, P] float32: 1 at the real predicted positions whose input token is [MASK]."""
+  given_BxP = jnp.take_along_axis(batch["input_ids"], batch["masked_positions"], axis=1)
+  return (given_BxP == MASK_ID).astype(jnp.float32) * batch["masked_weights"].astype(jnp.float32)
+
+
 def total_loss(sums: dict[str, Array], mlm_count: Array, nsp_count: Array) -> Array:
   """The training objective given the counts of the *whole* batch: mean MLM + mean NSP."""
   return (sums["mlm_loss"] / jnp.maximum(mlm_count, 1.0)
@@ -117,6 +125,9 @@ def finalize(sums: dict[str, Array]) -> dict[str, Array]:
   nsp_n = jnp.maximum(sums["nsp_count"], 1.0)
   mlm_loss = sums["mlm_loss"] / mlm_n
   nsp_loss = sums["nsp_loss"] / nsp_n
-  return dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, mlm_accuracy=sums["mlm_correct"] / mlm_n,
-              mlm_perplexity=jnp.exp(mlm_loss), nsp_loss=nsp_loss,
-              nsp_accuracy=sums["nsp_correct"] / nsp_n)
+  out = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, mlm_accuracy=sums["mlm_correct"] / mlm_n,
+             mlm_perplexity=jnp.exp(mlm_loss), nsp_loss=nsp_loss,
+             nsp_accuracy=sums["nsp_correct"] / nsp_n)
+  if "mask_count" in sums:  # evaluation: accuracy where the input is [MASK]
+    out["mask_accuracy"] = sums["mask_correct"] / jnp.maximum(sums["mask_count"], 1.0)
+  return out

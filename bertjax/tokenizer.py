@@ -17,21 +17,30 @@ whole-word masking option uses.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import glob
 import hashlib
 import os
 import pathlib
+import sys
 import tempfile
+import unicodedata
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+
+from bertjax import wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 NUM_SPECIAL = len(SPECIAL_PIECES)
 WORD_START = "\u2581"  # "▁", SentencePiece's whitespace marker
+
+
+def _starts_word(piece: str) -> bool:
+    return piece.startswith(WORD_START) or (bool(piece) and wordpiece.is_cjk(piece[0]))
 
 
 class TokenizerError(ValueError):
@@ -61,7 +70,7 @@ class Tokenizer:
         # The same attributes as `wordpiece.WordPieceTokenizer`, whose ids come from its vocab.
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
-        self._word_start = [self._sp.id_to_piece(i).startswith(WORD_START)
+        self._word_start = [i >= NUM_SPECIAL and _starts_word(self._sp.id_to_piece(i))
                             for i in range(len(self._sp))]
 
     @property
@@ -84,7 +93,9 @@ class Tokenizer:
         return self._sp.piece_to_id(piece)
 
     def is_word_start(self, i: int) -> bool:
-        """True when piece `i` begins a word (has the "▁" prefix); False for special tokens."""
+        """True when piece `i` begins a word: it has the "▁" prefix, or begins with a CJK
+        ideograph (each is its own word, as google-research/bert splits Chinese); False for
+        special tokens."""
         return self._word_start[int(i)]
 
     def word_start_table(self) -> list[bool]:
@@ -99,14 +110,75 @@ class Tokenizer:
 class TrainOptions:
     vocab_size: int = 8000  # BERT's own is 30522; 8k suits a few MB of text
     model_type: str = "unigram"  # or "bpe"
-    # Fraction of characters given their own piece: 1.0 for alphabetic languages; 0.9995 is
-    # SentencePiece's advice for CJK, where rare characters then fall back to bytes.
-    character_coverage: float = 1.0
+    # Fraction of character occurrences whose characters get their own piece. None: 1.0 when
+    # every character fits in the vocabulary (alphabetic scripts), else the largest coverage
+    # whose characters fill at most CHARACTER_SHARE of it (Chinese, Japanese: the rare
+    # characters fall back to UTF-8 bytes). `train_tokenizer` reports what it chose.
+    character_coverage: float | None = None
     # Characters outside the coverage become UTF-8 byte pieces instead of [UNK].
     byte_fallback: bool = True
     # Sentences sampled for training: memory stays bounded on a large corpus.
     input_sentence_size: int = 2_000_000
     num_threads: int = max(1, os.cpu_count() or 1)
+
+
+# With an automatic coverage, characters take at most this share of the vocabulary left after
+# the special and byte pieces; the rest goes to multi-character pieces.
+CHARACTER_SHARE = 0.7
+MIN_COVERAGE = 0.98  # SentencePiece's lower bound on character_coverage
+# Characters counted for the automatic coverage (the head of the corpus; SentencePiece itself
+# samples `input_sentence_size` sentences).
+_COUNT_CHARS = 200_000_000
+
+
+def count_characters(files: Sequence[str], limit: int = _COUNT_CHARS) -> collections.Counter:
+    """Occurrences of each non-space character (NFKC, as SentencePiece normalises) in `files`."""
+    counts: collections.Counter = collections.Counter()
+    seen = 0
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = unicodedata.normalize("NFKC", line)
+                counts.update(line)
+                seen += len(line)
+                if seen >= limit:
+                    break
+        if seen >= limit:
+            break
+    for ch in (" ", "\t", "\n", "\r"):
+        counts.pop(ch, None)
+    return counts
+
+
+def choose_character_coverage(counts: collections.Counter, vocab_size: int,
+                              byte_fallback: bool = True) -> tuple[float, int]:
+    """(coverage, characters kept): 1.0 if every character fits, else the largest coverage
+    whose most frequent characters fill at most CHARACTER_SHARE of the free vocabulary.
+
+    SentencePiece accepts coverages in [MIN_COVERAGE, 1]: a vocabulary too small for the
+    characters of MIN_COVERAGE of the text is an error that gives the size needed.
+    """
+    reserved = NUM_SPECIAL + (256 if byte_fallback else 0)
+    free = vocab_size - reserved
+    budget = int(CHARACTER_SHARE * free)
+    if len(counts) <= budget:
+        return 1.0, len(counts)
+    total = sum(counts.values())
+    ranked = [n for _, n in counts.most_common()]
+    need, covered = 0, 0
+    while covered < MIN_COVERAGE * total:  # characters SentencePiece keeps at MIN_COVERAGE
+        covered += ranked[need]
+        need += 1
+    if need >= free:
+        raise ValueError(
+            f"vocab_size {vocab_size} is too small for this corpus: SentencePiece keeps every "
+            f"character of {MIN_COVERAGE:.0%} of the text ({need} distinct ones here) plus "
+            f"{reserved} special/byte pieces; use --vocab-size >= "
+            f"{-(-int((need + reserved) / CHARACTER_SHARE) // 1000) * 1000}")
+    budget = max(budget, need)
+    covered = sum(ranked[:budget])
+    # Rounded down to 4 digits: SentencePiece then keeps at most `budget` characters.
+    return max(int(covered / total * 1e4) / 1e4, MIN_COVERAGE), budget
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
@@ -145,6 +217,16 @@ def train_tokenizer(inputs: Sequence[str], output_prefix: str,
         raise ValueError(f"vocab_size {options.vocab_size} is too small: need >= {minimum} "
                          "(5 special tokens" + (" + 256 byte pieces)" if options.byte_fallback
                                                  else ")"))
+    coverage = options.character_coverage
+    if coverage is None:
+        coverage, kept = choose_character_coverage(count_characters(files), options.vocab_size,
+                                                   options.byte_fallback)
+        if coverage < 1.0:
+            rest = "UTF-8 byte pieces" if options.byte_fallback else "[UNK]"
+            print(f"tokenizer: {options.vocab_size} pieces cannot hold every character of the "
+                  f"corpus: character coverage {coverage} (about the {kept} most frequent "
+                  f"characters get pieces; rarer ones become {rest}). "
+                  "--character-coverage overrides it", file=sys.stderr, flush=True)
     pathlib.Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # SentencePiece logs a page per run to stderr; keep it unless training fails.
@@ -154,7 +236,7 @@ def train_tokenizer(inputs: Sequence[str], output_prefix: str,
                 spm.SentencePieceTrainer.train(
                     input=files, model_prefix=output_prefix,
                     vocab_size=options.vocab_size, model_type=options.model_type,
-                    character_coverage=options.character_coverage,
+                    character_coverage=coverage,
                     byte_fallback=options.byte_fallback,
                     input_sentence_size=options.input_sentence_size,
                     shuffle_input_sentence=True, num_threads=options.num_threads,

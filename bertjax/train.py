@@ -212,6 +212,16 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
 
 
 def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
-  """Summed MLM/NSP loss and accuracy counts on one batch (dropout off)."""
-  return _forward_sums(params, batch, model, pair_mode, jax.random.PRNGKey(0),
-                       deterministic=True)
+  """Summed MLM/NSP loss and accuracy counts on one batch (dropout off).
+
+  Also `mask_correct`/`mask_count`: the hits at the predicted positions whose input is
+  [MASK] (80% of them). There the model cannot copy the token it is given, so this is the
+  accuracy that shows whether it uses context (`bertjax.loop.evaluate` sets it beside the best
+  constant guess).
+  """
+  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
+                    deterministic=True, rngs={"dropout": jax.random.PRNGKey(0)})
+  sums = losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
+  at_mask_BxP = losses.at_mask_token(batch)
+  sums.update(mask_correct=jnp.sum(out.mlm_correct * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
+  return sums

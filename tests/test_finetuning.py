@@ -124,3 +124,12 @@ def test_load_encoder_messages_name_the_command(tmp_path):
     restore.load_encoder("random", prefix="squad")
   with pytest.raises(FileNotFoundError, match=r"^ner: --init .*: no such checkpoint"):
     restore.load_encoder(str(tmp_path / "missing"), prefix="ner")
+
+
+def test_default_learning_rate_follows_the_encoder_width():
+  assert finetuning.learning_rates_for(128)[:2] == (1e-3, (3e-3, 1e-3, 3e-4, 1e-4))
+  assert finetuning.learning_rates_for(256)[0] == 5e-4
+  assert finetuning.learning_rates_for(512)[0] == 1e-4
+  lr, grid, why = finetuning.learning_rates_for(768, 3e-5)
+  assert (lr, grid) == (3e-5, (5e-5, 4e-5, 3e-5, 2e-5)) and "BERT" in why  # BERT's, as the paper
+  assert finetuning.learning_rates_for(1024)[0] == 2e-5

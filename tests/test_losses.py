@@ -70,3 +70,21 @@ def test_jits_and_vmaps_like_any_function():
   f = jax.jit(lambda *a: losses.mlm_cross_entropy(*a)[0])
   np.testing.assert_allclose(f(x, table, bias, labels), _plain(x, table, bias, labels)[0],
                              rtol=1e-5, atol=1e-5)
+
+
+def test_accuracy_at_mask_counts_only_positions_whose_input_is_mask():
+  from bertjax.tokenizer import MASK_ID
+
+  input_ids = np.array([[2, MASK_ID, 7, 8, 3, 0], [2, 9, MASK_ID, MASK_ID, 3, 0]], np.int32)
+  batch = dict(input_ids=input_ids,
+               masked_positions=np.array([[1, 2, 0], [2, 3, 1]], np.int32),  # [1,0] kept as is
+               masked_weights=np.array([[1, 1, 0], [1, 0, 1]], np.float32))  # [1,1] padding
+  at = np.asarray(losses.at_mask_token(batch))
+  np.testing.assert_array_equal(at, [[1, 0, 0], [1, 0, 0]])
+  sums = dict(mlm_loss=jnp.float32(3.0), mlm_correct=jnp.float32(2.0), mlm_count=jnp.float32(4.0),
+              nsp_loss=jnp.float32(0.0), nsp_correct=jnp.float32(0.0), nsp_count=jnp.float32(0.0),
+              mask_correct=jnp.float32(1.0), mask_count=jnp.float32(2.0))
+  out = losses.finalize(sums)
+  assert float(out["mask_accuracy"]) == 0.5 and float(out["mlm_accuracy"]) == 0.5
+  del sums["mask_correct"], sums["mask_count"]
+  assert "mask_accuracy" not in losses.finalize(sums)  # training metrics: not computed

@@ -124,3 +124,58 @@ def test_cli_info_and_encode(capsys):
     tok = tok_lib.Tokenizer(BUNDLED)
     assert [int(i) for i in ids.split()] == tok.encode("Pride and")
     assert "".join(pieces.split()).replace("\u2581", " ").strip() == "Pride and"
+
+
+TANG = REPO / "tests" / "fixtures" / "data" / "tang300.txt"  # 313 Tang poems, 2,552 characters
+
+
+def test_chinese_vocab_smaller_than_its_characters_picks_the_coverage(tmp_path, capsys):
+    # With coverage 1.0 SentencePiece refuses this ("Vocabulary size is smaller than
+    # required_chars. 2700 vs 2814"); the coverage is chosen, printed, and rare characters
+    # become byte pieces.
+    rc = tokenizer_cmd.main(["train", "--input", str(TANG), "--vocab-size", "2700",
+                             "--output", str(tmp_path / "zh")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "character coverage 0.98" in err
+    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    assert tok.vocab_size == 2700
+    text = "床前明月光，疑是地上霜。"
+    ids = tok.encode(text)
+    assert tok_lib.UNK_ID not in ids and tok.decode(ids) == unicodedata.normalize("NFKC", text)
+    rare = next(ch for ch, n in tok_lib.count_characters([str(TANG)]).items() if n == 1
+                and tok.piece_to_id(ch) == tok_lib.UNK_ID)
+    assert tok.decode(tok.encode(rare)) == rare  # an uncovered character: byte pieces
+
+
+def test_automatic_coverage_keeps_every_character_when_they_fit(tmp_path, capsys):
+    counts = tok_lib.count_characters([str(TANG)])
+    assert len(counts) == 2552  # after NFKC, without spaces
+    assert tok_lib.choose_character_coverage(counts, 4000) == (1.0, 2552)
+    coverage, kept = tok_lib.choose_character_coverage(counts, 3000)
+    assert coverage == tok_lib.MIN_COVERAGE and kept >= int(0.7 * (3000 - 261))
+    tok_lib.train_tokenizer([str(BUNDLED.parent / "austen.txt")], str(tmp_path / "en"),
+                            tok_lib.TrainOptions(vocab_size=2000))
+    assert "coverage" not in capsys.readouterr().err  # English: every character fits
+
+
+def test_vocab_too_small_for_the_characters_names_the_size_needed(tmp_path):
+    rc = tokenizer_cmd.main(["train", "--input", str(TANG), "--vocab-size", "2000",
+                             "--output", str(tmp_path / "zh")])
+    assert rc == 1
+    with pytest.raises(ValueError, match=r"vocab_size 2000 is too small .* --vocab-size >= 4000"):
+        tok_lib.train_tokenizer([str(TANG)], str(tmp_path / "zh"),
+                                tok_lib.TrainOptions(vocab_size=2000))
+
+
+def test_each_chinese_character_is_a_word_for_whole_word_masking(tmp_path):
+    tok_lib.train_tokenizer([str(TANG)], str(tmp_path / "zh"), tok_lib.TrainOptions(vocab_size=4000))
+    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    ids = tok.encode("床前明月光，疑是地上霜。")
+    pieces = [tok.id_to_piece(i) for i in ids]
+    starts = [tok.is_word_start(i) for i in ids]
+    # Every piece that begins with an ideograph starts a word (as google-research/bert splits
+    # Chinese into characters), so whole-word masking never masks a whole line at once.
+    assert all(s for p, s in zip(pieces, starts) if p.lstrip("\u2581")[:1] >= "\u4e00")
+    assert sum(starts) >= 10
+    assert not tok.is_word_start(tok.piece_to_id("。"))  # punctuation continues, as in English

@@ -14,12 +14,14 @@ import json
 import os
 import sys
 
+from bertjax.cli import HelpFormatter
+
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax bench", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   p.add_argument("--preset", default="base", help="model preset: tiny mini small medium base large")
   p.add_argument("--batch-size", type=int, default=16, help="global sequences per step")
   p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")

@@ -2,12 +2,9 @@
 
 Ahead-of-time compiles the real train step (every phase) for a mesh you may not have, and
 prints its per-device memory, so a config that does not fit fails here and not after a pod
-slice has been reserved. Targets:
-
-  --devices N                 N fake CPU devices on this machine (default: the mesh's size, or 8)
-  --topology v5e:4x4          a TPU topology (`jax.experimental.topologies`; needs libtpu)
-  --device_memory_gb 16       memory of one target device: the command fails (exit 1) if the
-                              step needs more (default: the v5e's 16 GiB for TPU, else no check)
+slice has been reserved. Targets: N fake CPU devices on this machine (--devices), or a TPU
+topology (--topology v5e:4x4; `jax.experimental.topologies`, needs libtpu). The command exits 1
+if a device needs more than --device_memory_gb.
 
 Nothing is run and no parameter is allocated: the state is abstract (`jax.eval_shape`).
 """
@@ -19,19 +16,20 @@ import sys
 
 from absl import flags
 
+MESH_AXES = ("data", "fsdp", "tensor", "dcn_data", "dcn_fsdp", "dcn_tensor")
+_FLAGS = (("mesh", "AXIS=N,..."), ("devices", "N"), ("topology", "NAME"),
+          ("device_memory_gb", "GB"))
 
-def _flags(argv: list[str]):
-  from bertjax.commands import pretrain
 
-  fv = pretrain.define_flags(["bertjax compile"] + list(argv))
+def _define(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("mesh", None, "mesh axes, e.g. data=4,fsdp=2,tensor=1 (-1 fills); "
                       "default: config.mesh", flag_values=fv)
-  flags.DEFINE_integer("devices", None, "fake CPU devices to compile for", flag_values=fv)
-  flags.DEFINE_string("topology", None, "TPU topology NAME (e.g. v5e:4x4) to compile for",
-                      flag_values=fv)
-  flags.DEFINE_float("device_memory_gb", None, "fail if a device needs more than this",
-                     flag_values=fv)
-  return fv
+  flags.DEFINE_integer("devices", None, "fake CPU devices to compile for (default: the "
+                       "mesh's size, or 8)", flag_values=fv)
+  flags.DEFINE_string("topology", None, "TPU topology to compile for, e.g. v5e:4x4 (needs "
+                      "libtpu)", flag_values=fv)
+  flags.DEFINE_float("device_memory_gb", None, "memory of one target device: fail (exit 1) if "
+                     "the step needs more (default: 16 for TPU, else no check)", flag_values=fv)
 
 
 def _parse_mesh(text: str | None) -> dict[str, int]:
@@ -41,10 +39,13 @@ def _parse_mesh(text: str | None) -> dict[str, int]:
       continue
     name, _, value = part.partition("=")
     name = name.strip()
-    if name not in ("data", "fsdp", "tensor", "dcn_data", "dcn_fsdp", "dcn_tensor"):
-      raise SystemExit(f"bertjax compile: --mesh {text!r}: unknown axis {name!r}; valid: data, "
-                       "fsdp, tensor, dcn_data, dcn_fsdp, dcn_tensor")
-    out[name] = int(value)
+    if name not in MESH_AXES:
+      raise ValueError(f"--mesh {text!r}: unknown axis {name!r}; valid: {', '.join(MESH_AXES)}")
+    try:
+      out[name] = int(value)
+    except ValueError:
+      raise ValueError(f"--mesh {text!r}: {name}={value.strip()!r} is not an integer; write "
+                       "e.g. --mesh data=4,fsdp=2 (-1 fills the devices left)") from None
   return out
 
 
@@ -53,16 +54,12 @@ def _gib(n: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if any(a in ("-h", "--help") for a in argv):
-    print(__doc__)
+  from bertjax.commands import pretrain
+
+  fv = pretrain.parse(argv, "bertjax compile", define_extra=_define, doc=__doc__,
+                      flag_metavars=_FLAGS)
+  if fv is None:
     return 0
-  fv = _flags(argv)
-  try:
-    fv(["bertjax compile"] + list(argv))
-  except flags.Error as e:
-    raise SystemExit(f"bertjax compile: {e}")
-  if fv.config is None:
-    raise SystemExit("bertjax compile: --config is required")
   mesh_axes = _parse_mesh(fv.mesh)
   n = fv.devices
   if n is None and not fv.topology:
@@ -106,7 +103,9 @@ def compile_and_report(config, mesh_axes: dict[str, int], topology: str | None =
   rc = 0
   for ph in loop.phases(config):
     c = loop.phase_config(config, ph)
-    sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches)
+    sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches,
+                              "config.train.batch_size" if ph.index == 0
+                              else "config.phase2.batch_size")
     s = train.setup(c, mesh)
     b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
     shapes = dict(input_ids=(b, l), token_type_ids=(b, l), attention_mask=(b, l),

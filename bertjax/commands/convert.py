@@ -18,6 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from bertjax.cli import HelpFormatter
+
 SOURCES = ("google", "hf", "bertjax")
 TARGETS = ("hf", "bertjax", "google")
 _SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
@@ -26,7 +28,7 @@ _SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax convert", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   p.add_argument("--from", dest="src_kind", required=True, choices=SOURCES,
                  help="format of SRC: google (bert_model.ckpt + bert_config.json), hf "
                       "(BertForPreTraining directory), bertjax (orbax checkpoint)")

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from bertjax.cli import HelpFormatter
 from bertjax.data import pretraining
 
 
@@ -29,12 +30,15 @@ def _add_stream_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bertjax data", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bertjax data", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    pv = sub.add_parser("preview", help="print decoded examples with their masks and labels")
+    pv = sub.add_parser("preview", help="print decoded examples with their masks and labels",
+                        formatter_class=HelpFormatter)
     _add_stream_args(pv)
     pv.add_argument("-n", type=int, default=5, help="examples to print")
-    st = sub.add_parser("stats", help="print masking/label statistics as one JSON object")
+    st = sub.add_parser("stats", help="print masking/label statistics as one JSON object",
+                        formatter_class=HelpFormatter)
     _add_stream_args(st)
     st.add_argument("--n", type=int, default=10_000, help="examples to measure")
     return p

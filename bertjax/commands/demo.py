@@ -15,6 +15,8 @@ import argparse
 import json
 import pathlib
 
+from bertjax.cli import HelpFormatter
+
 
 def _summary(workdir: pathlib.Path) -> str:
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
@@ -30,22 +32,87 @@ def _summary(workdir: pathlib.Path) -> str:
     lines.append(f"held-out at step {e['step']}: MLM accuracy {e['eval_mlm_accuracy']:.3f}, "
                  f"MLM perplexity {e['eval_mlm_perplexity']:.1f}, NSP accuracy "
                  f"{e['eval_nsp_accuracy']:.3f}")
+    if "eval_mask_accuracy" in e:
+      acc, const = e["eval_mask_accuracy"], e["eval_mask_constant_accuracy"]
+      lines.append(f"held-out accuracy at [MASK] positions: {acc:.3f}, against {const:.3f} for "
+                   f"the best constant guess ({acc / max(const, 1e-9):.1f}x): the model "
+                   + ("fills masks from context" if acc >= 2 * const else
+                      "has not yet learned to use context (train longer: --steps)"))
   return "\n".join(lines)
+
+
+def _held_out_sentences(data_dir: pathlib.Path, n: int) -> list[list[int]]:
+  """The first `n` held-out sentences of 10-40 pieces (the model never trained on them)."""
+  from bertjax.data import records
+
+  meta = records.load_metadata(data_dir)
+  out = []
+  for shard in records.split_shards(meta, data_dir, "eval"):
+    for doc in records.read_documents(shard["path"]):
+      out += [s.tolist() for s in doc if 10 <= len(s) <= 40]
+      if len(out) >= 4 * n:
+        break
+  return out[::4][:n]  # spread over the held-out chapters' first pages
+
+
+def fill_mask(workdir: pathlib.Path, data_dir: pathlib.Path, n: int = 5, k: int = 5) -> list[str]:
+  """Lines showing the top-`k` predictions for one masked word in `n` held-out sentences."""
+  import numpy as np
+
+  from bertjax import checkpoint, model as model_lib, tokenizer as tokenizer_lib
+
+  pre = checkpoint.load_pretrained(str(workdir))
+  tok = tokenizer_lib.Tokenizer(pre.tokenizer_path)
+  bert = model_lib.BertForPreTraining(pre.config)
+  lines = []
+  for ids in _held_out_sentences(data_dir, n):
+    # A one-piece word of 3+ letters in the middle of the sentence.
+    words = [i for i in range(2, len(ids) - 2) if tok.is_word_start(ids[i])
+             and tok.is_word_start(ids[i + 1]) and len(tok.id_to_piece(ids[i])) > 3]
+    if not words:
+      continue
+    pos = words[len(words) // 2]
+    x = [tokenizer_lib.CLS_ID] + ids[:pos] + [tokenizer_lib.MASK_ID] + ids[pos + 1:] + [
+        tokenizer_lib.SEP_ID]
+    arr = np.asarray([x], np.int32)
+    out = bert.apply({"params": pre.params}, arr, np.zeros_like(arr), np.ones_like(arr),
+                     np.asarray([[pos + 1]], np.int32), deterministic=True)
+    top = np.argsort(-np.asarray(out.mlm_logits[0, 0]))[:k]
+    text = tok.decode(ids[:pos]) + " [MASK] " + tok.decode(ids[pos + 1:])
+    guesses = ", ".join(tok.id_to_piece(int(t)).lstrip(tokenizer_lib.WORD_START) for t in top)
+    lines.append(f"  {text}\n    answer {tok.id_to_piece(ids[pos]).lstrip(tokenizer_lib.WORD_START)!r}; "
+                 f"model's top {k}: {guesses}")
+  return lines
+
+
+def _positive(text: str) -> int:
+  if not text.isdigit() or int(text) < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: a number of steps >= 1")
+  return int(text)
 
 
 def main(argv: list[str]) -> int:
   p = argparse.ArgumentParser(prog="bertjax demo", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   p.add_argument("--workdir", default="runs/demo", help="output directory (default runs/demo)")
-  p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo "
-                 "config's)")
+  p.add_argument("--steps", type=_positive, default=None, help="training steps (default: the "
+                 "demo config's)")
   p.add_argument("--train-tokenizer", action="store_true",
                  help="train a new tokenizer on the corpus instead of data/tokenizer.model")
   args = p.parse_args(argv)
 
   from bertjax import loop
 
+  from bertjax.commands import pretrain
+
   workdir = pathlib.Path(args.workdir)
+  data_dir = workdir / "data" / "austen"
+  # The same flag parsing as `bertjax pretrain` (checked before anything is written), so the
+  # demo is exactly that command.
+  config_file = loop.REPO_DATA.parent / "experiments" / "pretrain.py"
+  overrides = [f"--config.data.path={data_dir}"]
+  overrides += [f"--config.train.steps={args.steps}"] if args.steps else []
+  config = pretrain.parse(["--config", f"{config_file}:demo", *overrides], "bertjax demo").config
   workdir.mkdir(parents=True, exist_ok=True)
   corpus = loop.REPO_DATA / "austen.txt"
   tokenizer = loop.REPO_DATA / "tokenizer.model"
@@ -57,7 +124,6 @@ def main(argv: list[str]) -> int:
       print(f"demo: training a tokenizer on {corpus.name} -> {prefix}.model", flush=True)
       tokenizer_lib.train_tokenizer([str(corpus)], str(prefix))
     tokenizer = prefix.with_suffix(".model")
-  data_dir = workdir / "data" / "austen"
   if not (data_dir / "metadata.json").exists():
     from bertjax.data import prepare
 
@@ -66,19 +132,15 @@ def main(argv: list[str]) -> int:
                                           inputs=(str(corpus),), num_shards=8,
                                           eval_fraction=0.02, processes=2, progress=False))
 
-  from bertjax.commands import pretrain
-
-  # The same flag parsing as `bertjax pretrain`, so the demo is exactly that command.
-  config_file = loop.REPO_DATA.parent / "experiments" / "pretrain.py"
-  overrides = [f"--config.data.path={data_dir}"]
-  overrides += [f"--config.train.steps={args.steps}"] if args.steps else []
-  config = pretrain.parse(["--config", f"{config_file}:demo", *overrides], "bertjax demo").config
   print(f"demo: pretraining a tiny BERT for {config.train.steps} steps "
         f"(`bertjax pretrain --config experiments/pretrain.py:demo --workdir {workdir} "
         f"--config.data.path={data_dir}` is the same run)", flush=True)
   rc = loop.train_and_evaluate(config, str(workdir))
   if (workdir / "metrics.jsonl").exists():
     print(_summary(workdir))
+  if rc == 0:
+    print("fill-mask on held-out sentences:\n" + "\n".join(fill_mask(workdir, data_dir)),
+          flush=True)
   print(f"checkpoints: {workdir / 'checkpoints'}\n"
         f"TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}\n"
         f"metrics:     {workdir / 'metrics.jsonl'}", flush=True)

@@ -26,18 +26,20 @@ import re
 import sys
 from pathlib import Path
 
+from bertjax.cli import HelpFormatter
+
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax extract", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   p.add_argument("--init", required=True,
                  help="bertjax checkpoint (workdir, step dir or pretrained dir), Hugging Face "
                       "model directory, or Google BERT directory")
   p.add_argument("--input", required=True, help="UTF-8 text file, one example per line")
   p.add_argument("--output", required=True, help="OUT.jsonl or OUT.npy")
-  p.add_argument("--layers", default="-1,-2,-3,-4",
+  p.add_argument("--layers", default=None,
                  help="hidden states to output: 0 = embeddings, i = layer i, -1 = last "
-                      "(default: -1,-2,-3,-4)")
+                      "(default: -1,-2,-3,-4, BERT's, or as many as a smaller model has)")
   p.add_argument("--concat", action="store_true",
                  help="concatenate the chosen layers into one vector per token")
   p.add_argument("--pooling", choices=("none", "cls", "mean"), default="none",
@@ -135,7 +137,8 @@ def _run(args, out: Path) -> int:
   if args.max_seq_len > cfg.max_position_embeddings:
     raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's "
                      f"max_position_embeddings={cfg.max_position_embeddings}")
-  layers = features.parse_layers(args.layers, cfg.num_layers)
+  spec = args.layers or ",".join(str(-k) for k in range(1, min(4, cfg.num_layers + 1) + 1))
+  layers = features.parse_layers(spec, cfg.num_layers)
   lines = _read_lines(args.input)
   examples = [features.make_example(i, line, tok, args.max_seq_len)
               for i, line in enumerate(tqdm(lines, desc="tokenize", unit="line",

@@ -21,7 +21,11 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
   """The fine-tuning recipe: AdamW, warmup + linear decay, dropout, global batch sizes."""
   if max_seq_len is not None:
     g.add_argument("--max-seq-len", type=int, default=max_seq_len)
-  g.add_argument("--learning-rate", type=float, default=learning_rate)
+  g.add_argument("--learning-rate", type=float, default=None,
+                 help=f"peak learning rate (default: by the encoder's width: {learning_rate:g} "
+                      "(BERT's) for base/large, 1e-4 up to hidden 512, 5e-4 up to 256, 1e-3 up "
+                      "to 128; printed)")
+  g.set_defaults(bert_learning_rate=learning_rate)
   g.add_argument("--epochs", type=int, default=epochs)
   g.add_argument("--batch-size", type=int, default=32, help="global batch size")
   g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
@@ -36,10 +40,15 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
   g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def recipe_from_args(args: argparse.Namespace):
+def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str):
+  """The recipe of the flags; an unset --learning-rate follows the encoder's width (printed)."""
   from bertjax import finetuning
 
-  return finetuning.Recipe(learning_rate=args.learning_rate, epochs=args.epochs,
+  lr = args.learning_rate
+  if lr is None:
+    lr, _, why = finetuning.learning_rates_for(hidden_size, args.bert_learning_rate)
+    print(f"{prefix}: learning rate {lr:g} ({why}; --learning-rate overrides)", flush=True)
+  return finetuning.Recipe(learning_rate=lr, epochs=args.epochs,
                            batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                            warmup_fraction=args.warmup, weight_decay=args.weight_decay,
                            dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)

@@ -18,14 +18,14 @@ import json
 import os
 import sys
 
+from bertjax.cli import HelpFormatter
 from bertjax.commands import finetune_args
 
-BERT_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)  # the BERT paper's GLUE grid
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax glue", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   p.add_argument("--task", required=True,
                  help="cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|ax|all|custom "
                       "(ax = the MNLI model's predictions on the diagnostic)")
@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                                 eval_untrained=False)
   g.add_argument("--sweep", action="store_true",
                  help="run every learning rate of --learning-rates x every seed of --seeds")
-  g.add_argument("--learning-rates", default=",".join(str(x) for x in BERT_LEARNING_RATES),
-                 help="comma-separated grid for --sweep")
+  g.add_argument("--learning-rates", default=None,
+                 help="comma-separated grid for --sweep (default: by the encoder's width, "
+                      "BERT's 5e-5,4e-5,3e-5,2e-5 for base/large; printed)")
   g.add_argument("--seeds", default="1",
                  help="with --sweep: a count N (seeds 0..N-1) or a comma list (0,7,9)")
   g.add_argument("--max-train-examples", type=int, default=0,
@@ -189,6 +190,7 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   import dataclasses
 
+  from bertjax import finetuning
   from bertjax.glue import restore, submission, tsv
 
   try:
@@ -199,8 +201,16 @@ def main(argv: list[str]) -> int:
     return 2
   print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
-  base = finetune_args.recipe_from_args(args)
-  lrs = [float(x) for x in args.learning_rates.split(",")] if args.sweep else [args.learning_rate]
+  base = finetune_args.recipe_from_args(args, enc.config.hidden_size, "glue")
+  if args.sweep:
+    grid = args.learning_rates
+    if grid is None:
+      _, default_grid, why = finetuning.learning_rates_for(enc.config.hidden_size)
+      grid = ",".join(f"{x:g}" for x in default_grid)
+      print(f"glue: --sweep learning rates {grid} ({why}; --learning-rates overrides)")
+    lrs = [float(x) for x in grid.split(",")]
+  else:
+    lrs = [base.learning_rate]
   recipes = [dataclasses.replace(base, learning_rate=lr, seed=s)
              for lr in lrs for s in _seeds(args.seeds, args.sweep, args.seed)]
   os.makedirs(args.workdir, exist_ok=True)

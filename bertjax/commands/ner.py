@@ -17,12 +17,13 @@ import argparse
 import os
 import sys
 
+from bertjax.cli import HelpFormatter
 from bertjax.commands import finetune_args
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax ner", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="CoNLL-format training file")
   p.add_argument("--dev", required=True, help="CoNLL-format dev file (scored every epoch)")
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> int:
                  os.path.join(args.workdir, "skipped_lines.txt"))
   print(f"ner: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetune_args.recipe_from_args(args)
+  recipe = finetune_args.recipe_from_args(args, enc.config.hidden_size, "ner")
   try:
     result = train.train_and_evaluate(enc, splits, recipe, args.max_seq_len, args.workdir,
                                       args.eval_untrained, progress=not args.no_progress)

@@ -15,13 +15,14 @@ import argparse
 import json
 import sys
 
+from bertjax.cli import HelpFormatter
 from bertjax.data import prepare as prepare_lib
 
 
 def _parser() -> argparse.ArgumentParser:
     d = prepare_lib.PrepareConfig(output="", tokenizer="")
     p = argparse.ArgumentParser(prog="bertjax prepare", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", nargs="+", metavar="FILE_OR_GLOB",
                      help="text: one sentence per line, a blank line between documents")

@@ -18,12 +18,13 @@ import argparse
 import os
 import sys
 
+from bertjax.cli import HelpFormatter
 from bertjax.commands import finetune_args
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="bertjax squad", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=HelpFormatter)
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="SQuAD training JSON")
   p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
                  os.path.join(args.workdir, "skipped_questions.txt"))
   print(f"squad: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}; tokenizer {enc.tokenizer!r}", flush=True)
-  recipe = finetune_args.recipe_from_args(args)
+  recipe = finetune_args.recipe_from_args(args, enc.config.hidden_size, "squad")
   opts = train.Options(version=args.version, max_seq_len=args.max_seq_len,
                        doc_stride=args.doc_stride, max_query_length=args.max_query_length,
                        n_best=args.n_best, max_answer_length=args.max_answer_length,

@@ -12,25 +12,32 @@ import json
 import sys
 
 from bertjax import tokenizer as tokenizer_lib
+from bertjax.cli import HelpFormatter
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bertjax tokenizer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bertjax tokenizer", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-    t = sub.add_parser("train", help="train PREFIX.model + PREFIX.vocab")
+    t = sub.add_parser("train", help="train PREFIX.model + PREFIX.vocab",
+                       formatter_class=HelpFormatter)
     t.add_argument("--input", nargs="+", required=True, metavar="FILE_OR_GLOB",
                    help="text files, one sentence per line")
     t.add_argument("--vocab-size", type=int, default=8000)
     t.add_argument("--output", required=True, metavar="PREFIX")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
-    t.add_argument("--character-coverage", type=float, default=1.0,
-                   help="1.0 for alphabetic languages; 0.9995 for Chinese/Japanese")
+    t.add_argument("--character-coverage", type=float, default=None,
+                   help="share of character occurrences given their own piece (default: 1.0 "
+                        "when every character fits in the vocabulary, else chosen so that "
+                        "characters fill 70%% of it; printed)")
     t.add_argument("--no-byte-fallback", action="store_true",
                    help="uncovered characters become [UNK] instead of UTF-8 byte pieces")
-    e = sub.add_parser("encode", help="print the pieces and ids of some text")
+    e = sub.add_parser("encode", help="print the pieces and ids of some text",
+                       formatter_class=HelpFormatter)
     e.add_argument("--model", required=True)
     e.add_argument("text", nargs="+")
-    i = sub.add_parser("info", help="print vocab size, checksum and special tokens as JSON")
+    i = sub.add_parser("info", help="print vocab size, checksum and special tokens as JSON",
+                       formatter_class=HelpFormatter)
     i.add_argument("--model", required=True)
     return p
 

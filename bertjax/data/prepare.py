@@ -28,6 +28,11 @@ from bertjax import wordpiece
 from bertjax.data import records, text
 
 
+# 2% of the documents: on the bundled corpus (273 chapters) ~5 chapters, ~18k tokens; on a
+# Wikipedia-sized corpus far more than an evaluation reads, at 2% of the training text.
+DEFAULT_EVAL_FRACTION = 0.02
+
+
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
     output: str  # output directory (created)
@@ -37,7 +42,8 @@ class PrepareConfig:
     tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
     tfds_text_key: str = "text"  # feature holding the document text
     num_shards: int = 8  # train shards per worker; >= the number of training hosts
-    eval_fraction: float = 0.0  # share of documents held out for evaluation
+    # Share of documents held out for pretrain's evaluation (eval-*.tfrecord); 0 holds none.
+    eval_fraction: float = DEFAULT_EVAL_FRACTION
     eval_shards: int = 1  # eval shards per worker (when eval_fraction > 0)
     worker_index: int = 0  # this worker's index, for preparing on several machines
     num_workers: int = 1  # machines preparing the same corpus
@@ -195,9 +201,19 @@ class _Tasks:
 
         name, _, split = self.cfg.tfds.partition(":")
         split = split or "train"
-        builder = tfds.builder(name, data_dir=self.cfg.tfds_data_dir)
+        try:
+            builder = tfds.builder(name, data_dir=self.cfg.tfds_data_dir)
+        except Exception as e:  # unknown name or version: tfds's own one-line message
+            raise ValueError(f"--tfds {self.cfg.tfds}: {str(e).splitlines()[0]}") from e
         part = tfds.even_splits(split, n=self.cfg.num_workers)[self.cfg.worker_index]
-        ds = builder.as_dataset(split=part, shuffle_files=False)
+        try:
+            ds = builder.as_dataset(split=part, shuffle_files=False)
+        except AssertionError:  # tfds's way of saying the data is not there
+            where = self.cfg.tfds_data_dir or "the default TFDS data_dir (~/tensorflow_datasets)"
+            raise FileNotFoundError(
+                f"--tfds {self.cfg.tfds}: not prepared in {where}; nothing is downloaded at run "
+                "time: download and prepare it with `tfds build` on a connected machine, then "
+                "pass --tfds-data-dir DIR") from None
         batch, first, source = [], 0, f"tfds {name}:{part}"
         for i, example in enumerate(ds.as_numpy_iterator()):
             if self.cfg.tfds_text_key not in example:
@@ -340,6 +356,34 @@ def _copy_tokenizer(tok, out: pathlib.Path, worker_index: int) -> dict:
     return meta
 
 
+def _drop_empty_shards(cfg: PrepareConfig, out: pathlib.Path, writers: _Writers) -> None:
+    """Deletes shards that got no document (more shards asked than documents), saying so.
+
+    Shard names keep their `-of-N` numbering; metadata.json lists the shards that remain.
+    """
+    for split, flag in (("train", "--num-shards"), ("eval", "--eval-shards")):
+        shards = [s for s in writers.shards if s["split"] == split]
+        empty = [s for s in shards if s["documents"] == 0]
+        if not shards or not empty:
+            continue
+        for s in empty:
+            (out / s["file"]).unlink(missing_ok=True)
+        kept = len(shards) - len(empty)
+        writers.shards = [s for s in writers.shards if s not in empty]
+        if kept == 0 and split == "eval":
+            print(f"prepare: no document fell into the held-out split ({cfg.eval_fraction:g} of "
+                  "the documents); `bertjax pretrain` will train without held-out evaluation. "
+                  "Raise --eval-fraction, or split the text into more documents (blank lines)",
+                  file=sys.stderr)
+        elif kept == 0:
+            if any(s["documents"] for s in writers.shards):
+                print("prepare: no training document: every document is in the held-out "
+                      "split; lower --eval-fraction", file=sys.stderr)
+        else:
+            print(f"prepare: wrote {kept} {split} shard(s), not {flag} {len(shards)}: only "
+                  f"{kept} {split} document(s)", file=sys.stderr)
+
+
 def prepare(cfg: PrepareConfig) -> dict:
     """Prepares the shards and metadata of this worker; returns the metadata."""
     from tqdm import tqdm
@@ -374,6 +418,7 @@ def prepare(cfg: PrepareConfig) -> dict:
         writers.close()
         bar.close()
     tally.finish_files(tasks.files, tasks.empty_files)
+    _drop_empty_shards(cfg, out, writers)
     seconds = time.perf_counter() - start
     meta = {
         "format_version": records.FORMAT_VERSION,

@@ -271,7 +271,8 @@ def host_shards(cfg: InputConfig, process_index: int, process_count: int,
     if len(shards) < process_count:
         raise ValueError(f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
                          f"{process_count} hosts; every host needs at least one file: prepare "
-                         f"with --num-shards (or --eval-shards) >= {process_count}")
+                         + (f"with --num-shards >= {process_count}" if split == "train" else
+                            f"with --eval-fraction > 0 and --eval-shards >= {process_count}"))
     return meta, shards[process_index::process_count]
 
 
