@@ -124,11 +124,18 @@ class _QuietLoader(importlib.abc.Loader):
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
     """Runs the first `import tensorflow` with TensorFlow's CUDA-probe lines dropped."""
 
+    _busy = False
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "tensorflow":
+        # Stays installed until TensorFlow is really imported: `importlib.util.find_spec`
+        # probes ("is TensorFlow installed?") come here too and load nothing.
+        if fullname != "tensorflow" or self._busy or "tensorflow" in sys.modules:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
         if spec is not None and spec.loader is not None:
             spec.loader = _QuietLoader(spec.loader)
         return spec

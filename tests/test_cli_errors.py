@@ -81,7 +81,7 @@ def test_pretrain_user_error_is_one_line_and_writes_nothing(case, tmp_path):
 
 
 @pytest.mark.parametrize("args, needles", [
-    ([f"--config={CONFIG}:tinyy"], ["unknown variant 'tinyy'", "'tiny'", "'base_lamb'"]),
+    ([f"--config={CONFIG}:tinyy"], ["unknown variant 'tinyy'", "valid: demo, tiny, mini", "base_lamb, large_lamb"]),
     (["--config", "experiments/nope.py:tiny"], ["experiments/nope.py", "no config file",
                                                 "experiments/pretrain.py:tiny"]),
     ([], ["--config is required", "experiments/pretrain.py:tiny"]),
@@ -183,7 +183,7 @@ def test_config_command_help_lists_variants_and_flags(command):
 def test_pretrain_help_with_a_config_lists_its_fields_and_values():
   r = _bertjax("pretrain", "--config", f"{CONFIG}:demo", "--help")
   assert r.returncode == 0, r.stderr
-  assert "  train.steps = 1200\n" in r.stdout and "  data.source = 'prepared'\n" in r.stdout
+  assert "  train.steps = 2000\n" in r.stdout and "  data.source = 'prepared'\n" in r.stdout
 
 
 def _parsers(p: argparse.ArgumentParser, name: str):

@@ -40,14 +40,17 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
   g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str):
-  """The recipe of the flags; an unset --learning-rate follows the encoder's width (printed)."""
+def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
+                     announce: bool = True):
+  """The recipe of the flags; an unset --learning-rate follows the encoder's width (printed
+  when `announce`: a sweep prints its grid instead)."""
   from bertjax import finetuning
 
   lr = args.learning_rate
   if lr is None:
     lr, _, why = finetuning.learning_rates_for(hidden_size, args.bert_learning_rate)
-    print(f"{prefix}: learning rate {lr:g} ({why}; --learning-rate overrides)", flush=True)
+    if announce:
+      print(f"{prefix}: learning rate {lr:g} ({why}; --learning-rate overrides)", flush=True)
   return finetuning.Recipe(learning_rate=lr, epochs=args.epochs,
                            batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                            warmup_fraction=args.warmup, weight_decay=args.weight_decay,

@@ -201,7 +201,8 @@ def main(argv: list[str]) -> int:
     return 2
   print(f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
         f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}")
-  base = finetune_args.recipe_from_args(args, enc.config.hidden_size, "glue")
+  base = finetune_args.recipe_from_args(args, enc.config.hidden_size, "glue",
+                                        announce=not args.sweep)
   if args.sweep:
     grid = args.learning_rates
     if grid is None:
