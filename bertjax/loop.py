@@ -183,10 +183,13 @@ def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, floa
   from bertjax.data import pretraining
 
   stream = make_stream(config, phase, None, split="eval")
+  mask_id = _mask_id(config)
   totals, target_counts = None, collections.Counter()
   for _ in range(config.eval.steps):
     host_batch = next(stream)
-    target_counts.update(_targets_at_mask(host_batch).tolist())
+    host_batch["at_mask"] = np.asarray(losses.at_mask_token(host_batch, mask_id))
+    # This process's targets there, for the best constant guess below.
+    target_counts.update(host_batch["masked_ids"][host_batch["at_mask"] > 0].tolist())
     sums = setup.eval_step(params, pretraining.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
   out = {f"eval_{k}": float(v) for k, v in losses.finalize(jax.device_get(totals)).items()}
@@ -213,12 +216,13 @@ def _has_eval_data(config, writer) -> bool:
   return False
 
 
-def _targets_at_mask(batch: dict) -> np.ndarray:
-  """This process's target ids at the predicted positions whose input is [MASK]."""
-  given = np.take_along_axis(np.asarray(batch["input_ids"]),
-                             np.asarray(batch["masked_positions"]), axis=1)
-  keep = (given == MASK_ID) & (np.asarray(batch["masked_weights"]) > 0)
-  return np.asarray(batch["masked_ids"])[keep]
+def _mask_id(config) -> int:
+  """The [MASK] id of the stream: the prepared data's tokenizer's, or SentencePiece's."""
+  if config.data.source != "prepared":
+    return MASK_ID
+  from bertjax.data import records
+
+  return records.special_ids(records.load_metadata(config.data.path))["mask"]
 
 
 class _Meter:

@@ -107,10 +107,11 @@ def pretraining_sums(mlm_nll_BxP: Array, mlm_correct_BxP: Array, nsp_logits_Bx2:
   return sums
 
 
-def at_mask_token(batch: dict[str, Array]) -> Array:
-  """[B, P] float32: 1 at the real predicted positions whose input token is [MASK]."""
+def at_mask_token(batch: dict[str, Array], mask_id: int = MASK_ID) -> Array:
+  """[B, P] float32: 1 at the real predicted positions whose input token is `mask_id` (the
+  data's [MASK]: 4 for SentencePiece, 103 in BERT's WordPiece vocabs)."""
   given_BxP = jnp.take_along_axis(batch["input_ids"], batch["masked_positions"], axis=1)
-  return (given_BxP == MASK_ID).astype(jnp.float32) * batch["masked_weights"].astype(jnp.float32)
+  return (given_BxP == mask_id).astype(jnp.float32) * batch["masked_weights"].astype(jnp.float32)
 
 
 def total_loss(sums: dict[str, Array], mlm_count: Array, nsp_count: Array) -> Array:

@@ -143,9 +143,13 @@ class _InMesh:
       return self.jitted.lower(*args)
 
 
+def _forward(params, batch, model, dropout_key, deterministic: bool):
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
+                     deterministic=deterministic, rngs={"dropout": dropout_key})
+
+
 def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
-  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
-                    deterministic=deterministic, rngs={"dropout": dropout_key})
+  out = _forward(params, batch, model, dropout_key, deterministic)
   return losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
 
 
@@ -214,14 +218,13 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
 def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
   """Summed MLM/NSP loss and accuracy counts on one batch (dropout off).
 
-  Also `mask_correct`/`mask_count`: the hits at the predicted positions whose input is
-  [MASK] (80% of them). There the model cannot copy the token it is given, so this is the
-  accuracy that shows whether it uses context (`bertjax.loop.evaluate` sets it beside the best
-  constant guess).
+  Also `mask_correct`/`mask_count` at `batch["at_mask"]` ([B, P], `losses.at_mask_token` with
+  the data's [MASK] id): the predicted positions whose input is [MASK] (80% of them). There the
+  model cannot copy the token it is given, so this is the accuracy that shows whether it uses
+  context (`bertjax.loop.evaluate` sets it beside the best constant guess).
   """
-  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
-                    deterministic=True, rngs={"dropout": jax.random.PRNGKey(0)})
+  out = _forward(params, batch, model, jax.random.PRNGKey(0), deterministic=True)
   sums = losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
-  at_mask_BxP = losses.at_mask_token(batch)
+  at_mask_BxP = batch["at_mask"]
   sums.update(mask_correct=jnp.sum(out.mlm_correct * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
   return sums

@@ -81,6 +81,9 @@ def test_accuracy_at_mask_counts_only_positions_whose_input_is_mask():
                masked_weights=np.array([[1, 1, 0], [1, 0, 1]], np.float32))  # [1,1] padding
   at = np.asarray(losses.at_mask_token(batch))
   np.testing.assert_array_equal(at, [[1, 0, 0], [1, 0, 0]])
+  wordpiece = dict(batch, input_ids=np.where(input_ids == MASK_ID, 103, input_ids))
+  np.testing.assert_array_equal(np.asarray(losses.at_mask_token(wordpiece, 103)), at)
+  assert not np.asarray(losses.at_mask_token(wordpiece)).any()  # the data's id, not a constant
   sums = dict(mlm_loss=jnp.float32(3.0), mlm_correct=jnp.float32(2.0), mlm_count=jnp.float32(4.0),
               nsp_loss=jnp.float32(0.0), nsp_correct=jnp.float32(0.0), nsp_count=jnp.float32(0.0),
               mask_correct=jnp.float32(1.0), mask_count=jnp.float32(2.0))
