@@ -48,3 +48,55 @@ def free_port():
       s.bind(("localhost", 0))
       return s.getsockname()[1]
   return pick
+
+
+@pytest.fixture(scope="session")
+def bert_reference():
+  """bert_reference(name) -> module: google-research/bert's `bert/<name>.py`, as shipped in the
+  `bert-tensorflow` sdist on PyPI (a test dependency), imported and run under TF2's
+  `tf.compat.v1` (which the 1.0.4 release already targets). Never copied into this repository.
+
+  The reference scripts define absl flags at import (`vocab_file`, `do_lower_case`, ... in both
+  run_squad and create_pretraining_data), so each load gets its own FlagValues, parsed at the
+  defaults: loads never collide with each other or with bertjax's own flags. `modeling.py`
+  imports `tensorflow.contrib`, which TF2 no longer has: a stub stands in for it, and only its
+  `layer_norm` (unused by the pieces the tests call) would need it.
+  """
+  import contextlib
+  import importlib
+  import sys
+  import types
+  from unittest import mock
+
+  from absl import flags as absl_flags
+  tf = pytest.importorskip("tensorflow")
+  pytest.importorskip("bert.optimization", reason="pip install bert-tensorflow")
+  tf_flags = tf.compat.v1.flags
+  cache = {}
+
+  def load(name: str):
+    if name in cache:
+      return cache[name]
+    values = absl_flags.FlagValues()
+    contrib = types.ModuleType("tensorflow.contrib")
+    contrib.layers = types.ModuleType("tensorflow.contrib.layers")
+    with contextlib.ExitStack() as stack:
+      for module in {absl_flags, tf_flags}:
+        stack.enter_context(mock.patch.object(module, "FLAGS", values))
+        for attr in dir(absl_flags):
+          if attr.startswith("DEFINE"):
+            define = getattr(absl_flags, attr)
+            stack.enter_context(mock.patch.object(
+                module, attr, lambda *a, _define=define, **k: _define(*a, flag_values=values, **k)))
+      stack.enter_context(mock.patch.dict(sys.modules, {
+          "tensorflow.contrib": contrib, "tensorflow.contrib.layers": contrib.layers}))
+      for key in [k for k in sys.modules if k == "bert" or k.startswith("bert.")]:
+        del sys.modules[key]
+      module = importlib.import_module(f"bert.{name}")
+      for key in [k for k in sys.modules if k.startswith("bert.")]:
+        del sys.modules[key]
+    values(["bert-reference"])
+    cache[name] = module
+    return module
+
+  return load
