@@ -80,7 +80,7 @@ class BertConfig:
   hidden_dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1  # > 0 in training uses the einsum path (see Attention)
   layer_norm_eps: float = 1e-12
-  initializer_range: float = 0.02  # std of the truncated-free normal init, as BERT
+  initializer_range: float = 0.02  # std of the normal, truncated at ±2 std, as BERT
   dtype: str = "float32"  # compute dtype: "bfloat16" for mixed precision
   param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
   remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
@@ -147,7 +147,10 @@ def from_preset(name: str, **overrides) -> BertConfig:
 
 
 def _init(cfg: BertConfig, names: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), names)
+  # BERT's tf.truncated_normal_initializer: N(0, range²) redrawn outside ±2·range (so the
+  # drawn values' std is 0.88·range); jax's truncated_normal is the same distribution.
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(cfg.initializer_range, lower=-2.0, upper=2.0), names)
 
 
 def _zeros(names: tuple[str | None, ...]):

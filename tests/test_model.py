@@ -370,3 +370,20 @@ def test_flat_dot_general_equals_dot_general():
   np.testing.assert_allclose(flat(x, w), ref(x, w), rtol=1e-6)
   for g, g_ref in zip(jax.grad(flat, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
     np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_init_is_berts_truncated_normal():
+  """Kernels and tables are drawn as google-research/bert's `create_initializer`
+  (modeling.py: tf.truncated_normal_initializer(stddev=initializer_range)): within ±2·0.02, with
+  the truncated distribution's std, which TF's own initializer shows on the same shape."""
+  tf = pytest.importorskip("tensorflow")
+  cfg = model_lib.from_preset("tiny", vocab_size=4000)
+  params = _init(cfg)
+  table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  kernels = [np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+             if jax.tree_util.keystr(p).endswith("['kernel']")]
+  drawn = np.concatenate([table.ravel()] + [k.ravel() for k in kernels])
+  ref = tf.compat.v1.truncated_normal_initializer(stddev=0.02, seed=0)(drawn.shape).numpy()
+  assert np.abs(drawn).max() <= 0.04 + 1e-7
+  assert abs(drawn.std() - ref.std()) < 2e-4, (drawn.std(), ref.std())
+  assert abs(ref.std() - 0.0176) < 2e-4  # not N(0, 0.02): that would be 0.0200
