@@ -20,8 +20,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from bertjax import checkpoint, distributed, flops, losses, metrics_writer, model as model_lib
-from bertjax import optim, sharding, train
+from bertjax import checkpoint, config_checks, distributed, flops, losses, metrics_writer
+from bertjax import model as model_lib, optim, sharding, train, workdir_lock
 from bertjax.tokenizer import MASK_ID
 
 REPO_DATA = pathlib.Path(__file__).resolve().parent.parent / "data"
@@ -132,9 +132,11 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
 # ----------------------------------------------------------------------------- helpers
 
 
-def _meta(config, setup: train.Setup, step: int, tokenizer_rel: str | None) -> dict:
+def _meta(config, setup: train.Setup, step: int, tokenizer_rel: str | None,
+          metrics_partial: dict) -> dict:
   return dict(bert_config=setup.bert_config.to_dict(), step=int(step), tokenizer=tokenizer_rel,
-              optimizer=config.train.optimizer, config=json.loads(config.to_json_best_effort()))
+              optimizer=config.train.optimizer, config=json.loads(config.to_json_best_effort()),
+              metrics_partial=metrics_partial)
 
 
 def _copy_tokenizer(config, workdir: str) -> str | None:
@@ -226,25 +228,36 @@ def _mask_id(config) -> int:
 
 
 class _Meter:
-  """Host-side averages over one log interval, plus throughput, MFU and ETA."""
+  """Host-side averages over one log interval, plus throughput, MFU and ETA.
 
-  def __init__(self, config, bert_config, phase: Phase):
+  Every step's metrics count, the first after a (re)compile included; only the timing leaves
+  that step out. The running sums travel in the checkpoint (`partial`), so after a resume an
+  interval averages the same steps as in an uninterrupted run.
+  """
+
+  def __init__(self, config, bert_config, phase: Phase, partial: dict | None = None):
     self.peak = config.peak_flops_per_device or flops.peak_flops_per_device()
+    self.sums = dict(partial["sums"]) if partial else {}
+    self.count = int(partial["count"]) if partial else 0
     self.set_phase(bert_config, phase)
-    self.rows: list[dict] = []
-    self.t0 = None
 
   def set_phase(self, bert_config, phase: Phase) -> None:
     self.phase = phase
     self.flops = flops.pretraining_flops_per_step(bert_config, phase.batch_size, phase.seq_len,
                                                   phase.max_predictions)
-    self.rows, self.t0 = [], None
+    self.t0, self.timed = None, 0
 
   def add(self, m: dict) -> None:
+    for k, v in m.items():
+      self.sums[k] = self.sums.get(k, 0.0) + v
+    self.count += 1
     if self.t0 is None:  # the first step's time is mostly compilation: start timing after it
-      self.t0, self.steps0 = time.perf_counter(), 0
-      return
-    self.rows.append(m)
+      self.t0 = time.perf_counter()
+    else:
+      self.timed += 1
+
+  def partial(self) -> dict:
+    return {"sums": dict(self.sums), "count": self.count}
 
   def exclude(self, seconds: float) -> None:
     """Leave time spent outside training steps (evals) out of the throughput."""
@@ -252,16 +265,18 @@ class _Meter:
       self.t0 += seconds
 
   def summary(self, step: int, total: int) -> dict:
-    rows, self.rows = self.rows, []
-    if not rows:
+    if not self.count:
       return {}
-    out = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-    dt = (time.perf_counter() - self.t0) / len(rows)
-    self.t0 = time.perf_counter()
-    ph = self.phase
-    out.update(seq_per_sec=ph.batch_size / dt, tokens_per_sec=ph.batch_size * ph.seq_len / dt,
-               step_time_sec=dt, eta_sec=(total - step) * dt)
-    out["mfu"] = self.flops / dt / (jax.device_count() * self.peak) if self.peak else None
+    out = {k: v / self.count for k, v in self.sums.items()}
+    self.sums, self.count = {}, 0
+    if self.timed:
+      now = time.perf_counter()
+      dt = (now - self.t0) / self.timed
+      self.t0, self.timed = now, 0
+      ph = self.phase
+      out.update(seq_per_sec=ph.batch_size / dt, tokens_per_sec=ph.batch_size * ph.seq_len / dt,
+                 step_time_sec=dt, eta_sec=(total - step) * dt)
+      out["mfu"] = self.flops / dt / (jax.device_count() * self.peak) if self.peak else None
     return out
 
 
@@ -269,12 +284,23 @@ class _Meter:
 
 
 def train_and_evaluate(config, workdir: str) -> int:
-  """Pretrain per `config` in `workdir`, resuming from its latest checkpoint. Exit status."""
-  from bertjax.data import pretraining
+  """Pretrain per `config` in `workdir`, resuming from its latest checkpoint. Exit status.
 
-  # --- config, mesh, output --------------------------------------------------------------
+  The config is checked first (one-line ValueErrors, nothing written), then the workdir's lock
+  is taken (one run per workdir) for the whole run.
+  """
+  config_checks.validate(config)
+  config_checks.preflight(config)
   if "://" not in workdir:
     workdir = os.path.abspath(workdir)  # orbax writes only to absolute paths
+  with workdir_lock.Lock(workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config, workdir: str) -> int:
+  from bertjax.data import pretraining
+
+  # --- config, mesh --------------------------------------------------------------------------
   config = resolve_config(config, workdir)
   mesh = sharding.mesh_from_config(config.mesh)
   plan = phases(config)
@@ -284,28 +310,34 @@ def train_and_evaluate(config, workdir: str) -> int:
                               "config.train.batch_size" if ph.index == 0
                               else "config.phase2.batch_size")
   is_main = jax.process_index() == 0
-  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main,
-                                        tensorboard=config.get("tensorboard", True))
-  if is_main:
-    (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   setups = {ph.index: train.setup(phase_config(config, ph), mesh) for ph in plan}
   setup0 = setups[0]
+
+  # --- a resume must match the checkpoint before anything of this run is written ------------
+  ck = config.checkpoint
+  mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period,
+                            ck.async_save)
+  latest = mngr.latest_step()
+  saved_meta = None
+  if latest is not None:
+    where = str(mngr.directory / str(latest))
+    saved_meta = mngr.read_meta(latest)
+    checkpoint.check_compatible(saved_meta["bert_config"], setup0.bert_config, where,
+                                saved_meta.get("optimizer"), config.train.optimizer)
+  # metrics.jsonl keeps exactly the records of the steps the checkpoint holds.
+  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main,
+                                        tensorboard=config.get("tensorboard", True),
+                                        keep_through=latest or 0)
+  if is_main:
+    (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   writer.log(f"model: {config.model.preset} {model_lib.count_params(setup0.abstract_state.params):,} "
              f"params | mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
              f"devices, {jax.process_count()} process(es) | workdir {workdir}")
 
   # --- state: resume, init_from, or fresh ------------------------------------------------
-  ck = config.checkpoint
-  mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period,
-                            ck.async_save)
   tokenizer_rel = _copy_tokenizer(config, workdir)
-  latest = mngr.latest_step()
   data_state = None
   if latest is not None:
-    where = str(mngr.directory / str(latest))
-    saved = mngr.read_meta(latest)
-    checkpoint.check_compatible(saved["bert_config"], setup0.bert_config, where,
-                                saved.get("optimizer"), config.train.optimizer)
     state, data_states, _ = mngr.restore(latest, setup0.abstract_state)
     data_state = _data_state(config, data_states, writer)
     writer.log(f"resumed from {where}")
@@ -325,11 +357,13 @@ def train_and_evaluate(config, workdir: str) -> int:
 
   phase = next((ph for ph in plan if ph.start <= step < ph.end), plan[-1])
   batches = open_phase(phase, data_state)
-  meter = _Meter(config, setups[phase.index].bert_config, phase)
+  meter = _Meter(config, setups[phase.index].bert_config, phase,
+                 (saved_meta or {}).get("metrics_partial"))
   eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config,
                                                                                    writer)
   watcher = distributed.PreemptionWatcher()
-  bad_steps, pending, last_saved = 0, None, step
+  bad_steps, pending, last_saved, start_step = 0, None, step, step
+  log_at = {1, total} | {ph.end for ph in plan}  # besides every log_every_steps
 
   def save(at: int, force: bool) -> None:
     nonlocal last_saved
@@ -337,8 +371,8 @@ def train_and_evaluate(config, workdir: str) -> int:
       return
     last_saved = at
     data = checkpoint.gather_json({"phase": phase.index, "stream": batches.get_state()})
-    mngr.save(at, state, data, _meta(config, setups[phase.index], at, tokenizer_rel),
-              force=force)
+    mngr.save(at, state, data, _meta(config, setups[phase.index], at, tokenizer_rel,
+                                     meter.partial()), force=force)
 
   def read(p) -> bool:  # metrics of the previous step; False stops the run
     nonlocal bad_steps
@@ -355,12 +389,18 @@ def train_and_evaluate(config, workdir: str) -> int:
         return False
       return True
     meter.add(m)
-    if at % config.log_every_steps == 0 or at == total:
+    if at % config.log_every_steps == 0 or at in log_at:
       s = meter.summary(at, total)
       if s:
         writer.log(metrics_writer.progress_line(at, total, s))
         writer.write(at, s)
     return True
+
+  def stop(status: int) -> int:
+    batches.close()
+    mngr.close()
+    writer.close()
+    return status
 
   # --- the loop ---------------------------------------------------------------------------
   writer.log(f"training steps {step}..{total} | phase {phase.index}: seq {phase.seq_len}, "
@@ -376,10 +416,7 @@ def train_and_evaluate(config, workdir: str) -> int:
     state, metrics = setups[phase.index].train_step(state, next(batches))
     step += 1
     if pending is not None and not read(pending):  # one step late: the device stays busy
-      batches.close()
-      mngr.close()
-      writer.close()
-      return 1
+      return stop(1)
     pending = (step, metrics)
     if eval_on and step % config.eval.every_steps == 0:
       t_eval = time.perf_counter()
@@ -387,29 +424,28 @@ def train_and_evaluate(config, workdir: str) -> int:
       meter.exclude(time.perf_counter() - t_eval)
       writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
       writer.write(step, ev)
-    if step % ck.every_steps == 0 and step < total:
+    checkpoint_now = step % ck.every_steps == 0 and step < total
+    preempted = watcher.should_stop(step)
+    if checkpoint_now or preempted:
+      # The checkpoint holds this step's metrics too: a resume neither repeats nor loses them.
+      ok, pending = read(pending), None
+      if not ok:
+        return stop(1)
       save(step, force=True)
-    if watcher.should_stop(step):
-      save(step, force=True)
+    if preempted:
       mngr.wait()
       writer.log(f"preempted: saved step {step} to {mngr.directory}; rerun the same command "
                  "to resume")
-      batches.close()
-      mngr.close()
-      writer.close()
-      return 0
+      return stop(0)
   ok = pending is None or read(pending)
   if ok:
     save(step, force=True)
   mngr.wait()
-  if ok and eval_on and step % config.eval.every_steps:
+  if ok and eval_on and step % config.eval.every_steps and step > start_step:
     ev = evaluate(config, setups[phase.index], state.params, phase)
     writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     writer.write(step, ev)
-  batches.close()
-  mngr.close()
   writer.log(f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
              f"{epath.Path(workdir) / 'tensorboard'}, metrics in "
              f"{epath.Path(workdir) / 'metrics.jsonl'}")
-  writer.close()
-  return 0 if ok else 1
+  return stop(0 if ok else 1)

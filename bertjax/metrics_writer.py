@@ -8,6 +8,7 @@ training still runs where only JAX is installed.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import Mapping
@@ -43,7 +44,10 @@ def progress_line(step: int, total: int, m: Mapping[str, float]) -> str:
 class MetricsWriter:
   """Writes scalars to metrics.jsonl and TensorBoard (WORKDIR/tensorboard) on process 0."""
 
-  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
+               keep_through: int | None = None):
+    """`keep_through`: drop the records of metrics.jsonl after this step first (a resume from
+    that step's checkpoint writes them again; 0 = a fresh run, None = keep everything)."""
     self.enabled = enabled
     self.workdir = epath.Path(workdir)
     self._tb = None
@@ -51,7 +55,10 @@ class MetricsWriter:
     if not enabled:
       return
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self._jsonl = (self.workdir / "metrics.jsonl").open("a")
+    path = self.workdir / "metrics.jsonl"
+    if keep_through is not None and path.exists():
+      _truncate_after(path, keep_through)
+    self._jsonl = path.open("a")
     if tensorboard:
       try:
         import tensorflow as tf
@@ -68,13 +75,19 @@ class MetricsWriter:
       return
     row = {"step": int(step), **{k: (None if v is None else float(v))
                                  for k, v in metrics.items()}}
+    # JSON has no inf/nan: such values are written as null and named under "nonfinite".
+    bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+    for k in bad:
+      row[k] = None
+    if bad:
+      row["nonfinite"] = bad
     row["elapsed_sec"] = round(time.time() - self._start, 3)
-    self._jsonl.write(json.dumps(row) + "\n")
+    self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
     self._jsonl.flush()
     if self._tb is not None:
       with self._tb.as_default(step=int(step)):
         for k, v in metrics.items():
-          if v is not None:
+          if v is not None and math.isfinite(float(v)):
             self._tf.summary.scalar(k, float(v))
       self._tb.flush()
 
@@ -87,3 +100,23 @@ class MetricsWriter:
       self._jsonl.close()
       if self._tb is not None:
         self._tb.close()
+
+
+def _truncate_after(path: epath.Path, step: int) -> None:
+  """Rewrite `path` without its records after `step` (and without a torn last line)."""
+  kept, dropped = [], 0
+  for line in path.read_text().splitlines():
+    try:
+      keep = int(json.loads(line)["step"]) <= step
+    except (ValueError, KeyError, TypeError):
+      keep = False  # a line cut by a kill mid-write
+    if keep:
+      kept.append(line)
+    else:
+      dropped += 1
+  if dropped:
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+    print(f"metrics: dropped {dropped} record(s) of {path} after step {step} (the steps this "
+          "run trains again)", flush=True)

@@ -80,14 +80,13 @@ def bert_reference():
     values = absl_flags.FlagValues()
     contrib = types.ModuleType("tensorflow.contrib")
     contrib.layers = types.ModuleType("tensorflow.contrib.layers")
+    defines = {a: getattr(absl_flags, a) for a in dir(absl_flags) if a.startswith("DEFINE")}
     with contextlib.ExitStack() as stack:
-      for module in {absl_flags, tf_flags}:
+      for module in (absl_flags, tf_flags):
         stack.enter_context(mock.patch.object(module, "FLAGS", values))
-        for attr in dir(absl_flags):
-          if attr.startswith("DEFINE"):
-            define = getattr(absl_flags, attr)
-            stack.enter_context(mock.patch.object(
-                module, attr, lambda *a, _define=define, **k: _define(*a, flag_values=values, **k)))
+        for attr, define in defines.items():
+          stack.enter_context(mock.patch.object(
+              module, attr, lambda *a, _define=define, **k: _define(*a, flag_values=values, **k)))
       stack.enter_context(mock.patch.dict(sys.modules, {
           "tensorflow.contrib": contrib, "tensorflow.contrib.layers": contrib.layers}))
       for key in [k for k in sys.modules if k == "bert" or k.startswith("bert.")]:

@@ -70,9 +70,14 @@ def test_scanned_run_loads_unscanned(tmp_path):
 
 def test_config_mismatch_names_the_field(tmp_path):
   _run_until(_loop_config(6, **{"eval.every_steps": 0}), tmp_path, 3)
+  accepted = (tmp_path / "config.json").read_text()
+  records = (tmp_path / "metrics.jsonl").read_text()
   c = _loop_config(6, **{"model.hidden_size": 64, "model.intermediate_size": 256})
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"config.model.hidden_size=128"):
     loop.train_and_evaluate(c, str(tmp_path))
+  # The rejected config never replaces the run's own, and its metrics are untouched.
+  assert (tmp_path / "config.json").read_text() == accepted
+  assert (tmp_path / "metrics.jsonl").read_text() == records
 
 
 def _pretrain_cmd(workdir, steps):

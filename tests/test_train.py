@@ -121,3 +121,50 @@ def _run_until(c, workdir, stop_step):
   finally:
     distributed.PreemptionWatcher.should_stop = orig
   assert (workdir / "checkpoints" / str(stop_step)).exists()
+
+
+def test_metrics_are_one_record_per_step_across_resumes(tmp_path):
+  """metrics.jsonl after a preemption + resume, and after a kill that left records past the
+  checkpoint, holds exactly the uninterrupted run's records: step 1 included, interval
+  averages over the same steps (logging every 4, checkpoints every 3: intervals straddle
+  resumes), valid JSON only."""
+  kw = {"log_every_steps": 4, "eval.every_steps": 0}
+  full = tmp_path / "full"
+  assert loop.train_and_evaluate(_loop_config(12, **kw), str(full)) == 0
+  ref, _ = _rows(full)
+  assert sorted(ref) == [1, 4, 8, 12]
+  part = tmp_path / "part"
+  _run_until(_loop_config(12, **kw), part, 6)  # preempted at 6: the interval 5..8 is half done
+  with open(part / "metrics.jsonl", "a") as f:  # as if killed at 7 after writing later records
+    f.write(json.dumps({"step": 8, "loss": 0.0}) + "\n" + '{"step": 9, "lo')
+  assert loop.train_and_evaluate(_loop_config(12, **kw), str(part)) == 0
+  lines = (part / "metrics.jsonl").read_text().splitlines()
+  rows = [json.loads(l, parse_constant=lambda c: pytest.fail(f"non-JSON {c}")) for l in lines]
+  assert [r["step"] for r in rows] == [1, 4, 8, 12]
+  for r in rows:
+    for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm", "learning_rate"):
+      assert r[k] == pytest.approx(ref[r["step"]][k], rel=1e-6), (r["step"], k)
+
+
+def test_nonfinite_metrics_are_null_and_named(tmp_path):
+  from bertjax import metrics_writer
+
+  w = metrics_writer.MetricsWriter(str(tmp_path), tensorboard=False)
+  w.write(5, {"mlm_perplexity": float("inf"), "loss": float("nan"), "mlm_accuracy": 0.5})
+  w.close()
+  row = json.loads((tmp_path / "metrics.jsonl").read_text(),
+                   parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+  assert row["mlm_perplexity"] is None and row["loss"] is None and row["mlm_accuracy"] == 0.5
+  assert row["nonfinite"] == ["mlm_perplexity", "loss"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("train.steps", 0, r"config.train.steps=0: must be an integer >= 1"),
+    ("checkpoint.every_steps", 0, r"config.checkpoint.every_steps=0"),
+    ("train.batch_size", 5, r"config.train.batch_size=5"),
+])
+def test_bad_config_from_python_is_one_error_and_writes_nothing(tmp_path, field, value, message):
+  wd = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    loop.train_and_evaluate(_loop_config(4, **{field: value}), str(wd))
+  assert not wd.exists()

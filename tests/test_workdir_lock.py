@@ -1,0 +1,61 @@
+"""One writer per workdir: a second run is refused with who holds the lock, a dead holder's
+lock is taken over, and `bertjax pretrain` takes it before writing anything."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import workdir_lock
+
+
+def test_second_writer_is_refused_with_the_holder(tmp_path):
+  with workdir_lock.Lock(str(tmp_path), "bertjax pretrain"):
+    holder = json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+    with pytest.raises(workdir_lock.WorkdirBusyError,
+                       match=rf"in use by `bertjax pretrain` \(pid {os.getpid()} on "):
+      workdir_lock.Lock(str(tmp_path), "bertjax pretrain").acquire()
+  assert not (tmp_path / workdir_lock.LOCK_NAME).exists()  # released at the end
+
+
+def _write_lock(d, **holder):
+  (d / workdir_lock.LOCK_NAME).write_text(json.dumps(
+      dict(host=socket.gethostname(), started="then", command="bertjax pretrain") | holder))
+
+
+def test_stale_locks_are_taken_over(tmp_path, capsys):
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  _write_lock(tmp_path, pid=dead.pid)
+  with workdir_lock.Lock(str(tmp_path), "bertjax pretrain"):
+    assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  assert f"taking over the stale lock" in capsys.readouterr().err
+  # A live pid whose start time differs is a reused pid: the holder is gone too.
+  _write_lock(tmp_path, pid=os.getpid(), start_ticks="1")
+  with workdir_lock.Lock(str(tmp_path), "bertjax pretrain"):
+    pass
+  # Another host's lock cannot be checked from here: refused.
+  _write_lock(tmp_path, pid=1, host="elsewhere")
+  with pytest.raises(workdir_lock.WorkdirBusyError, match="on elsewhere"):
+    workdir_lock.Lock(str(tmp_path), "bertjax pretrain").acquire()
+
+
+def test_pretrain_on_a_busy_workdir_is_one_line_and_writes_nothing(tmp_path):
+  """The CLI's answer to a held lock: exit 2, one line, no config.json or metrics written."""
+  wd = tmp_path / "run"
+  wd.mkdir()
+  with workdir_lock.Lock(str(wd), "bertjax pretrain"):
+    r = subprocess.run([sys.executable, "-m", "bertjax.cli", "pretrain", "--config",
+                        "experiments/pretrain.py:tiny", "--workdir", str(wd),
+                        "--config.data.source=synthetic", "--config.train.steps=2"],
+                       capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert r.returncode == 2, r.stderr[-2000:]
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("bertjax pretrain: ") and "is in use by `bertjax pretrain`" in last
+  assert "Traceback" not in r.stderr
+  assert sorted(p.name for p in wd.iterdir()) == []
