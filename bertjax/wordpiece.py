@@ -10,12 +10,16 @@ Two implementations of one function, tested against each other and against trans
     feature extraction and inspection; it needs no TensorFlow.
 
 BERT's "basic tokenization", which both apply before WordPiece:
-  1. drop NUL, U+FFFD and control characters; other whitespace becomes a space;
+  1. drop NUL, U+FFFD and control (Cc) and format (Cf) characters, but not tab/newline/CR,
+     which are whitespace; private-use and unassigned characters stay; whitespace becomes a
+     space;
   2. put spaces around every CJK ideograph, so each is its own word;
   3. uncased models only: lowercase, NFD-decompose and drop combining marks ("é" -> "e");
   4. split on whitespace and on every punctuation character;
 then each word is split greedily into the longest vocabulary pieces, continuation pieces
-prefixed "##"; a word with no complete split (or over 100 characters) becomes [UNK].
+prefixed "##"; a word with no complete split (or over 200 characters) becomes [UNK].
+transformers' BertTokenizer differs from google's on two of these: it drops every C* character
+(private use too) and makes words of 101-200 characters [UNK]; this module follows google's.
 
 `load_tokenizer(path)` picks the SentencePiece `Tokenizer` for a `.model` file and
 `WordPieceTokenizer` for a vocabulary `.txt`.
@@ -32,7 +36,7 @@ from typing import Callable, Iterable, Sequence
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SUFFIX = "##"
-MAX_WORD_CHARS = 100  # google-research/bert's max_input_chars_per_word
+MAX_WORD_CHARS = 200  # google-research/bert's max_input_chars_per_word (transformers: 100)
 
 # CJK Unified Ideographs blocks, exactly as google-research/bert's _is_chinese_char. Hangul and
 # Japanese kana are not in them: those are split on whitespace like any alphabet.
@@ -48,7 +52,8 @@ class WordPieceError(ValueError):
 
 
 def read_vocab(path: str | os.PathLike) -> list[str]:
-  """Pieces of a `vocab.txt`, one per line; line number = id."""
+  """Pieces of a `vocab.txt`, one per line, stripped of surrounding whitespace as
+  google-research/bert's load_vocab does; line number = id."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise WordPieceError(f"{path}: vocabulary not found")
@@ -59,7 +64,7 @@ def read_vocab(path: str | os.PathLike) -> list[str]:
                          ) from None
   if pieces and pieces[-1] == "":
     pieces.pop()  # the final newline
-  pieces = [p.rstrip("\r") for p in pieces]
+  pieces = [p.strip() for p in pieces]
   missing = [s for s in SPECIAL_PIECES if s not in pieces]
   if missing:
     raise WordPieceError(f"{path}: special token {missing[0]} is missing; a BERT vocab.txt "
@@ -93,7 +98,8 @@ def infer_lower_case(path: str | os.PathLike, pieces: Sequence[str] | None = Non
 
 
 def _is_control(ch: str) -> bool:
-  return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
+  """google's _is_control: Cc and Cf, except tab/newline/CR (whitespace)."""
+  return ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cf")
 
 
 def _is_whitespace(ch: str) -> bool:
@@ -251,9 +257,9 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
 
 # ------------------------------------------------------------------------------ TF graph op
 
-# Control characters other than tab/newline/CR, and U+FFFD: google-research/bert deletes them
-# (so "ab<NUL>cd" is one word); FastBertTokenizer would turn them into spaces.
-_CONTROL_RE = "[^\\P{C}\t\n\r]|\\x{fffd}"
+# Cc characters other than tab/newline/CR, Cf characters and U+FFFD: google-research/bert
+# deletes them (so "ab<NUL>cd" is one word); FastBertTokenizer would turn them into spaces.
+_CONTROL_RE = "[^\\P{Cc}\t\n\r]|\\p{Cf}|\\x{fffd}"
 
 
 def wordpiece_tf_tokenize(vocab_path: str | os.PathLike, lower_case: bool | None = None
@@ -279,8 +285,8 @@ def wordpiece_tf_tokenize(vocab_path: str | os.PathLike, lower_case: bool | None
       # Lowercasing and accent stripping happen below: the op's own normaliser also folds
       # compatibility forms (fullwidth "，" -> ","), which BERT's does not.
       lower_case_nfd_strip_accents=False,
-      # Bytes, not characters: equal to google's 100-character limit for ASCII words; a
-      # non-ASCII word of 34-100 characters (e.g. 51+ Cyrillic letters) is [UNK] here only.
+      # Bytes, not characters: equal to google's 200-character limit for ASCII words; a
+      # non-ASCII word of 51-200 characters (e.g. 101+ Cyrillic letters) is [UNK] here only.
       max_bytes_per_word=MAX_WORD_CHARS)
 
   def tokenize(text):

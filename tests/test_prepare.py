@@ -264,3 +264,124 @@ def test_record_reader_skips_and_detects_truncation(tmp_path):
     path.write_bytes(path.read_bytes()[:-3])
     with pytest.raises(ValueError, match="truncated record 24"):
         list(records.read_documents(str(path)))
+
+
+def _doc_numbers(out: pathlib.Path) -> list[list[int]]:
+    """Per train shard, the numbers of its "Document N ..." documents in shard order."""
+    tok = tok_lib.Tokenizer(out / "tokenizer.model")
+    meta = records.load_metadata(out)
+    return [[int(tok.decode(doc[0]).split()[1]) for doc in records.read_documents(s["path"])]
+            for s in records.split_shards(meta, out, "train")]
+
+
+def test_documents_are_shuffled_over_the_corpus_and_seeded(tmp_path):
+    docs = [[f"Document {i} opens here.", f"Document {i} closes there."] for i in range(300)]
+    (tmp_path / "a.txt").write_text(_bert_format(docs[:150]))
+    (tmp_path / "b.txt").write_text(_bert_format(docs[150:]))
+
+    def run(name, **kw):
+        prepare.prepare(prepare.PrepareConfig(**{
+            "output": str(tmp_path / name), "tokenizer": TOKENIZER, "num_shards": 2,
+            "inputs": (str(tmp_path / "a.txt"), str(tmp_path / "b.txt")), "eval_fraction": 0,
+            "processes": 1, "progress": False, **kw}))
+        return _doc_numbers(tmp_path / name)
+
+    shards = run("x")
+    assert sorted(n for s in shards for n in s) == list(range(300))
+    # Any run of consecutive documents (a stream block) is a random sample of the corpus,
+    # both files included, not neighbouring documents: 25 uniform draws of 300 span ~270.
+    for shard in shards:
+        for start in range(0, len(shard) - 25, 25):
+            block = shard[start:start + 25]
+            assert max(block) - min(block) > 150 and min(block) < 150 <= max(block)
+    assert run("same") == shards
+    assert run("other", seed=1) != shards
+    # The same order whatever the processes and chunks, and through oversized piles that are
+    # scattered again (tiny shuffle_bytes); nothing temporary is left behind.
+    assert run("p2", processes=2, chunk_bytes=1 << 10) == shards
+    assert sorted(n for s in run("tiny", shuffle_bytes=64) for n in s) == list(range(300))
+    assert not list((tmp_path / "tiny").glob(".*"))
+
+
+def test_reprepare_needs_overwrite_and_replaces_the_old_shards(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS * 4))
+    args = ["--input", str(tmp_path / "a.txt"), "--tokenizer", TOKENIZER, "--output",
+            str(tmp_path / "o"), "--processes", "1", "--eval-fraction", "0", "--no-progress"]
+    assert prepare_cmd.main(args + ["--num-shards", "4"]) == 0
+    capsys.readouterr()
+    assert prepare_cmd.main(args + ["--num-shards", "2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bertjax prepare: {tmp_path / 'o' / 'metadata.json'}: {tmp_path / 'o'} "
+                   "already holds prepared data; pass --overwrite to replace it, or choose "
+                   "another --output")
+    assert len(records.load_metadata(tmp_path / "o")["shards"]) == 4  # left as it was
+    assert prepare_cmd.main(args + ["--num-shards", "2", "--overwrite"]) == 0
+    meta = records.load_metadata(tmp_path / "o")
+    # Only the new shards remain, and nothing temporary.
+    assert sorted(p.name for p in (tmp_path / "o").glob("*.tfrecord")) == sorted(
+        s["file"] for s in meta["shards"]) and len(meta["shards"]) == 2
+    assert not list((tmp_path / "o").glob(".*"))
+
+
+def test_interrupted_prepare_leaves_no_shards_and_keeps_old_data(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS * 4))
+    out = tmp_path / "o"
+
+    def run(**kw):
+        prepare.prepare(prepare.PrepareConfig(
+            output=str(out), tokenizer=TOKENIZER, inputs=(str(tmp_path / "a.txt"),),
+            num_shards=2, eval_fraction=0, processes=1, progress=False, **kw))
+
+    calls = []
+    real_encode = records.encode_document
+
+    def encode_then_crash(doc):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("interrupted")
+        return real_encode(doc)
+
+    monkeypatch.setattr(records, "encode_document", encode_then_crash)
+    with pytest.raises(RuntimeError):
+        run()
+    # Shards are written elsewhere and moved in at the end: an interrupted run leaves none.
+    assert not list(out.glob("*.tfrecord")) and not (out / "metadata.json").exists()
+    assert not list(out.glob(".*"))
+    monkeypatch.setattr(records, "encode_document", real_encode)
+    run()
+    before = _decoded_docs(out)
+    calls.clear()
+    monkeypatch.setattr(records, "encode_document", encode_then_crash)
+    with pytest.raises(RuntimeError):
+        run(overwrite=True)
+    assert _decoded_docs(out) == before  # the old data is untouched
+
+
+@pytest.mark.parametrize("compress", ["gzip", "bz2", "lzma"])
+def test_compressed_inputs_are_decompressed_by_content(tmp_path, compress):
+    import importlib
+
+    body = _bert_format(GOOD_DOCS).encode()
+    (tmp_path / "plain.txt").write_bytes(body)
+    (tmp_path / "packed.txt").write_bytes(importlib.import_module(compress).compress(body))
+    for name in ("plain", "packed"):
+        meta = prepare.prepare(prepare.PrepareConfig(
+            output=str(tmp_path / name), tokenizer=TOKENIZER,
+            inputs=(str(tmp_path / f"{name}.txt"),), num_shards=1, eval_fraction=0,
+            processes=1, progress=False))
+        assert meta["repaired"] == {} and meta["documents"] == 3
+    assert _decoded_docs(tmp_path / "packed") == _decoded_docs(tmp_path / "plain")
+
+
+def test_binary_file_is_skipped_and_counted(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS))
+    (tmp_path / "b.bin").write_bytes(rng.integers(0, 256, 100_000, np.uint8).tobytes())
+    meta = prepare.prepare(prepare.PrepareConfig(
+        output=str(tmp_path / "o"), tokenizer=TOKENIZER,
+        inputs=(str(tmp_path / "a.txt"), str(tmp_path / "b.bin")), num_shards=1,
+        eval_fraction=0, processes=1, progress=False))
+    assert meta["skipped"] == {text.BINARY_FILE: 1} and meta["repaired"] == {}
+    assert meta["documents"] == 3
+    assert capsys.readouterr().err.splitlines() == [
+        f"prepare: {tmp_path / 'b.bin'}: {text.BINARY_FILE}"]

@@ -68,7 +68,7 @@ def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: random.Ran
 
 def _random_segment(others: Sequence[Document], current: int, target: int,
                     rng: random.Random) -> np.ndarray:
-    """Sentences from a random other document (the same one if it is alone)."""
+    """Sentences from a random document other than `current` (itself only if it is alone)."""
     j = current
     if len(others) > 1:
         j = rng.randrange(len(others) - 1)
@@ -115,7 +115,8 @@ def _pair(chunk: list[np.ndarray], target: int, spec: PairSpec, others: Sequence
 
 def create_instances(others: Sequence[Document], current: int, spec: PairSpec,
                      rng: random.Random) -> list[Instance]:
-    """All instances of document `others[current]`; `others` supplies NotNext segments."""
+    """All instances of document `others[current]`; NotNext segments come from a uniformly
+    random other document of `others` (the stream passes a block of shuffled documents)."""
     if spec.pair_mode not in ("nsp", "sop", "none"):
         raise ValueError(f"pair_mode {spec.pair_mode!r}: valid options are nsp, sop, none")
     doc = others[current]

@@ -71,17 +71,18 @@ def mask_batch(input_ids_BxL: np.ndarray, keys_B: np.ndarray, spec: MaskSpec
                ) -> dict[str, np.ndarray]:
     """Chooses and applies MLM masks; returns input_ids, masked_positions/ids/weights.
 
-    As google-research/bert: n = min(P, max(1, round(real tokens * mask_prob))) tokens (or
-    whole words) are chosen among the non-special ones, in a random order of words; a word that
-    would overflow n ends the choice, so whole-word masking can choose slightly fewer.
+    As google-research/bert: n = min(P, max(1, round(tokens * mask_prob))) tokens (or whole
+    words), where tokens counts [CLS] and [SEP]s but not padding, are chosen among the
+    non-special ones in a random order of words; a word that would overflow n ends the choice,
+    so whole-word masking can choose slightly fewer.
     """
     B, L = input_ids_BxL.shape
     ids = input_ids_BxL
     candidate = (ids != spec.pad_id) & (ids != spec.cls_id) & (ids != spec.sep_id)
-    n_real_B = candidate.sum(axis=1)
+    n_tokens_B = (ids != spec.pad_id).sum(axis=1)
     n_pred_B = np.minimum(spec.max_predictions,
-                          np.maximum(1, np.round(n_real_B * spec.mask_prob).astype(np.int64)))
-    n_pred_B = np.where(n_real_B > 0, n_pred_B, 0)
+                          np.maximum(1, np.round(n_tokens_B * spec.mask_prob).astype(np.int64)))
+    n_pred_B = np.where(candidate.any(axis=1), n_pred_B, 0)
     pos_L = np.arange(L, dtype=np.uint64)
     row_keys = keys_B.astype(np.uint64)[:, None]
     # Word starts: every token, or (whole-word) word-start pieces and tokens after a special one.

@@ -2,23 +2,43 @@
 
 Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries,
 a pool of worker processes cleans, tokenizes and encodes them as TFRecords (in pure Python:
-preparing text never imports TensorFlow), and the parent writes the documents
-round-robin into the shards as results arrive in input order. At most `2 * processes` chunks
-are in flight, so memory stays flat whatever the corpus size, and the output does not depend
-on the number of processes. Documents go to the held-out `eval` split by a hash of their
+preparing text never imports TensorFlow), and the parent shuffles the documents as results
+arrive in input order. At most `2 * processes` chunks are in flight, and the output does not
+depend on the number of processes. Documents go to the held-out `eval` split by a hash of their
 tokens, so the split is the same however the work is divided, and duplicates stay together.
+
+Shuffle: input order is often correlated (one book per file, Wikipedia by title), and the
+stream shuffles within blocks of consecutive documents, so each split is shuffled here, over
+the whole corpus (this worker's part of it), with the seed `PrepareConfig.seed`. An external
+shuffle keeps memory bounded: each document goes to a seeded-random pile file in a temporary
+directory of the output; then each pile, of about `shuffle_bytes`, is read back, shuffled in
+memory and dealt round-robin into the shards. Random piles in random order are a uniformly
+random permutation, so any run of consecutive documents of a shard is a random sample of the
+corpus. Memory: one pile (a pile over `shuffle_bytes`, e.g. from a TFDS corpus of unknown
+size, is first scattered again into smaller ones); disk: the records twice, briefly.
+
+Output: the shards are written in that temporary directory and moved into the output only when
+all are complete, after removing this worker's old metadata; its new metadata is written last.
+An interrupted run leaves the output as it was; finished data there is replaced only with
+`overwrite` (`--overwrite`). Inputs compressed with gzip, bzip2 or xz (recognised by content)
+are decompressed; a file that is mostly not UTF-8 text is skipped and counted.
 """
 
 from __future__ import annotations
 
+import bz2
 import collections
 import dataclasses
+import gzip
 import hashlib
 import json
+import lzma
 import multiprocessing
 import os
 import pathlib
+import random
 import shutil
+import struct
 import sys
 import time
 from typing import Iterator
@@ -53,6 +73,9 @@ class PrepareConfig:
     max_doc_sentences: int = 10_000  # longer documents are split
     max_reports: int = 10  # first problems printed as `file:line: reason`
     progress: bool = True  # tqdm bar on stderr
+    seed: int = 0  # the document shuffle; the same seed gives the same shards
+    overwrite: bool = False  # replace prepared data already in `output`
+    shuffle_bytes: int = 256 << 20  # records shuffled in memory at a time (one pile)
 
 
 @dataclasses.dataclass
@@ -145,12 +168,42 @@ def _process(task: _Task) -> _Result:
                    else sum(len(t) for t in task.data))
 
 
+def _open_input(path: str):
+    """An input file, decompressed when its content is gzip, bzip2 or xz, whatever its name."""
+    with open(path, "rb") as f:
+        head = f.read(10)
+    if head.startswith(b"\x1f\x8b\x08"):
+        return gzip.open(path, "rb")
+    if head.startswith(b"BZh") and head[4:10] == b"1AY&SY":
+        return bz2.open(path, "rb")
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read(f, n: int, path: str) -> bytes:
+    try:
+        return f.read(n)
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise ValueError(f"{path}: unreadable input ({e}); if compressed, check it with "
+                         "gzip -t, bzip2 -t or xz -t") from None
+
+
+def _is_binary(path: str) -> bool:
+    """Whether the first 64 KB (decompressed) are mostly not text: a third or more of the
+    characters invalid UTF-8 or control bytes other than whitespace."""
+    with _open_input(path) as f:
+        sample = _read(f, 1 << 16, path).decode("utf-8", errors="replace")
+    bad = sum(1 for c in sample if c == "\ufffd" or (c < " " and c not in "\t\n\r\f"))
+    return bad * 3 >= len(sample) > 0
+
+
 def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
     """(first line, bytes) pieces of a file, cut after a blank line when there is one."""
     first_line, carry = 0, b""
-    with open(path, "rb") as f:
+    with _open_input(path) as f:
         while True:
-            block = f.read(chunk_bytes)
+            block = _read(f, chunk_bytes, path)
             buf = carry + block
             if not block:
                 if buf:
@@ -175,6 +228,7 @@ class _Tasks:
         self.cfg = cfg
         self.total_bytes = 0
         self.empty_files: list[str] = []
+        self.binary_files: list[str] = []
         if cfg.tfds:
             self.files = []
         else:
@@ -189,6 +243,9 @@ class _Tasks:
         for path in self.files:
             if os.path.getsize(path) == 0:
                 self.empty_files.append(path)
+                continue
+            if _is_binary(path):
+                self.binary_files.append(path)
                 continue
             for first_line, data in _file_chunks(path, cfg.chunk_bytes):
                 # Chunks go round-robin to the workers, so even one big file is shared.
@@ -229,17 +286,81 @@ class _Tasks:
             yield _Task(source, first, batch)
 
 
-class _Writers:
-    """Round-robin TFRecord writers for the train and eval splits."""
+_MAX_PILES = 128  # pile files of one split open at once
+_PILE_HEADER = struct.Struct("<IIQ")  # sentences, tokens, then the record's own length field
 
-    def __init__(self, cfg: PrepareConfig):
+
+class _Shuffler:
+    """The external shuffle of one split (module docstring): piles, then each in memory."""
+
+    def __init__(self, directory: pathlib.Path, split: str, expected_bytes: int,
+                 shuffle_bytes: int, rng: random.Random):
+        self.dir, self.split, self.shuffle_bytes, self.rng = directory, split, shuffle_bytes, rng
+        n = max(1, min(_MAX_PILES, -(-expected_bytes // shuffle_bytes)))
+        self.piles = [directory / f"{split}-{i:05d}.pile" for i in range(n)]
+        self.counts = [0] * n
+        self._files = [open(p, "wb") for p in self.piles]
+
+    def add(self, record: bytes, sentences: int, tokens: int) -> None:
+        """Appends one framed record to a random pile, with its sentence and token counts."""
+        i = self.rng.randrange(len(self._files))
+        self._files[i].write(struct.pack("<II", sentences, tokens) + record)
+        self.counts[i] += 1
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+    def shuffled(self) -> Iterator[tuple[bytes, int, int]]:
+        """(framed record, sentences, tokens) of the split in shuffled order; deletes piles."""
+        self.close()
+        yield from self._drain(list(zip(self.piles, self.counts)))
+
+    def _drain(self, piles: list[tuple[pathlib.Path, int]]) -> Iterator[tuple[bytes, int, int]]:
+        for path, count in piles:
+            size = path.stat().st_size
+            if size > self.shuffle_bytes and count > 1:
+                yield from self._drain(self._scatter(path, -(-size // self.shuffle_bytes)))
+                continue
+            with open(path, "rb") as f:
+                entries = list(_pile_entries(f))
+            path.unlink()
+            self.rng.shuffle(entries)
+            yield from entries
+
+    def _scatter(self, path: pathlib.Path, n: int) -> list[tuple[pathlib.Path, int]]:
+        """Splits an oversized pile into `n` (2 to _MAX_PILES) random smaller ones."""
+        n = max(2, min(_MAX_PILES, n))
+        subs, counts = [path.with_name(f"{path.name}.{i:03d}") for i in range(n)], [0] * n
+        outs = [open(p, "wb") for p in subs]
+        with open(path, "rb") as f:
+            for record, sentences, tokens in _pile_entries(f):
+                i = self.rng.randrange(n)
+                outs[i].write(struct.pack("<II", sentences, tokens) + record)
+                counts[i] += 1
+        for out in outs:
+            out.close()
+        path.unlink()
+        return list(zip(subs, counts))
+
+
+def _pile_entries(f) -> Iterator[tuple[bytes, int, int]]:
+    """(framed record, sentences, tokens) of a pile file, in file order."""
+    while header := f.read(_PILE_HEADER.size + 4):
+        sentences, tokens, n = _PILE_HEADER.unpack(header[:_PILE_HEADER.size])
+        yield header[8:] + f.read(n + 4), sentences, tokens
+
+
+class _Writers:
+    """Round-robin TFRecord writers for the train and eval splits, in `directory`."""
+
+    def __init__(self, cfg: PrepareConfig, directory: pathlib.Path):
         self.shards, self._writers, self._next = [], {}, {"train": 0, "eval": 0}
         counts = {"train": cfg.num_shards, "eval": cfg.eval_shards if cfg.eval_fraction else 0}
         for split, n in counts.items():
             for i in range(n):
                 name = records.shard_name(split, cfg.worker_index * n + i, cfg.num_workers * n)
-                self._writers.setdefault(split, []).append(
-                    open(pathlib.Path(cfg.output) / name, "wb"))
+                self._writers.setdefault(split, []).append(open(directory / name, "wb"))
                 self.shards.append({"file": name, "split": split, "documents": 0,
                                     "sentences": 0, "tokens": 0})
         self._offset = {"train": 0, "eval": counts["train"]}
@@ -259,7 +380,7 @@ class _Writers:
                 w.close()
 
 
-_SKIPPED = (text.EMPTY_FILE, text.BLANK_FILE, text.NO_TOKENS)
+_SKIPPED = (text.EMPTY_FILE, text.BINARY_FILE, text.BLANK_FILE, text.NO_TOKENS)
 _WARNINGS = (text.SINGLE_DOCUMENT,)
 _ONCE_PER_FILE = (text.CRLF, text.BOM)
 
@@ -289,12 +410,14 @@ class _Tally:
             self.reports.append(f"{where}: {reason}")
             print(f"prepare: {where}: {reason}", file=sys.stderr)
 
-    def finish_files(self, files: list[str], empty: list[str]) -> None:
+    def finish_files(self, files: list[str], empty: list[str], binary: list[str]) -> None:
         for path in empty:
             self.problem(path, None, text.EMPTY_FILE)
+        for path in binary:
+            self.problem(path, None, text.BINARY_FILE)
         for path in files:
             n = self.docs_per_source.get(path, 0)
-            if n == 0 and path not in empty:
+            if n == 0 and path not in empty and path not in binary:
                 self.problem(path, None, text.BLANK_FILE)
             elif n == 1:
                 self.problem(path, None, text.SINGLE_DOCUMENT)
@@ -384,6 +507,39 @@ def _drop_empty_shards(cfg: PrepareConfig, out: pathlib.Path, writers: _Writers)
                   f"{kept} {split} document(s)", file=sys.stderr)
 
 
+def _check_output(cfg: PrepareConfig, out: pathlib.Path) -> None:
+    """Refuses to prepare over this worker's finished data unless `overwrite`."""
+    meta = out / records.metadata_name(cfg.worker_index, cfg.num_workers)
+    if meta.exists() and not cfg.overwrite:
+        raise FileExistsError(f"{meta}: {out} already holds prepared data; pass --overwrite to "
+                              "replace it, or choose another --output")
+
+
+def _publish(cfg: PrepareConfig, tmp: pathlib.Path, out: pathlib.Path, shards: list[dict]
+             ) -> None:
+    """Moves the finished shards from `tmp` into `out`; the old metadata goes first, so a
+    reader never sees it beside new shards, and the new one is written last (by the caller).
+    A single worker owns `out`: shards of an earlier preparation that are not replaced go."""
+    (out / records.metadata_name(cfg.worker_index, cfg.num_workers)).unlink(missing_ok=True)
+    for shard in shards:
+        os.replace(tmp / shard["file"], out / shard["file"])
+    if cfg.num_workers == 1:
+        keep = {s["file"] for s in shards}
+        for path in out.glob("*.tfrecord"):
+            if path.name not in keep:
+                path.unlink()
+
+
+def _shufflers(cfg: PrepareConfig, tasks: _Tasks, directory: pathlib.Path
+               ) -> dict[str, _Shuffler]:
+    """One seeded shuffle per split, with piles for the input's size (TFDS: unknown, one)."""
+    share = tasks.total_bytes // cfg.num_workers
+    expected = {"train": share, "eval": int(share * cfg.eval_fraction)}
+    return {split: _Shuffler(directory, split, expected[split], cfg.shuffle_bytes,
+                             random.Random(f"prepare/{cfg.seed}/{cfg.worker_index}/{split}"))
+            for split in records.SPLITS}
+
+
 def prepare(cfg: PrepareConfig) -> dict:
     """Prepares the shards and metadata of this worker; returns the metadata."""
     from tqdm import tqdm
@@ -391,9 +547,13 @@ def prepare(cfg: PrepareConfig) -> dict:
     _check(cfg)
     tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
     out = pathlib.Path(cfg.output)
+    _check_output(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
-    tasks, tally, writers = _Tasks(cfg), _Tally(cfg), _Writers(cfg)
+    tasks, tally = _Tasks(cfg), _Tally(cfg)
+    # Piles and shards are written here first, the shards moved into `out` when complete.
+    tmp = out / f".prepare-{cfg.worker_index}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     totals = collections.Counter()
     start = time.perf_counter()
     bar = tqdm(total=tasks.total_bytes or None, unit="B", unit_scale=True, desc="prepare",
@@ -403,7 +563,7 @@ def prepare(cfg: PrepareConfig) -> dict:
         for line, reason in result.problems:
             tally.problem(result.source, line, reason)
         for record, sentences, tokens, is_eval in result.records:
-            writers.write(record, sentences, tokens, "eval" if is_eval else "train")
+            shufflers["eval" if is_eval else "train"].add(record, sentences, tokens)
         tally.docs_per_source[result.source] = (
             tally.docs_per_source.get(result.source, 0) + len(result.records))
         totals.update(documents=len(result.records), sentences=result.sentences,
@@ -413,12 +573,26 @@ def prepare(cfg: PrepareConfig) -> dict:
                             refresh=False)
 
     try:
-        _run_tasks(cfg, tasks, handle)
+        shufflers = _shufflers(cfg, tasks, tmp)
+        try:
+            _run_tasks(cfg, tasks, handle)
+        finally:
+            bar.close()
+            for shuffler in shufflers.values():
+                shuffler.close()
+        writers = _Writers(cfg, tmp)
+        try:
+            for split, shuffler in shufflers.items():
+                for record, sentences, tokens in shuffler.shuffled():
+                    writers.write(record, sentences, tokens, split)
+        finally:
+            writers.close()
+        tally.finish_files(tasks.files, tasks.empty_files, tasks.binary_files)
+        _drop_empty_shards(cfg, tmp, writers)
+        _publish(cfg, tmp, out, writers.shards)
     finally:
-        writers.close()
-        bar.close()
-    tally.finish_files(tasks.files, tasks.empty_files)
-    _drop_empty_shards(cfg, out, writers)
+        shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
     seconds = time.perf_counter() - start
     meta = {
         "format_version": records.FORMAT_VERSION,
@@ -429,6 +603,7 @@ def prepare(cfg: PrepareConfig) -> dict:
         "shards": writers.shards,
         "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
         "eval_fraction": cfg.eval_fraction,
+        "shuffle_seed": cfg.seed,
         "worker_index": cfg.worker_index,
         "num_workers": cfg.num_workers,
         "seconds": round(seconds, 3),

@@ -14,7 +14,10 @@ The model computes the MLM loss only at masked_positions, weighted by masked_wei
 Prepared source. Hosts take whole shard files (`shards[process_index::process_count]`), so in
 each epoch every document is used exactly once across hosts. An epoch visits the host's shards
 in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
-are built (instances.py), shuffled together and masked (masking.py) as batches are drawn. The
+are built (instances.py), shuffled together and masked (masking.py) as batches are drawn.
+`prepare` shuffled the documents across the whole corpus, so a block is a random sample of it
+(not neighbouring chapters or titles) and a NotNext segment, taken from another document of the
+block, comes from a random other document of the corpus, as in google-research/bert. The
 shards are read by a tf.data pipeline (tf_reader.py: TFRecordDataset -> blocks -> parallel
 parse_example -> prefetch), so reading and parsing the next blocks run in tf.data's threads
 while Python builds and masks the current one; without TensorFlow (or with
@@ -52,7 +55,7 @@ class InputConfig:
     seq_len: int = 128  # L: tokens per example, [CLS] and [SEP]s included
     max_predictions_per_seq: int = 20  # P: BERT used 20 at L=128, 80 at L=512
     pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
-    mask_prob: float = 0.15  # share of real non-special tokens predicted
+    mask_prob: float = 0.15  # predictions per token ([CLS]/[SEP] counted, as google's)
     short_seq_prob: float = 0.1  # share of examples with a random shorter target length
     whole_word_mask: bool = False  # mask all pieces of a word together ("▁x" / not "##x")
     seed: int = 0  # the same seed gives the same stream
@@ -181,6 +184,12 @@ class PreparedStream:
         if epoch != self.epoch:  # the epoch is over
             self.epoch, self.block = epoch, 0
         sentences = [d[2] for d in docs]
+        if len(docs) == 1 and self.block > 0:
+            # The epoch's last block holds one document: its NotNext segments come from the
+            # block before, never from the document itself.
+            _, previous = next(self._read_blocks(self.epoch,
+                                                 (self.block - 1) * self.cfg.shuffle_buffer, 1))
+            sentences += [d[2] for d in previous]
         items = []
         for j, (shard_id, record, _) in enumerate(docs):
             rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, self.epoch, shard_id,
