@@ -6,9 +6,10 @@ the encoder's hidden states of the chosen layers are returned per token, optiona
 concatenated (the "last four layers" representation of the BERT paper's feature-based NER
 experiment) or pooled to one vector per example ([CLS] or mean over real tokens).
 
-Layer indices follow `BertModel(..., output_hidden_states=True).hidden_states`: 0 is the
-embedding output, i is layer i, and negative indices count from the last layer (-1), as
-google's do.
+Layers are named as in google's `--layers`: indexes into the Transformer layers
+(`all_encoder_layers`), 0 the first, L - 1 the last, and negative ones from the last (-1), so
+"-1,-2,-3,-4" are the last four. The embedding output, which google's script cannot output, is
+`embeddings`.
 
 Shape letters: B batch, L length, K chosen layers, H hidden size.
 """
@@ -72,20 +73,44 @@ def _tokenizer_in(directory: Path) -> str | None:
   return None
 
 
-def parse_layers(spec: str, num_layers: int) -> list[int]:
-  """"-1,-2,-3,-4" -> indices into hidden_states (length num_layers + 1), checked."""
-  try:
-    layers = [int(x) for x in spec.split(",") if x.strip()]
-  except ValueError:
-    raise ValueError(f"--layers {spec!r}: expected comma-separated integers, e.g. -1,-2,-3,-4"
-                     ) from None
-  if not layers:
-    raise ValueError("--layers is empty; e.g. -1,-2,-3,-4")
-  for i in layers:
-    if not -(num_layers + 1) <= i <= num_layers:
+EMBEDDINGS = "embeddings"  # the --layers name of the embedding output
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int | str]:
+  """"-1,-2,embeddings" -> [-1, -2, "embeddings"]: google's Transformer layer indexes (0 =
+  first, -1 = last) or EMBEDDINGS, checked against a `num_layers`-layer model."""
+  example = "e.g. -1,-2,-3,-4 (the last four layers) or embeddings,-1"
+  names = [x.strip() for x in spec.split(",") if x.strip()]
+  if not names:
+    raise ValueError(f"--layers is empty; {example}")
+  layers = []
+  for name in names:
+    if name == EMBEDDINGS:
+      layers.append(name)
+      continue
+    try:
+      i = int(name)
+    except ValueError:
+      raise ValueError(f"--layers {spec!r}: {name!r} is not a layer index or {EMBEDDINGS!r}; "
+                       f"{example}") from None
+    if not -num_layers <= i < num_layers:
       raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
-                       f"0 = embeddings .. {num_layers}, or -1 = last .. -{num_layers + 1})")
+                       f"0 = first .. {num_layers - 1}, -1 = last .. -{num_layers}, or "
+                       f"{EMBEDDINGS})")
+    layers.append(i)
   return layers
+
+
+def hidden_state_index(layer: int | str, num_layers: int) -> int:
+  """Where a parsed layer is in `hidden_states` ([embeddings, layer 1, ..., layer L])."""
+  if layer == EMBEDDINGS:
+    return 0
+  return layer + 1 if layer >= 0 else num_layers + 1 + layer
+
+
+def default_layers(num_layers: int) -> list[int]:
+  """google's default -1,-2,-3,-4, or every layer of a model with fewer than four."""
+  return [-k for k in range(1, min(4, num_layers) + 1)]
 
 
 def _special_ids(tok) -> tuple[int, int, int]:
@@ -123,13 +148,14 @@ def _padded_len(n: int, max_seq_len: int) -> int:
   return min(max_seq_len, max(16, 1 << (n - 1).bit_length()))
 
 
-def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int], pooling: str,
+def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int | str], pooling: str,
                     mesh: jax.sharding.Mesh | None = None):
-  """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]."""
+  """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
+  for `layers` as `parse_layers` returns them."""
   if pooling not in POOLINGS:
     raise ValueError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
   model = model_lib.BertModel(cfg.replace(scan_layers=False))
-  layers = tuple(layers)
+  layers = tuple(hidden_state_index(i, cfg.num_layers) for i in layers)
 
   def fn(params, ids_BxL, types_BxL, mask_BxL):
     out = model.apply({"params": params}, ids_BxL, types_BxL, mask_BxL, deterministic=True,
@@ -151,7 +177,7 @@ def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int], pooling: s
                  out_shardings=rows)
 
 
-def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int],
+def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int | str],
             pooling: str = "none", batch_size: int = 32, max_seq_len: int = 128,
             mesh: jax.sharding.Mesh | None = None) -> Iterator[tuple[Example, np.ndarray]]:
   """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).

@@ -52,10 +52,15 @@ def _extract(*argv) -> int:
   return cli.main(["extract", *map(str, argv)])
 
 
+# google's layer indexes (into the Transformer layers) -> transformers' hidden_states of the
+# 2-layer model: [embeddings, layer 1, layer 2].
+HIDDEN = {0: 1, 1: 2, -1: 2, -2: 1, "embeddings": 0}
+
+
 def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   out = tmp_path / "f.jsonl"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,0",
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,0,1,embeddings",
                   "--output", out, "--batch-size", 3) == 0
   records = [json.loads(l) for l in out.read_text().splitlines()]
   assert [r["linex_index"] for r in records] == list(range(len(LINES)))
@@ -63,16 +68,16 @@ def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
     tokens, hidden = _reference(m, d, line)
     assert [f["token"] for f in rec["features"]] == tokens
     for j, f in enumerate(rec["features"]):
-      assert [e["index"] for e in f["layers"]] == [-1, -2, 0]
+      assert [e["index"] for e in f["layers"]] == [-1, -2, 0, 1, "embeddings"]
       for e in f["layers"]:
-        np.testing.assert_allclose(e["values"], hidden[e["index"], j], atol=2e-5)
+        np.testing.assert_allclose(e["values"], hidden[HIDDEN[e["index"]], j], atol=2e-5)
 
 
 def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   h = HF_CONFIG["hidden_size"]
   out = tmp_path / "mean.npy"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,-3", "--concat",
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,embeddings", "--concat",
                   "--pooling", "mean", "--output", out) == 0
   got = np.load(out)
   assert got.shape == (len(LINES), 3 * h)  # 2 layers + embeddings
@@ -88,13 +93,27 @@ def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
   for i, line in enumerate(LINES):
     tokens, hidden = _reference(m, d, line)
     assert listed[i]["tokens"] == tokens
-    three = np.concatenate([hidden[k] for k in (-1, -2, -3)], axis=-1)  # [L, 3H]
+    three = np.concatenate([hidden[k] for k in (2, 1, 0)], axis=-1)  # [L, 3H]
     np.testing.assert_allclose(got[i], three.mean(0), atol=2e-5)
     np.testing.assert_allclose(cls_feats[i, 0], hidden[-1, 0], atol=2e-5)
     n = len(tokens)
     np.testing.assert_allclose(tok_feats[i, :n], np.concatenate([hidden[-1], hidden[-2]], -1),
                                atol=2e-5)
     assert not tok_feats[i, n:].any()
+
+
+def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file, tmp_path):
+  m, d = hf_dir
+  out = tmp_path / "default.jsonl"
+  assert _extract("--init", d, "--input", input_file, "--output", out) == 0
+  rec = json.loads(out.read_text().splitlines()[0])
+  assert [e["index"] for e in rec["features"][0]["layers"]] == [-1, -2]  # a 2-layer model
+  _, hidden = _reference(m, d, LINES[0])
+  np.testing.assert_allclose(rec["features"][0]["layers"][1]["values"], hidden[1, 0], atol=2e-5)
+  assert features.default_layers(12) == [-1, -2, -3, -4]
+  assert features.parse_layers("0, -1,embeddings", 12) == [0, -1, "embeddings"]
+  assert [features.hidden_state_index(i, 12) for i in (0, 11, -1, -12, "embeddings")] == [
+      1, 12, 12, 1, 0]
 
 
 def test_features_do_not_depend_on_batching(hf_dir):
@@ -139,6 +158,13 @@ def test_errors(hf_dir, input_file, tmp_path, capsys):
   assert _extract("--init", d, "--input", input_file, "--layers", "-1,5",
                   "--output", tmp_path / "x.npy") == 1
   assert "--layers: 5 is out of range for a 2-layer model" in capsys.readouterr().err
+  for bad in ("2", "-3"):  # hidden_states indexes before; google's have L, not L + 1
+    assert _extract("--init", d, "--input", input_file, "--layers", bad,
+                    "--output", tmp_path / "x.npy") == 1
+    assert f"--layers: {bad} is out of range" in capsys.readouterr().err
+  assert _extract("--init", d, "--input", input_file, "--layers", "-1,embedding",
+                  "--output", tmp_path / "x.npy") == 1
+  assert "'embedding' is not a layer index or 'embeddings'" in capsys.readouterr().err
   assert _extract("--init", d, "--input", input_file, "--output", tmp_path / "x.txt") == 1
   assert "use a .jsonl or .npy" in capsys.readouterr().err
   assert _extract("--init", d, "--input", tmp_path / "none.txt", "--output",

@@ -2,6 +2,7 @@
 `glue/<task>` under `tfds.testing.mock_data`, custom TSVs, and [CLS] A [SEP] B [SEP] packing."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -77,6 +78,68 @@ def test_tsv_crlf_and_errors(tmp_path):
     tsv.load_split(task, task.dev[0], str(tmp_path), labelled=True)
   with pytest.raises(tsv.GlueDataError, match="QNLI/train.tsv: not found"):
     tsv.load_task(tasks.TASKS["qnli"], str(tmp_path))
+
+
+def test_mrpc_header_with_a_byte_order_mark(tmp_path):
+  # The GLUE download's MRPC train/dev headers start with U+FEFF (from msr_paraphrase_*.txt).
+  d = tmp_path / "MRPC"
+  d.mkdir()
+  header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+  rows = "1\t1\t2\tHe said so .\tHe did say so .\n0\t3\t4\tA cat .\tA dog .\n"
+  for name in ("train.tsv", "dev.tsv"):
+    (d / name).write_bytes(("\ufeff" + header + rows).encode("utf-8"))
+  (d / "test.tsv").write_bytes(("\ufeffindex" + header[len("Quality"):]
+                                + "0\t5\t6\tx .\ty .\n").encode("utf-8"))
+  data = tsv.load_task(tasks.TASKS["mrpc"], str(tmp_path))
+  assert data["train"].labels.tolist() == [1, 0] and not data["train"].skipped
+  assert data["train"].text_a == ["He said so .", "A cat ."]
+  assert data["train"].text_b == ["He did say so .", "A dog ."]
+  assert data["test"].index == ["0"] and data["test"].text_b == ["y ."]
+
+
+def test_a_tab_inside_a_train_sentence_skips_the_row_and_counts_it(tmp_path):
+  d = tmp_path / "CoLA"
+  d.mkdir()
+  (d / "train.tsv").write_text("gj04\t1\t\tOur friends\twon't buy this.\n"
+                               "gj04\t0\t*\tThey drank the pub.\n"
+                               "gj04\t1\t\tA trailing empty field is harmless.\t\n")
+  task = tasks.TASKS["cola"]
+  train = tsv.load_split(task, task.train, str(tmp_path), labelled=True)
+  assert train.text_a == ["They drank the pub.", "A trailing empty field is harmless."]
+  assert train.skipped == ["CoLA/train.tsv:1: 5 fields, expected 4"]
+
+
+@pytest.mark.parametrize("glue_dir,name,header,bad", [
+    ("MRPC", "mrpc", "index\t#1 ID\t#2 ID\t#1 String\t#2 String", "{i}\t1\t2\tone string"),
+    ("SST-2", "sst2", "index\tsentence", "{i}\ta\ttab inside"),
+    ("CoLA", "cola", "index\tsentence", "{i}"),
+])
+def test_a_test_row_that_cannot_be_read_is_an_error(tmp_path, glue_dir, name, header, bad):
+  # MRPC: 23 rows, 2 malformed (the loader used to keep 21); SST-2/CoLA: 20 rows, 1 malformed.
+  task = tasks.TASKS[name]
+  n, broken = (23, (6, 18)) if name == "mrpc" else (20, (12,))
+  width = header.count("\t") + 1
+  good = lambda i: "\t".join([str(i)] + ["s"] * (width - 1))
+  lines = [header] + [bad.format(i=i) if i in broken else good(i) for i in range(n)]
+  d = tmp_path / glue_dir
+  d.mkdir()
+  (d / "test.tsv").write_text("\n".join(lines) + "\n")
+  first = broken[0] + 2  # 1-based, after the header
+  got = len(bad.format(i=0).split("\t"))
+  want = f"{d / 'test.tsv'}:{first}: {got} fields, expected {width}; every test row needs"
+  with pytest.raises(ValueError, match="^" + re.escape(want)):
+    tsv.load_tests(task, str(tmp_path))
+  (d / "test.tsv").write_text("\n".join(l for k, l in enumerate(lines) if k - 1 not in broken)
+                              + "\n\n")
+  assert len(tsv.load_tests(task, str(tmp_path))["test"]) == n - len(broken)
+
+
+def test_a_test_row_without_its_id_is_an_error(tmp_path):
+  d = tmp_path / "RTE"
+  d.mkdir()
+  (d / "test.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n\tc\td\n")
+  with pytest.raises(ValueError, match=r"RTE/test.tsv:3: empty 'index' column"):
+    tsv.load_tests(tasks.TASKS["rte"], str(tmp_path))
 
 
 def test_missing_test_file_drops_only_the_submission(tmp_path):

@@ -109,7 +109,8 @@ def test_reader_v2_impossible_questions():
 # ---------------------------------------------------------------------------------- features
 
 
-def _check_windows_recover_answers(tok, examples, feats, exact: bool):
+def _check_windows_recover_answers(tok, examples, feats):
+  """Every training target, decoded as a prediction would be, is the answer's own text."""
   windows_with_answer = 0
   for f in range(len(feats)):
     ex = examples[feats.example_index_N[f]]
@@ -118,11 +119,9 @@ def _check_windows_recover_answers(tok, examples, feats, exact: bool):
       continue
     windows_with_answer += 1
     unit = feats.token_unit_NxL[f]
-    text = features.span_text(ex, feats.unit_spans[feats.example_index_N[f]], unit[s], unit[e])
-    if exact:
-      assert text == ex.answer_text
-    else:  # whole words: "Sorin)" for "Sorin", the same answer once normalized
-      assert ex.answer_text in text and evaluate.exact_match(ex.answer_text, text)
+    text = features.answer_text(tok, ex.context, feats.unit_spans[feats.example_index_N[f]],
+                                unit[s], unit[e], feats.arrays["input_ids"][f, s:e + 1])
+    assert text == ex.answer_text
   return windows_with_answer
 
 
@@ -138,7 +137,7 @@ def test_windows_with_doc_stride_map_answers_back_to_the_exact_text(wordpiece_to
   per_example = np.bincount(feats.example_index_N)
   assert (per_example > 3).all()  # really several windows each
   assert (feats.arrays["attention_mask"].sum(1) <= 24).all()
-  assert _check_windows_recover_answers(wordpiece_tok, examples, feats, exact=True) >= 4
+  assert _check_windows_recover_answers(wordpiece_tok, examples, feats) >= 4
   # Punctuation is its own unit: "1842" is cut from "1842" without the "(" of "(by".
   ex = examples[0]
   spans = feats.unit_spans[0]
@@ -153,7 +152,7 @@ def test_windows_with_doc_stride_map_answers_back_to_the_exact_text(wordpiece_to
     assert len(units) == len(features.tokenize_context(wordpiece_tok, context)[1])
 
 
-def test_sentencepiece_windows_map_answers_to_their_whole_words():
+def test_sentencepiece_windows_map_answers_back_to_the_exact_text():
   from bertjax.tokenizer import Tokenizer
 
   tok = Tokenizer(TOKENIZER)
@@ -161,7 +160,7 @@ def test_sentencepiece_windows_map_answers_to_their_whole_words():
   feats = features.build(tok, examples, max_seq_len=24, doc_stride=4, max_query_length=8,
                          training=True)
   assert len(feats) > len(examples)
-  assert _check_windows_recover_answers(tok, examples, feats, exact=False) >= 2
+  assert _check_windows_recover_answers(tok, examples, feats) >= 2
 
 
 def test_impossible_and_out_of_window_answers_point_at_cls(wordpiece_tok):
@@ -190,22 +189,45 @@ def test_nbest_decoding_on_hand_made_logits(wordpiece_tok):
   start[0, pos["university"]], end[0, pos["sorin"]] = 6.0, 5.0  # a longer span scores higher
   end[0, pos["was"]] = 1.0
   start[0, 0], end[0, 0] = 2.0, 2.0  # null score 4
-  got = decode.decode([ex], feats, start, end, "1.1", n_best=5, max_answer_length=30)
+  got = decode.decode([ex], feats, start, end, "1.1", wordpiece_tok, n_best=5, max_answer_length=30)
   assert got.predictions == {"q": "university was founded in 1842 by father edward sorin"}
-  got = decode.decode([ex], feats, start, end, "1.1", n_best=5, max_answer_length=3)
+  got = decode.decode([ex], feats, start, end, "1.1", wordpiece_tok, n_best=5, max_answer_length=3)
   assert got.predictions == {"q": "father edward sorin"}  # the long span is cut
   assert [d["text"] for d in got.nbest["q"]][:2] == ["father edward sorin", "university was"]
   assert sum(d["probability"] for d in got.nbest["q"]) == pytest.approx(1.0)
   # v2.0: null 4 vs best span 10 -> diff -6; "" only when the threshold is below -6.
-  got = decode.decode([ex], feats, start, end, "2.0", n_best=5, max_answer_length=3)
+  got = decode.decode([ex], feats, start, end, "2.0", wordpiece_tok, n_best=5, max_answer_length=3)
   assert got.predictions == {"q": "father edward sorin"} and got.null_odds["q"] == -6.0
-  got = decode.decode([ex], feats, start, end, "2.0", n_best=5, max_answer_length=3,
+  got = decode.decode([ex], feats, start, end, "2.0", wordpiece_tok, n_best=5, max_answer_length=3,
                       null_threshold=-7.0)
   assert got.predictions == {"q": ""} and got.best_span == {"q": "father edward sorin"}
   # An end before the start is never a span, even with the best logits.
   start[0, pos["sorin"]], end[0, pos["the"]] = 50.0, 50.0
-  got = decode.decode([ex], feats, start, end, "1.1", n_best=5, max_answer_length=30)
+  got = decode.decode([ex], feats, start, end, "1.1", wordpiece_tok, n_best=5, max_answer_length=30)
   assert got.predictions["q"] != "" and "sorin" in got.predictions["q"].split()[-1]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
+def test_a_span_ending_inside_a_word_answers_only_its_pieces(wordpiece_tok, kind):
+  # run_squad's get_final_text: "18" + "##42" of "1842," or "1" "8" "4" of "1842,".
+  from bertjax.tokenizer import Tokenizer
+
+  tok = wordpiece_tok if kind == "wordpiece" else Tokenizer(TOKENIZER)
+  context = "The University was founded in 1842, by Father Edward Sorin."
+  ex = data.Example("q", "when?", context, ["1842"], context.index("1842"), False)
+  feats = features.build(tok, [ex], max_seq_len=48, doc_stride=16, max_query_length=4)
+  pieces = [tok.id_to_piece(i) for i in feats.arrays["input_ids"][0]]
+  first = pieces.index("18") if kind == "wordpiece" else pieces.index("1")
+  last = first + (1 if kind == "wordpiece" else 2)
+  start = np.full((1, 48), -10.0, np.float32)
+  end = np.full((1, 48), -10.0, np.float32)
+  start[0, first], end[0, last] = 5.0, 5.0
+  want = "1842" if kind == "wordpiece" else "184"
+  assert decode.decode([ex], feats, start, end, "1.1", tok).predictions == {"q": want}
+  start[0, first], start[0, pieces.index("the" if kind == "wordpiece" else "▁The")] = -10.0, 9.0
+  assert decode.decode([ex], feats, start, end, "1.1", tok).predictions == {
+      "q": "The University was founded in 1842" if kind == "wordpiece" else
+      "The University was founded in 184"}
 
 
 # ------------------------------------------------------------------------------- fine-tuning

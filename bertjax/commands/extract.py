@@ -4,12 +4,19 @@
       --output features.jsonl
   bertjax extract --init hf/bert_base --input pairs.txt --layers -1,-2,-3,-4 --concat \\
       --pooling mean --output features.npy
+  bertjax extract --init ckpt/bert_base --input sentences.txt --layers embeddings,0,-1 \\
+      --output features.jsonl
+
+Layers are numbered as in google-research/bert's extract_features.py: 0 is the first
+Transformer layer, -1 the last; `embeddings` is the embedding output (which google's script
+does not offer).
 
 Each input line is one example, "text" or "text_a ||| text_b". The .jsonl output follows
 google-research/bert's extract_features.py: one object per line,
   {"linex_index": 0, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
   ...]}, ...]}
-With --concat, each token has one entry {"index": [-1, -2, -3, -4], "values": [4H floats]}.
+"index" is the layer as given to --layers (an integer, or "embeddings"). With --concat, each
+token has one entry {"index": [-1, -2, -3, -4], "values": [4H floats]}.
 With --pooling cls|mean, "features" is replaced by "layers" (one pooled vector per layer).
 
 The .npy output is float32: [N, K, H] pooled ([N, K*H] with --concat); per token
@@ -38,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--input", required=True, help="UTF-8 text file, one example per line")
   p.add_argument("--output", required=True, help="OUT.jsonl or OUT.npy")
   p.add_argument("--layers", default=None,
-                 help="hidden states to output: 0 = embeddings, i = layer i, -1 = last "
-                      "(default: -1,-2,-3,-4, BERT's, or as many as a smaller model has)")
+                 help="layers to output, as google's extract_features.py numbers them: 0 = "
+                      "first Transformer layer, -1 = last; 'embeddings' = the embedding "
+                      "output (default: -1,-2,-3,-4, or every layer of a smaller model)")
   p.add_argument("--concat", action="store_true",
                  help="concatenate the chosen layers into one vector per token")
   p.add_argument("--pooling", choices=("none", "cls", "mean"), default="none",
@@ -95,7 +103,7 @@ def _join_layers(argv: list[str]) -> list[str]:
   """`--layers -1,-2` -> `--layers=-1,-2`: argparse reads "-1,-2" as an option otherwise."""
   out = list(argv)
   for i, a in enumerate(out[:-1]):
-    if a == "--layers" and re.fullmatch(r"-\d+(,\s*-?\d+)*", out[i + 1]):
+    if a == "--layers" and re.fullmatch(r"-\d+(,.*)?", out[i + 1]):
       out[i:i + 2] = [f"--layers={out[i + 1]}"]
       break
   return out
@@ -137,8 +145,8 @@ def _run(args, out: Path) -> int:
   if args.max_seq_len > cfg.max_position_embeddings:
     raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's "
                      f"max_position_embeddings={cfg.max_position_embeddings}")
-  spec = args.layers or ",".join(str(-k) for k in range(1, min(4, cfg.num_layers + 1) + 1))
-  layers = features.parse_layers(spec, cfg.num_layers)
+  layers = (features.default_layers(cfg.num_layers) if args.layers is None
+            else features.parse_layers(args.layers, cfg.num_layers))
   lines = _read_lines(args.input)
   examples = [features.make_example(i, line, tok, args.max_seq_len)
               for i, line in enumerate(tqdm(lines, desc="tokenize", unit="line",

@@ -100,7 +100,19 @@ def _load_data(task, args):
   return tsv.load_task(task, args.data)
 
 
+def _check_test_files(task_list, args) -> None:
+  """Read every test TSV before anything trains: a test row that cannot be read stops the
+  command (ValueError `file:line: why`) instead of leaving it out of a submission."""
+  from bertjax.glue import tsv
+
+  if args.task == "custom" or args.data != "tfds":
+    for task in task_list:
+      tsv.load_tests(task, "" if args.task == "custom" else args.data)
+
+
 def _report_skipped(task, examples, out_dir: str) -> None:
+  """Per file, how many train/dev rows were skipped and the first of them; all of them go to
+  OUT/<task>/skipped_rows.txt."""
   bad = [s for ex in examples.values() for s in ex.skipped]
   if not bad or jax_process_index() != 0:
     return
@@ -108,8 +120,12 @@ def _report_skipped(task, examples, out_dir: str) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w") as f:
     f.write("\n".join(bad) + "\n")
-  shown = "; ".join(bad[:3]) + ("; ..." if len(bad) > 3 else "")
-  print(f"glue: {task.name}: skipped {len(bad)} malformed rows ({shown}); all listed in {path}")
+  for ex in examples.values():
+    if ex.skipped:
+      where, why = ex.skipped[0].split(": ", 1)
+      name, _, line = where.rpartition(":")
+      print(f"glue: {task.name}: {name}: skipped {len(ex.skipped)} malformed rows (first: line "
+            f"{line}: {why}); all listed in {path}")
 
 
 def run_task(task, enc, args, recipes) -> dict:
@@ -195,6 +211,7 @@ def main(argv: list[str]) -> int:
 
   try:
     task_list = _task_list(args)
+    _check_test_files(task_list, args)
     enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
   except (ValueError, FileNotFoundError) as e:  # ConversionError, TokenizerError, ... too
     print(f"glue: {e}" if not str(e).startswith("glue:") else str(e), file=sys.stderr)

@@ -29,18 +29,46 @@ def format_label(task: tasks.Task, pred) -> str:
   return task.labels[int(pred)]
 
 
+def check_submission(task: tasks.Task, split: tasks.Split, index: Sequence[str],
+                     lines: Sequence[str]) -> None:
+  """Raise ValueError unless `lines` are the leaderboard's header and then one row
+  `id<TAB>label` per test row, in the test file's order, with a label the leaderboard takes."""
+  name = split.submission
+  if not index:
+    raise ValueError(f"{name}: no test rows; refusing to write an empty submission")
+  if not lines or lines[0] != SUBMISSION_HEADER:
+    raise ValueError(f"{name}: the header must be {SUBMISSION_HEADER!r}")
+  if len(lines) - 1 != len(index):
+    raise ValueError(f"{name}: {len(index)} test rows but {len(lines) - 1} predictions")
+  for k, (want, line) in enumerate(zip(index, lines[1:])):
+    fields = line.split("\t")
+    if len(fields) != 2 or fields[0] != want:
+      raise ValueError(f"{name}: row {k + 1} is {line!r}, expected test row id {want!r} first")
+    ok = (np.isfinite(float(fields[1])) if task.is_regression
+          else fields[1] in task.labels)
+    if not ok:
+      raise ValueError(f"{name}: row {k + 1} (id {want}): prediction {fields[1]!r} is not a "
+                       "label the leaderboard takes")
+
+
 def write_submission(task: tasks.Task, split: tasks.Split, index: Sequence[str],
                      preds: np.ndarray, out_dir: str) -> str:
-  """OUT/submission/<Name>.tsv for one test split; returns its path."""
+  """OUT/submission/<Name>.tsv for one test split; returns its path.
+
+  `index` is the id of every test row, in file order. The file is written only once
+  `check_submission` passes (the leaderboard rejects an incomplete file), and atomically: a
+  refused or interrupted write leaves no partial file.
+  """
   if len(index) != len(preds):
     raise ValueError(f"{split.submission}: {len(index)} test rows but {len(preds)} predictions")
+  lines = [SUBMISSION_HEADER] + [f"{i}\t{format_label(task, p)}" for i, p in zip(index, preds)]
+  check_submission(task, split, index, lines)
   sub_dir = os.path.join(out_dir, "submission")
   os.makedirs(sub_dir, exist_ok=True)
   path = os.path.join(sub_dir, f"{split.submission}.tsv")
-  with open(path, "w", encoding="utf-8", newline="\n") as f:
-    f.write(SUBMISSION_HEADER + "\n")
-    for i, p in zip(index, preds):
-      f.write(f"{i}\t{format_label(task, p)}\n")
+  with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
+    f.write("\n".join(lines) + "\n")
+  os.replace(path + ".tmp", path)
   return path
 
 

@@ -3,10 +3,17 @@
 GLUE's files are tab-separated with quote characters that are *not* quoting (`"` and `'`
 appear inside sentences unbalanced), so each physical line is one row and fields are split on
 tabs only. Quirks handled:
+  * Files are read as `utf-8-sig`: the GLUE download's MRPC train/dev headers start with a
+    byte-order mark (copied from Microsoft's msr_paraphrase_*.txt), which would otherwise be
+    part of the first column's name ("\ufeffQuality"). Columns are then found by header name,
+    which on the GLUE files are the positions google-research/bert's processors read.
   * CoLA's train/dev files have no header (source, label, original label, sentence).
   * QQP's train file has rows with missing fields; some files end with blank lines.
-  * A row with the wrong number of fields, an empty label, or a label outside the task's label
-    list is skipped and reported as `file:line: why`; it never stops the run.
+  * A train/dev row with the wrong number of fields (a tab inside a sentence included), an
+    empty label, or a label outside the task's label list is skipped and reported as
+    `file:line: why`; it is never cut into a different sentence and never stops the run.
+  * A test row that cannot be read raises ValueError `file:line: why`: every test row needs
+    its prediction, or the leaderboard rejects the submission.
 A file that is missing, or whose header lacks a needed column, is an error naming the file.
 """
 
@@ -36,7 +43,8 @@ class Columns:
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
   # newline="" keeps "\r" inside fields from being read as line ends; only "\n" ends a row.
-  with open(path, encoding="utf-8", errors="replace", newline="") as f:
+  # utf-8-sig drops a leading byte-order mark (MRPC's headers have one).
+  with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
     for lineno, line in enumerate(f, start=1):
       yield lineno, line.rstrip("\n").rstrip("\r")
 
@@ -52,9 +60,13 @@ def _position(header: list[str] | None, col: str | int, path: str) -> int:
   return header.index(col)
 
 
-def read_rows(path: str, cols: Columns, has_header: bool = True
+def read_rows(path: str, cols: Columns, has_header: bool = True, strict: bool = False
               ) -> tuple[list[tuple[str, list[str], str | None, str | None]], list[str]]:
-  """Rows as (source "file:line", texts, raw label, raw index) and the skipped rows' reasons."""
+  """Rows as (source "file:line", texts, raw label, raw index) and the skipped rows' reasons.
+
+  With `strict` (test files) a row that cannot be read raises ValueError `path:line: why`
+  instead of being skipped.
+  """
   if not os.path.isfile(path):
     raise GlueDataError(f"{path}: not found (expected the GLUE download layout, e.g. "
                         "GLUE_DIR/SST-2/train.tsv; see docs/glue.md)")
@@ -81,14 +93,20 @@ def read_rows(path: str, cols: Columns, has_header: bool = True
     # Extra empty fields (trailing tabs) are harmless; anything else means a shifted row.
     if len(fields) > width and not any(f.strip() for f in fields[width:]):
       fields = fields[:width]
-    if (header and len(fields) != width) or len(fields) < width:
-      skipped.append(f"{where}: {len(fields)} fields, expected {width}")
+    label = index = None
+    if len(fields) != width:
+      why = f"{len(fields)} fields, expected {width}"
+    else:
+      label = None if pos_label is None else fields[pos_label].strip()
+      index = None if pos_index is None else fields[pos_index].strip()
+      why = ("empty label" if label == "" else
+             f"empty {cols.index!r} column" if index == "" else None)
+    if why and strict:
+      raise ValueError(f"{path}:{lineno}: {why}; every test row needs a prediction, so the "
+                       "submission would be incomplete: fix this row")
+    if why:
+      skipped.append(f"{where}: {why}")
       continue
-    label = None if pos_label is None else fields[pos_label].strip()
-    if pos_label is not None and not label:
-      skipped.append(f"{where}: empty label")
-      continue
-    index = None if pos_index is None else fields[pos_index].strip()
     rows.append((where, [fields[p] for p in pos_text], label, index))
   return rows, skipped
 
@@ -140,24 +158,30 @@ def load_split(task: tasks.Task, split: tasks.Split, root: str, labelled: bool
     rows, skipped = read_rows(path, Columns((text_pos,), label_pos), has_header=False)
   else:
     index_col = None if labelled else task.index_column
-    rows, skipped = read_rows(path, Columns(task.text_columns, label_col, index_col))
+    rows, skipped = read_rows(path, Columns(task.text_columns, label_col, index_col),
+                              strict=not labelled)
   return to_examples(rows, skipped, task.labels, labelled, task.is_pair)
 
 
 def load_task(task: tasks.Task, root: str, with_test: bool = True
               ) -> dict[str, features.Examples]:
-  """train, every dev split and (if present on disk) every test split of a task.
+  """train, every dev split and (if present on disk) every test split of a task."""
+  out = {"train": load_split(task, task.train, root, labelled=True)}
+  for split in task.dev:
+    out[split.name] = load_split(task, split, root, labelled=True)
+  if with_test:
+    out.update(load_tests(task, root))
+  return out
+
+
+def load_tests(task: tasks.Task, root: str) -> dict[str, features.Examples]:
+  """The test splits of a task that are on disk; a test row that cannot be read raises.
 
   A missing test file only drops its submission (users often have train/dev only); AX is
   read from GLUE_DIR/diagnostic/diagnostic.tsv when it is there.
   """
-  out = {"train": load_split(task, task.train, root, labelled=True)}
-  for split in task.dev:
-    out[split.name] = load_split(task, split, root, labelled=True)
-  for split in task.test if with_test else ():
-    if os.path.isfile(os.path.join(root, split.tsv) if root else split.tsv):
-      out[split.name] = load_split(task, split, root, labelled=False)
-  return out
+  return {split.name: load_split(task, split, root, labelled=False) for split in task.test
+          if os.path.isfile(os.path.join(root, split.tsv) if root else split.tsv)}
 
 
 def custom_labels(path: str, text_columns: tuple[str, ...], label_column: str) -> tuple[str, ...]:

@@ -3,10 +3,11 @@
 For each question, over all its windows: the `n_best` highest start and end logits are paired;
 a pair is a candidate when both tokens lie in the context, the start token is scored in its
 best-centred window, end >= start and the span has at most `max_answer_length` tokens. The
-candidates are ranked by start + end logit and deduplicated by text. For v2.0, the null score
-is start + end logit at [CLS] (the lowest over the question's windows); the answer is "" when
-null score - best span score > `null_threshold` (the official eval's best_f1_thresh is a good
-value to rerun with).
+candidates are ranked by start + end logit, turned into text by get_final_text (the context
+characters the predicted pieces cover, `features.answer_text`) and deduplicated by that text.
+For v2.0, the null score is start + end logit at [CLS] (the lowest over the question's
+windows); the answer is "" when null score - best span score > `null_threshold` (the official
+eval's best_f1_thresh is a good value to rerun with).
 
 Shape letters: N features, L sequence length.
 """
@@ -14,11 +15,12 @@ Shape letters: N features, L sequence length.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from bertjax.squad.data import Example
-from bertjax.squad.features import Features, span_text
+from bertjax.squad.features import Features, answer_text
 
 
 @dataclasses.dataclass
@@ -34,8 +36,9 @@ def _top(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def _candidates(feats: Features, f: int, start_L: np.ndarray, end_L: np.ndarray, n_best: int,
-                max_answer_length: int) -> list[tuple[float, float, float, int, int]]:
-  """(score, start logit, end logit, start unit, end unit) of the valid spans of window f."""
+                max_answer_length: int) -> list[tuple[float, float, float, int, int, int]]:
+  """(score, start logit, end logit, window, start token, end token) of window f's valid
+  spans."""
   unit_L, maxc_L = feats.token_unit_NxL[f], feats.max_context_NxL[f]
   out = []
   for s in _top(start_L, n_best):
@@ -44,14 +47,15 @@ def _candidates(feats: Features, f: int, start_L: np.ndarray, end_L: np.ndarray,
     for e in _top(end_L, n_best):
       if unit_L[e] < 0 or e < s or e - s + 1 > max_answer_length:
         continue
-      out.append((float(start_L[s] + end_L[e]), float(start_L[s]), float(end_L[e]),
-                  int(unit_L[s]), int(unit_L[e])))
+      out.append((float(start_L[s] + end_L[e]), float(start_L[s]), float(end_L[e]), f,
+                  int(s), int(e)))
   return out
 
 
 def decode(examples: list[Example], feats: Features, start_NxL: np.ndarray, end_NxL: np.ndarray,
-           version: str, n_best: int = 20, max_answer_length: int = 30,
+           version: str, tok: Any, n_best: int = 20, max_answer_length: int = 30,
            null_threshold: float = 0.0) -> Decoded:
+  """The answers of `examples` from the logits of their windows; `tok` built `feats`."""
   by_example: dict[int, list[int]] = {}
   for f, i in enumerate(feats.example_index_N):
     by_example.setdefault(int(i), []).append(f)
@@ -65,8 +69,10 @@ def decode(examples: list[Example], feats: Features, start_NxL: np.ndarray, end_
       cands += _candidates(feats, f, start_NxL[f], end_NxL[f], n_best, max_answer_length)
     cands.sort(key=lambda c: -c[0])
     nbest, seen = [], set()
-    for score, sl, el, us, ue in cands:
-      text = span_text(ex, feats.unit_spans[i], us, ue)
+    for score, sl, el, f, s, e in cands:
+      unit_L = feats.token_unit_NxL[f]
+      text = answer_text(tok, ex.context, feats.unit_spans[i], unit_L[s], unit_L[e],
+                         feats.arrays["input_ids"][f, s:e + 1])
       if text in seen:
         continue
       seen.add(text)

@@ -1,11 +1,14 @@
 """SQuAD examples as [CLS] question [SEP] context-window [SEP] features, google-research/bert style.
 
 The context is cut into *units* with character spans, each tokenized on its own, so every
-token maps back to characters of the original text (no detokenization guesswork):
-  * WordPiece: each whitespace word is split further on punctuation and CJK characters, as
-    BERT's basic tokenizer does anyway, so the pieces are those of the whole text and an answer
-    "1895" is cut out of "(1895)" exactly;
-  * SentencePiece: each whitespace word is one unit (its pieces carry the word's "▁").
+token maps back to characters of the original text. Words are separated by run_squad's
+whitespace (space, tab, CR, LF, U+202F):
+  * WordPiece: each word is split further on punctuation and CJK characters, as BERT's basic
+    tokenizer does anyway, so the pieces are those of the whole text and an answer "1895" is
+    cut out of "(1895)" exactly;
+  * SentencePiece: each word is one unit (its pieces carry the word's "▁").
+A predicted span's answer is cut from the words holding it by run_squad's get_final_text
+(`answer_text`): the characters its pieces cover, "1890" inside "1890s".
 A long context becomes several windows of at most `max_seq_len - len(question) - 3` tokens,
 each starting `doc_stride` tokens after the last; a token scored in several windows counts in
 the one where it has the most context on both sides (`max_context`). The training target is
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -47,8 +51,13 @@ def _is_split_char(ch: str) -> bool:
   return wordpiece.is_punctuation(ch) or wordpiece.is_cjk(ch)
 
 
+# run_squad's _is_whitespace: what separates the context's words (other Unicode spaces, e.g.
+# U+00A0, are inside a word there, and WordPiece's basic tokenization splits on them later).
+_DOC_SPACES = " \t\r\n\u202f"
+
+
 def _is_space(ch: str) -> bool:
-  return ch.isspace() or ord(ch) == 0x202F  # google's _is_whitespace adds NARROW NO-BREAK SPACE
+  return ch in _DOC_SPACES
 
 
 def unit_spans(text: str, split_punctuation: bool) -> list[tuple[int, int]]:
@@ -174,6 +183,69 @@ def build(tok: Any, examples: list[Example], max_seq_len: int = 384, doc_stride:
                   arr(cols[6], bool), all_spans)
 
 
-def span_text(ex: Example, spans: list[tuple[int, int]], unit_start: int, unit_end: int) -> str:
-  """The original context characters from the start of one unit to the end of another."""
-  return ex.context[spans[unit_start][0]:spans[unit_end][1]]
+def piece_text(tok: Any, ids) -> str:
+  """Predicted pieces as text: WordPiece pieces joined with "##" removed, as run_squad's
+  write_predictions does; SentencePiece pieces decoded."""
+  from bertjax import wordpiece
+
+  if isinstance(tok, wordpiece.WordPieceTokenizer):
+    text = " ".join(tok.id_to_piece(i) for i in ids).replace(" ##", "").replace("##", "")
+  else:
+    text = tok.decode(ids)
+  return " ".join(text.split())
+
+
+def _tokenized_text(tok: Any, text: str) -> str:
+  """`text` as the tokenizer writes it: BERT's basic tokens joined by spaces (lower-cased and
+  accent-free for uncased WordPiece), or its SentencePiece pieces decoded (normalized as the
+  model normalizes, e.g. NFKC)."""
+  from bertjax import wordpiece
+
+  if isinstance(tok, wordpiece.WordPieceTokenizer):
+    return " ".join(wordpiece.basic_tokenize(text, tok.lower_case))
+  return tok.decode(tok.encode(text))
+
+
+def _strip_spaces(text: str) -> tuple[str, list[int]]:
+  """`text` without spaces, and the position in `text` of each character kept."""
+  kept = [i for i, ch in enumerate(text) if ch != " "]
+  return "".join(text[i] for i in kept), kept
+
+
+def get_final_text(pred_text: str, orig_text: str, tok: Any) -> str:
+  """google-research/bert's get_final_text: the characters of `orig_text` (whole context
+  words) that the predicted pieces `pred_text` cover, so "1890" predicted inside "1890s"
+  answers "1890" and the original case and accents come back.
+
+  `orig_text` is tokenized again; when its characters do not align one to one with the
+  tokenized text (other than spaces), or `pred_text` is not found in it, the whole words are
+  the answer, as in the reference. Like the reference, the first occurrence of `pred_text`
+  counts.
+  """
+  tok_text = _tokenized_text(tok, orig_text)
+  start = tok_text.find(pred_text)
+  if start < 0:
+    return orig_text
+  end = start + len(pred_text) - 1
+  orig_ns, orig_pos = _strip_spaces(orig_text)
+  tok_ns, tok_pos = _strip_spaces(tok_text)
+  if len(orig_ns) != len(tok_ns):
+    return orig_text
+  tok_ns_of = {p: k for k, p in enumerate(tok_pos)}
+  if start not in tok_ns_of or end not in tok_ns_of:
+    return orig_text
+  return orig_text[orig_pos[tok_ns_of[start]]:orig_pos[tok_ns_of[end]] + 1]
+
+
+def answer_text(tok: Any, context: str, spans: list[tuple[int, int]], unit_start: int,
+                unit_end: int, ids) -> str:
+  """The answer of the predicted pieces `ids`, which lie in units unit_start..unit_end: the
+  context words holding them joined by single spaces (run_squad's orig_text), cut to the
+  pieces by `get_final_text`."""
+  start, end = spans[unit_start][0], spans[unit_end][1]
+  while start > 0 and not _is_space(context[start - 1]):
+    start -= 1
+  while end < len(context) and not _is_space(context[end]):
+    end += 1
+  words = re.split(f"[{_DOC_SPACES}]+", context[start:end])
+  return get_final_text(piece_text(tok, ids), " ".join(words), tok)

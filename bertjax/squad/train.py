@@ -49,12 +49,12 @@ def squad_loss(outputs, batch: dict) -> jax.Array:
   return finetuning.masked_mean(per_example_B, batch["weights"])
 
 
-def predict_and_score(trainer: finetuning.Trainer, params, examples: list[Example],
+def predict_and_score(trainer: finetuning.Trainer, params, tok, examples: list[Example],
                       feats: feats_lib.Features, recipe: finetuning.Recipe, opts: Options,
                       progress: bool = False) -> tuple[dict[str, float], decode_lib.Decoded]:
   start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
-  dec = decode_lib.decode(examples, feats, start_NxL, end_NxL, opts.version, opts.n_best,
-                          opts.max_answer_length, opts.null_threshold)
+  dec = decode_lib.decode(examples, feats, start_NxL, end_NxL, opts.version, tok,
+                          opts.n_best, opts.max_answer_length, opts.null_threshold)
   scores = evaluate_lib.score(gold_answers(examples), dec.predictions, opts.version,
                               dec.null_odds if opts.version == "2.0" else None, dec.best_span)
   return scores, dec
@@ -80,11 +80,11 @@ def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
                                squad_loss, "squad")
 
   def evaluate(params):
-    return predict_and_score(trainer, params, dev, dev_feats, recipe, opts)[0]
+    return predict_and_score(trainer, params, tok, dev, dev_feats, recipe, opts)[0]
 
   result = finetuning.fit(trainer, train_feats.arrays, recipe, evaluate, "f1", workdir,
                           opts.eval_untrained, progress)
-  scores, dec = predict_and_score(trainer, result.best_params, dev, dev_feats, recipe, opts)
+  scores, dec = predict_and_score(trainer, result.best_params, tok, dev, dev_feats, recipe, opts)
   if jax.process_index() == 0:
     _write(workdir, "predictions.json", dec.predictions)
     _write(workdir, "nbest_predictions.json", dec.nbest)
