@@ -51,8 +51,9 @@ def _alive(holder: dict) -> bool:
 class Lock:
   """`with Lock(directory, "bertjax pretrain"):` holds `directory`'s lock for the block."""
 
-  def __init__(self, directory: str, command: str, enabled: bool = True):
-    self.path = os.path.join(os.path.abspath(directory), LOCK_NAME)
+  def __init__(self, directory: str, command: str, enabled: bool = True,
+               name: str = LOCK_NAME):
+    self.path = os.path.join(os.path.abspath(directory), name)
     self.command = command
     self.enabled = enabled and "://" not in str(directory)
     self._held = False

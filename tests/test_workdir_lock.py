@@ -59,3 +59,19 @@ def test_pretrain_on_a_busy_workdir_is_one_line_and_writes_nothing(tmp_path):
   assert last.startswith("bertjax pretrain: ") and "is in use by `bertjax pretrain`" in last
   assert "Traceback" not in r.stderr
   assert sorted(p.name for p in wd.iterdir()) == []
+
+
+def test_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
+  from bertjax.data import prepare
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  corpus = tmp_path / "c.txt"
+  corpus.write_text("One sentence here. And another one.\n\nA second document. It ends.\n")
+  cfg = prepare.PrepareConfig(output=str(tmp_path / "out"), inputs=(str(corpus),),
+                              tokenizer=os.path.join(repo, "data", "tokenizer.model"),
+                              processes=1, progress=False)
+  with workdir_lock.Lock(cfg.output, "bertjax prepare", name=".prepare-0.lock"):
+    with pytest.raises(workdir_lock.WorkdirBusyError, match="in use by `bertjax prepare`"):
+      prepare.prepare(cfg)
+  assert prepare.prepare(cfg)["documents"] == 2
+  assert not (tmp_path / "out" / ".prepare-0.lock").exists()

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-line-chars", type=int, default=d.max_line_chars)
     p.add_argument("--max-doc-sentences", type=int, default=d.max_doc_sentences)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the document shuffle over the corpus (same seed, same shards)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace prepared data already in --output (else an error)")
     return p
@@ -60,7 +62,7 @@ def main(argv: list[str]) -> int:
         eval_shards=args.eval_shards, worker_index=args.worker_index,
         num_workers=args.num_workers, processes=args.processes,
         max_line_chars=args.max_line_chars, max_doc_sentences=args.max_doc_sentences,
-        progress=not args.no_progress, overwrite=args.overwrite)
+        progress=not args.no_progress, overwrite=args.overwrite, seed=args.seed)
     try:
         meta = prepare_lib.prepare(cfg)
     except (ValueError, OSError, KeyError) as e:

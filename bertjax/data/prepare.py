@@ -44,7 +44,7 @@ import time
 from typing import Iterator
 
 from bertjax import tokenizer as tokenizer_lib
-from bertjax import wordpiece
+from bertjax import wordpiece, workdir_lock
 from bertjax.data import records, text
 
 
@@ -542,13 +542,21 @@ def _shufflers(cfg: PrepareConfig, tasks: _Tasks, directory: pathlib.Path
 
 def prepare(cfg: PrepareConfig) -> dict:
     """Prepares the shards and metadata of this worker; returns the metadata."""
-    from tqdm import tqdm
-
     _check(cfg)
     tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
     out = pathlib.Path(cfg.output)
     _check_output(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
+    # One preparation per worker and output directory at a time (workers share `out`).
+    with workdir_lock.Lock(str(out), "bertjax prepare",
+                           name=f".prepare-{cfg.worker_index}.lock"):
+        _check_output(cfg, out)  # again: another run may have finished meanwhile
+        return _prepare(cfg, tok, out)
+
+
+def _prepare(cfg: PrepareConfig, tok, out: pathlib.Path) -> dict:
+    from tqdm import tqdm
+
     tasks, tally = _Tasks(cfg), _Tally(cfg)
     # Piles and shards are written here first, the shards moved into `out` when complete.
     tmp = out / f".prepare-{cfg.worker_index}.tmp"
