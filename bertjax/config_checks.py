@@ -55,7 +55,9 @@ def validate(config) -> None:
   _at_least(config, "data.max_predictions_per_seq", 1, "masked positions per example")
   _one_of(config, "data.source", ("prepared", "synthetic"))
   _one_of(config, "data.pair_mode", ("nsp", "sop", "none"))
-  _one_of(config, "train.optimizer", ("adamw", "lamb"))
+  # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
+  _one_of(config, "train.optimizer", ("bert_adamw", "adamw", "lamb"))
+  _one_of(config, "train.schedule", ("bert", "warmup_linear"))
   _one_of(config, "model.remat", ("none", "dots", "full"))
   p2 = config.get("phase2")
   if p2 is not None and "fraction" in p2:

@@ -53,6 +53,7 @@ class Recipe:
   eval_batch_size: int = 64  # global; only memory depends on it
   warmup_fraction: float = 0.1  # of all steps, then linear decay to 0
   weight_decay: float = 0.01  # AdamW, masked off biases and LayerNorm
+  optimizer: str = "bert_adamw"  # bert_adamw | adamw (`make_optimizer`)
   dropout: float = 0.1  # hidden and attention dropout, replacing the checkpoint's
   clip_norm: float = 1.0  # global-norm clipping, as BERT's optimizer
   seed: int = 0  # head init, dropout and data order
@@ -91,14 +92,41 @@ class State:
   # step serves every run of a sweep
 
 
+OPTIMIZERS = ("bert_adamw", "adamw")
+
+
+def optimizer_for(hidden_size: int) -> tuple[str, str]:
+  """(default `Recipe.optimizer`, why) for an encoder of `hidden_size`: BERT's where BERT's
+  learning rates apply (`learning_rates_for`), bias-corrected AdamW for the smaller encoders."""
+  width = _LEARNING_RATES[-1][0]
+  if hidden_size > width:
+    return "bert_adamw", f"BERT's, for hidden size {hidden_size}"
+  return "adamw", (f"bias-corrected, for hidden size {hidden_size} (<= {width}); BERT's "
+                   "bert_adamw is for base/large")
+
+
 def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransformation:
-  """AdamW (β 0.9/0.999, ε 1e-6, decay masked off biases and LayerNorm) with the warmup/decay
-  shape peaking at 1; the train step scales the update by the state's peak learning rate."""
+  """Global-norm clipping, then `recipe.optimizer` with its schedule's shape peaking at 1 (the
+  train step scales the update by the state's peak learning rate):
+
+    bert_adamw  google-research/bert's create_optimizer, as run_classifier/run_squad use it:
+                AdamWeightDecayOptimizer (no bias correction) on BERT's schedule
+    adamw       optax's bias-corrected AdamW, warmup then linear decay from the peak to 0
+
+  Both β 0.9/0.999, ε 1e-6, decay masked off biases and LayerNorm. Mosbach et al. 2021 ("On
+  the stability of fine-tuning BERT") found that Adam's bias correction, which BERT's optimizer
+  leaves out, makes fine-tuning more stable: hence `adamw` outside BERT's recipe.
+  """
   warmup = int(recipe.warmup_fraction * total_steps)
-  shape = optim.warmup_linear_decay(1.0, warmup, total_steps)
+  if recipe.optimizer == "bert_adamw":
+    shape, opt = optim.bert_schedule(1.0, warmup, total_steps), optim.bert_adamw
+  elif recipe.optimizer == "adamw":
+    shape, opt = optim.warmup_linear_decay(1.0, warmup, total_steps), optim.adamw
+  else:
+    raise ValueError(f"Recipe.optimizer={recipe.optimizer!r}; valid: "
+                     f"{', '.join(map(repr, OPTIMIZERS))}")
   return optax.chain(optax.clip_by_global_norm(recipe.clip_norm),
-                     optax.adamw(shape, b1=0.9, b2=0.999, eps=1e-6,
-                                 weight_decay=recipe.weight_decay, mask=optim.decay_mask))
+                     opt(shape, b1=0.9, b2=0.999, eps=1e-6, weight_decay=recipe.weight_decay))
 
 
 def init_train_state(model, tx, bert_params, key, learning_rate):

@@ -1,12 +1,19 @@
-"""Optimiser: BERT's weight-decay mask, the schedules, and exact gradient accumulation."""
+"""Optimisers: BERT's weight-decay mask, bias correction, layer-wise LAMB, the schedules, the
+recipes' choices, and exact gradient accumulation."""
+
+import argparse
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from bertjax import optim, sharding, train
+from bertjax import finetuning, model as model_lib, optim, sharding, train
+from bertjax.commands import finetune_args
 from bertjax.data import pretraining
+from experiments import pretrain
 from tests.test_sharding import tiny_config
 
 
@@ -18,15 +25,36 @@ def test_decay_mask_excludes_layer_norm_and_biases():
                                       "mlm_bias": False, "emb": {"embedding": True}}
 
 
-def test_adamw_decays_weights_only():
-  c = tiny_config(learning_rate=1.0, warmup_steps=0, clip_norm=0.0)
+@pytest.mark.parametrize("name,kernel_update", [("adamw", -0.01), ("bert_adamw", -0.01),
+                                                 ("lamb", -1.0)])  # LAMB: ratio ||w||/||0.01 w||
+def test_optimizers_decay_weights_only(name, kernel_update):
+  c = tiny_config(learning_rate=1.0, warmup_steps=0, clip_norm=0.0, optimizer=name)
   tx = optim.make_optimizer(c.train, lambda _: 1.0)
   params = {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,)), "scale": jnp.ones((2,))}
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
-  np.testing.assert_allclose(updates["kernel"], -0.01 * np.ones((2, 2)), rtol=1e-6)
+  np.testing.assert_allclose(updates["kernel"], kernel_update * np.ones((2, 2)), rtol=1e-6)
   np.testing.assert_array_equal(updates["bias"], 0.0)
   np.testing.assert_array_equal(updates["scale"], 0.0)
+
+
+def test_bert_adamw_has_no_bias_correction_and_adamw_has():
+  """First step, gradient g: BERT's m/sqrt(v) = 0.1 g / sqrt(0.001 g^2) = sqrt(10); optax's 1."""
+  params, grads = {"kernel": jnp.zeros((3,))}, {"kernel": jnp.array([0.5, -2.0, 4.0])}
+  for name, size in (("bert_adamw", np.sqrt(10.0)), ("adamw", 1.0)):
+    c = tiny_config(clip_norm=0.0, optimizer=name)
+    tx = optim.make_optimizer(c.train, lambda _: 1.0)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(-updates["kernel"], size * np.sign(grads["kernel"]), rtol=1e-4)
+
+
+def test_unknown_names_raise_naming_the_field():
+  with pytest.raises(ValueError, match=r"^config.train.optimizer='adam'; valid: 'bert_adamw', "
+                                       r"'adamw', 'lamb'$"):
+    optim.make_optimizer(tiny_config(optimizer="adam").train, lambda _: 1.0)
+  with pytest.raises(ValueError, match=r"^config.train.schedule='cosine'; valid: 'bert', "
+                                       r"'warmup_linear'$"):
+    optim.make_schedule(tiny_config(schedule="cosine").train)
 
 
 def test_warmup_then_linear_decay_to_zero():
@@ -35,6 +63,147 @@ def test_warmup_then_linear_decay_to_zero():
   assert float(f(10)) == pytest.approx(1e-4)
   assert float(f(55)) == pytest.approx(0.5e-4)
   assert float(f(100)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_bert_schedule_decays_from_step_zero_under_the_warmup():
+  """create_optimizer: peak * (1 - step/total), and peak * step/warmup while step < warmup."""
+  f = optim.bert_schedule(1e-4, 10, 100)
+  assert float(f(0)) == 0.0
+  assert float(f(9)) == pytest.approx(0.9e-4)
+  assert float(f(10)) == pytest.approx(0.9e-4)  # not the peak: the decay started at step 0
+  assert float(f(55)) == pytest.approx(0.45e-4)
+  assert float(f(100)) == 0.0 and float(f(150)) == 0.0
+  assert float(optim.bert_schedule(1e-4, 0, 100)(0)) == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("variant,optimizer,schedule", [
+    ("base", "bert_adamw", "bert"), ("large", "bert_adamw", "bert"),
+    ("base_lamb", "lamb", "warmup_linear"), ("large_lamb", "lamb", "warmup_linear"),
+    ("tiny", "adamw", "warmup_linear"), ("demo", "adamw", "warmup_linear"),
+    ("medium", "adamw", "warmup_linear")])
+def test_recipes_choose_optimizer_and_schedule(variant, optimizer, schedule):
+  c = pretrain.get_config(variant)
+  assert (c.train.optimizer, c.train.schedule) == (optimizer, schedule)
+  optim.make_optimizer(c.train, optim.make_schedule(c.train, c.phase2))
+
+
+def _lamb(params, grads_seq, lr=1e-2, wd=0.01):
+  """Updates of our LAMB (no clipping) for each gradient tree of `grads_seq`, from `params`."""
+  c = tiny_config(optimizer="lamb", clip_norm=0.0, weight_decay=wd)
+  tx = optim.make_optimizer(c.train, lambda _: lr)
+  update, state, out = jax.jit(tx.update), tx.init(params), []
+  for grads in grads_seq:
+    updates, state = update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    out.append(updates)
+  return out
+
+
+def _normal_like(tree, seed):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), tree)
+
+
+def test_lamb_is_the_papers_algorithm_2():
+  """A port of You et al. 2019, Algorithm 2 (LAMB), per variable x with gradient g:
+  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  m^ = m / (1-b1^t);  v^ = v / (1-b2^t);
+  r = m^ / (sqrt(v^) + eps);  x -= lr * ||x|| / ||r + wd x|| * (r + wd x).
+  LayerNorm scales and biases: no decay and ratio 1 (TF-Addons' exclude_from_layer_adaptation)."""
+  b1, b2, eps, lr, wd = 0.9, 0.999, 1e-6, 1e-2, 0.1
+  params = {"dense": {"kernel": jnp.full((4, 3), 0.5), "bias": jnp.full((3,), 0.2)},
+            "layer_norm": {"scale": jnp.ones((3,))}, "emb": {"embedding": jnp.full((5, 4), 2.0)}}
+  grads_seq = [_normal_like(params, seed) for seed in range(4)]
+  got = _lamb(params, grads_seq, lr, wd)
+  flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(x, np.float64)
+                       for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  x, m, v = flat(params), {}, {}
+  for t, grads in enumerate(grads_seq, start=1):
+    for name, g in flat(grads).items():
+      m[name] = b1 * m.get(name, 0.0) + (1 - b1) * g
+      v[name] = b2 * v.get(name, 0.0) + (1 - b2) * g ** 2
+      r = (m[name] / (1 - b1 ** t)) / (np.sqrt(v[name] / (1 - b2 ** t)) + eps)
+      if "bias" in name or "scale" in name:
+        step = lr * r
+      else:
+        r = r + wd * x[name]
+        step = lr * np.linalg.norm(x[name]) / np.linalg.norm(r) * r
+      # float32 against float64: optax's bias correction 1 - 0.999^t alone is off by ~1e-5.
+      np.testing.assert_allclose(-flat(got[t - 1])[name], step, rtol=5e-5,
+                                 atol=1e-5 * np.abs(step).max(), err_msg=name)
+      x[name] = x[name] - step
+
+
+def _tiny_params(scale_layer_1=3.0):
+  cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
+  d = model_lib.dummy_inputs()
+  params = model_lib.nn.unbox(jax.jit(model_lib.BertForPreTraining(cfg).init)(
+      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
+      d["masked_positions"])["params"])
+  # Layers of different norms: one ratio over the stack would not give each its own.
+  layers = params["bert"]["encoder"]
+  layers["layer_1"] = jax.tree.map(lambda x: x * scale_layer_1, layers["layer_1"])
+  return params
+
+
+def test_lamb_scanned_layers_get_one_ratio_per_layer():
+  """The same params and gradients, stacked by `scan_layers` or not, give the same updates."""
+  params = _tiny_params()
+  grads_seq = [_normal_like(params, seed) for seed in range(3)]
+  flat_updates = _lamb(params, grads_seq)
+  stack = lambda tree: model_lib.stack_layer_params(tree, 2)
+  stacked_updates = _lamb(stack(params), [stack(g) for g in grads_seq])
+  assert "layers" in stacked_updates[0]["bert"]["encoder"]
+  for want, got in zip(flat_updates, stacked_updates):
+    got = model_lib.unstack_layer_params(got)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-9, err_msg=jax.tree_util.keystr(path))
+
+
+def test_lamb_fused_qkv_kernel_is_three_variables():
+  """Each q/k/v slice of the fused [H, 3, N, D] kernel updates as Google's separate
+  query/key/value kernels would."""
+  h, n, d = 8, 2, 4
+  w = jax.random.normal(jax.random.key(1), (h, 3, n, d)) * jnp.array([1.0, 5.0, 0.2])[:, None, None]
+  b = jnp.ones((3, n, d))
+  fused = {"attention": {"qkv": {"kernel": w, "bias": b}}}
+  names = ("query", "key", "value")
+  split = lambda tree: {"attention": {nm: {"kernel": tree["attention"]["qkv"]["kernel"][:, i],
+                                           "bias": tree["attention"]["qkv"]["bias"][i]}
+                                      for i, nm in enumerate(names)}}
+  grads_seq = [_normal_like(fused, seed) for seed in range(3)]
+  for f, s in zip(_lamb(fused, grads_seq), _lamb(split(fused), [split(g) for g in grads_seq])):
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-9),
+                 split(f), s)
+
+
+def test_finetuning_optimizer_follows_the_width_and_the_flag(capsys):
+  assert finetuning.optimizer_for(512)[0] == "adamw"
+  assert finetuning.optimizer_for(768)[0] == finetuning.optimizer_for(1024)[0] == "bert_adamw"
+  p = argparse.ArgumentParser()
+  finetune_args.add_recipe_args(p, learning_rate=2e-5, epochs=3, max_seq_len=128)
+  assert finetune_args.recipe_from_args(p.parse_args([]), 768, "glue").optimizer == "bert_adamw"
+  assert "glue: optimizer bert_adamw (BERT's, for hidden size 768; --optimizer overrides)" in (
+      capsys.readouterr().out)
+  assert finetune_args.recipe_from_args(p.parse_args([]), 128, "ner").optimizer == "adamw"
+  recipe = finetune_args.recipe_from_args(p.parse_args(["--optimizer", "adamw"]), 768, "squad")
+  assert recipe.optimizer == "adamw" and "optimizer" not in capsys.readouterr().out.split(
+      "learning rate")[-1]
+  with pytest.raises(ValueError, match=r"^Recipe.optimizer='sgd'; valid: 'bert_adamw', 'adamw'$"):
+    finetuning.make_optimizer(finetuning.Recipe(optimizer="sgd"), 10)
+
+
+@pytest.mark.parametrize("name", ["bert_adamw", "adamw"])
+def test_finetuning_optimizers_are_bert_and_bias_corrected(name):
+  """10 steps, warmup 1: step 0 at lr 0, step 1 at BERT's 1 - 1/10 or warmup_linear's 1."""
+  tx = finetuning.make_optimizer(finetuning.Recipe(optimizer=name, weight_decay=0.0), 10)
+  params, g = {"kernel": jnp.zeros((3,))}, jnp.array([0.1, -0.2, 0.3])
+  state = tx.init(params)
+  first, state = tx.update({"kernel": g}, state, params)
+  second, _ = tx.update({"kernel": g}, state, params)
+  np.testing.assert_array_equal(first["kernel"], 0.0)
+  m, v = (0.1 * 0.9 + 0.1) * g, (0.001 * 0.999 + 0.001) * g ** 2  # uncorrected moments of g
+  want = 0.9 * m / (np.sqrt(v) + 1e-6) if name == "bert_adamw" else np.sign(g)
+  np.testing.assert_allclose(-second["kernel"], want, rtol=1e-4)
 
 
 def test_two_phase_schedules():
@@ -73,3 +242,25 @@ def test_gradient_accumulation_is_exact(microbatches):
   for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
     assert m2[k] == pytest.approx(m1[k], rel=1e-5), k
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p2)
+
+
+
+def test_config_checks_accept_exactly_optims_names():
+  """The jax-free config check and optim agree on the valid optimizer and schedule names."""
+  import importlib.util
+
+  from bertjax import config_checks
+
+  spec = importlib.util.spec_from_file_location(
+      "pretrain_cfg", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for field, names in (("optimizer", optim.OPTIMIZERS), ("schedule", optim.SCHEDULES)):
+    for name in list(names) + ["sgd"]:
+      c = module.get_config("tiny")
+      c.train[field] = name
+      if name in names:
+        config_checks.validate(c)
+      else:
+        with pytest.raises(ValueError, match=rf"config.train.{field}='sgd': valid: "):
+          config_checks.validate(c)

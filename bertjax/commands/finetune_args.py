@@ -18,7 +18,7 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
 
 def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | None,
                     eval_untrained: bool = True) -> None:
-  """The fine-tuning recipe: AdamW, warmup + linear decay, dropout, global batch sizes."""
+  """The fine-tuning recipe: optimizer and its schedule, dropout, global batch sizes."""
   if max_seq_len is not None:
     g.add_argument("--max-seq-len", type=int, default=max_seq_len)
   g.add_argument("--learning-rate", type=float, default=None,
@@ -31,6 +31,10 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
   g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
   g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
   g.add_argument("--weight-decay", type=float, default=0.01)
+  g.add_argument("--optimizer", choices=("bert_adamw", "adamw"), default=None,
+                 help="bert_adamw: google-research/bert's (no bias correction, its schedule); "
+                      "adamw: bias-corrected, warmup then linear decay (default: bert_adamw "
+                      "for base/large, adamw up to hidden 512; printed)")
   g.add_argument("--dropout", type=float, default=0.1)
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
@@ -42,8 +46,8 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
 
 def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
                      announce: bool = True):
-  """The recipe of the flags; an unset --learning-rate follows the encoder's width (printed
-  when `announce`: a sweep prints its grid instead)."""
+  """The recipe of the flags; an unset --learning-rate or --optimizer follows the encoder's
+  width (printed; the learning rate only when `announce`: a sweep prints its grid instead)."""
   from bertjax import finetuning
 
   lr = args.learning_rate
@@ -51,10 +55,15 @@ def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
     lr, _, why = finetuning.learning_rates_for(hidden_size, args.bert_learning_rate)
     if announce:
       print(f"{prefix}: learning rate {lr:g} ({why}; --learning-rate overrides)", flush=True)
+  optimizer = args.optimizer
+  if optimizer is None:
+    optimizer, why = finetuning.optimizer_for(hidden_size)
+    print(f"{prefix}: optimizer {optimizer} ({why}; --optimizer overrides)", flush=True)
   return finetuning.Recipe(learning_rate=lr, epochs=args.epochs,
                            batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                            warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                           dropout=args.dropout, seed=args.seed, max_steps=args.max_steps)
+                           optimizer=optimizer, dropout=args.dropout, seed=args.seed,
+                           max_steps=args.max_steps)
 
 
 def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
