@@ -17,14 +17,22 @@ A `save_pretrained` directory (params only, self-contained, what GLUE and conver
 Orbax writes each step to a temporary directory and renames it when complete, so a process
 killed mid-save leaves no half checkpoint behind; restores read only complete steps. Arrays
 are restored onto the shardings asked for, whatever mesh wrote them.
+
+Orbax stores no checksum of the array files (a flipped bit restores as a changed weight), so
+each finished step gets `<step>/sha256.json`: the size and SHA-256 of every file in it. A
+resume checks the newest step against it and tries to restore it; a step that fails either
+is reported by file and step, moved to WORKDIR/bad_checkpoints/<step> (kept, never deleted),
+and the next newest is tried. Object stores (gs://) are not hashed: GCS checks its own CRC32C.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
-from typing import Any
+import shutil
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -47,6 +55,60 @@ def absolute(path: str | epath.Path) -> epath.Path:
 
 class CheckpointMismatchError(ValueError):
   """A checkpoint whose model or optimizer differs from the config trying to restore it."""
+
+
+class NoGoodCheckpointError(ValueError):
+  """Every checkpoint of the run failed its digest or its restore."""
+
+
+DIGEST_NAME = "sha256.json"
+
+
+def _local(path: epath.Path) -> bool:
+  return "://" not in str(path)
+
+
+def write_digest(step_dir: epath.Path) -> None:
+  """`step_dir/sha256.json`: {relative path: [size, sha256]} of every file of the step."""
+  files = {}
+  for root, _, names in os.walk(step_dir):
+    for name in sorted(names):
+      full = os.path.join(root, name)
+      rel = os.path.relpath(full, step_dir)
+      if rel != DIGEST_NAME:
+        files[rel] = [os.path.getsize(full), _sha256(full)]
+  tmp = step_dir / (DIGEST_NAME + ".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=0))
+  os.replace(tmp, step_dir / DIGEST_NAME)
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def verify_digest(step_dir: epath.Path) -> str | None:
+  """What differs from the step's digest ("state/d/abc: 3 bytes, 4,096 recorded"), or None
+  (also when the step has no digest: a run killed right after orbax finished the step)."""
+  digest = step_dir / DIGEST_NAME
+  if not _local(step_dir) or not digest.exists():
+    return None
+  try:
+    files = json.loads(digest.read_text())["files"]
+  except (ValueError, KeyError) as e:
+    return f"{digest}: unreadable ({e})"
+  for rel, (size, sha) in sorted(files.items()):
+    full = os.path.join(step_dir, rel)
+    if not os.path.exists(full):
+      return f"{full}: missing"
+    if os.path.getsize(full) != size:
+      return f"{full}: {os.path.getsize(full):,} bytes, {size:,} recorded"
+    if _sha256(full) != sha:
+      return f"{full}: contents changed since it was saved (SHA-256 differs)"
+  return None
 
 
 def check_compatible(saved: dict, current: model_lib.BertConfig, where: str,
@@ -80,6 +142,7 @@ class Manager:
         keep_period=keep_period, enable_async_checkpointing=async_save, create=True)
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "data", "meta"))
+    self._undigested: list[int] = []
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
@@ -87,10 +150,78 @@ class Manager:
   def save(self, step: int, state: Any, data_states: list | None, meta: dict,
            force: bool = False) -> bool:
     """Start saving (returns at once when async); False if the interval says not yet."""
+    self._digest_finished()
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=ocp.args.JsonSave({"processes": data_states}),
                               meta=ocp.args.JsonSave(meta))
-    return self._mngr.save(step, args=args, force=force)
+    saved = self._mngr.save(step, args=args, force=force)
+    if saved:
+      self._undigested.append(step)
+    return saved
+
+  def _digest_finished(self) -> None:
+    """Digest the steps saved so far, once orbax has finished writing them."""
+    if not self._undigested:
+      return
+    self._mngr.wait_until_finished()
+    steps, self._undigested = self._undigested, []
+    if jax.process_index() == 0 and _local(self.directory):
+      for step in steps:
+        if (self.directory / str(step)).exists():  # not already removed by max_to_keep
+          write_digest(self.directory / str(step))
+
+  def restore_newest_good(self, abstract_state: Any, check: Callable[[dict, str], None],
+                          log: Callable[[str], None]
+                          ) -> tuple[int, Any, list | None, dict] | None:
+    """(step, state, data states, meta) of the newest step that passes its digest and
+    restores; None when the run has no checkpoint.
+
+    `check(meta, where)` raises for a checkpoint of another model or optimizer (a user error,
+    reported as is, never skipped). A step that is damaged is reported by file, moved to
+    WORKDIR/bad_checkpoints/, and the next newest is tried; NoGoodCheckpointError if none is.
+    """
+    problems = []
+    for step in sorted(self._mngr.all_steps(), reverse=True):
+      where = self.directory / str(step)
+      problem = verify_digest(where)
+      if problem is None:
+        try:
+          meta = self.read_meta(step)
+        except Exception as e:  # noqa: BLE001  (any failure to read means a damaged step)
+          problem = f"{where}/meta: {_first_line(e)}"
+      if problem is None:
+        check(meta, str(where))
+        try:
+          state, data, _ = self.restore(step, abstract_state)
+          if problems:
+            log(f"checkpoint: resuming from step {step}, the newest good one")
+          return step, state, data, meta
+        except Exception as e:  # noqa: BLE001
+          problem = f"{where}: cannot be restored: {_first_line(e)}"
+      problems.append(f"step {step}: {problem}")
+      log(f"checkpoint: step {step} is damaged ({problem}); moving it to "
+          f"{self.directory.parent / 'bad_checkpoints' / str(step)} and trying the one before")
+      self._set_aside(step)
+    if problems:
+      raise NoGoodCheckpointError(
+          f"no good checkpoint in {self.directory} ({'; '.join(problems)}); the damaged steps "
+          f"are in {self.directory.parent / 'bad_checkpoints'}. Rerun to start from step 0, "
+          "or restore the files from a backup")
+    return None
+
+  def _set_aside(self, step: int) -> None:
+    if jax.process_index() == 0:
+      aside = self.directory.parent / "bad_checkpoints"
+      aside.mkdir(parents=True, exist_ok=True)
+      target = aside / str(step)
+      if target.exists():
+        shutil.rmtree(str(target))
+      shutil.move(str(self.directory / str(step)), str(target))
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices(f"bertjax_set_aside_{step}")
+    self._mngr.reload()
 
   def read_meta(self, step: int) -> dict:
     return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -103,11 +234,18 @@ class Manager:
     return out["state"], out["data"]["processes"], out["meta"]
 
   def wait(self) -> None:
-    """Block until the last async save is complete on disk."""
+    """Block until the last async save is complete on disk (and digested)."""
     self._mngr.wait_until_finished()
+    self._digest_finished()
 
   def close(self) -> None:
+    self._digest_finished()
     self._mngr.close()
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
 def gather_json(obj: Any) -> list:
@@ -196,7 +334,15 @@ def _resolve(path: epath.Path) -> tuple[str, epath.Path]:
     raise FileNotFoundError(f"{path}: no checkpoint found (expected a `bertjax pretrain` "
                             "workdir, one of its checkpoints/<step> dirs, or a save_pretrained "
                             "dir with pretrained.json)")
-  return "step", root / str(steps[-1])
+  problems = []
+  for step in reversed(steps):  # the newest step that matches its digest
+    problem = verify_digest(root / str(step))
+    if problem is None:
+      if problems:
+        print(f"checkpoint: using step {step} of {root}: " + "; ".join(problems), flush=True)
+      return "step", root / str(step)
+    problems.append(f"step {step} is damaged ({problem})")
+  raise NoGoodCheckpointError(f"{root}: no good checkpoint: " + "; ".join(problems))
 
 
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:

@@ -317,13 +317,13 @@ def _train_and_evaluate(config, workdir: str) -> int:
   ck = config.checkpoint
   mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period,
                             ck.async_save)
-  latest = mngr.latest_step()
-  saved_meta = None
-  if latest is not None:
-    where = str(mngr.directory / str(latest))
-    saved_meta = mngr.read_meta(latest)
-    checkpoint.check_compatible(saved_meta["bert_config"], setup0.bert_config, where,
-                                saved_meta.get("optimizer"), config.train.optimizer)
+  def check(meta: dict, where: str) -> None:
+    checkpoint.check_compatible(meta["bert_config"], setup0.bert_config, where,
+                                meta.get("optimizer"), config.train.optimizer)
+
+  restored = mngr.restore_newest_good(setup0.abstract_state, check,
+                                      log=print if is_main else lambda _: None)
+  latest, saved_meta = (restored[0], restored[3]) if restored else (None, None)
   # metrics.jsonl keeps exactly the records of the steps the checkpoint holds.
   writer = metrics_writer.MetricsWriter(workdir, enabled=is_main,
                                         tensorboard=config.get("tensorboard", True),
@@ -337,10 +337,10 @@ def _train_and_evaluate(config, workdir: str) -> int:
   # --- state: resume, init_from, or fresh ------------------------------------------------
   tokenizer_rel = _copy_tokenizer(config, workdir)
   data_state = None
-  if latest is not None:
-    state, data_states, _ = mngr.restore(latest, setup0.abstract_state)
+  if restored:
+    state, data_states = restored[1], restored[2]
     data_state = _data_state(config, data_states, writer)
-    writer.log(f"resumed from {where}")
+    writer.log(f"resumed from {mngr.directory / str(latest)}")
   else:
     state = setup0.init_state(config.seed)
     if config.train.init_from:

@@ -147,3 +147,50 @@ def test_sigkill_during_and_after_async_save_then_exact_resume(tmp_path):
     assert later, (name, resumed_from)
     for s in later:
       assert rows[s]["loss"] == ref_rows[s]["loss"], (name, s)
+
+
+def _largest_file(step_dir: pathlib.Path) -> pathlib.Path:
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys, damage):
+  """A flipped bit, a truncated or a missing array file of the newest step is found by its
+  digest, named by file and step, set aside (kept), and the run resumes from the step before:
+  exactly where an uninterrupted run would be."""
+  kw = {"eval.every_steps": 0, "checkpoint.max_to_keep": 5}
+  ref = tmp_path / "ref"
+  assert loop.train_and_evaluate(_loop_config(9, **kw), str(ref)) == 0
+  ref_rows, _ = _rows(ref)
+  wd = tmp_path / "run"
+  _run_until(_loop_config(9, **kw), wd, 6)
+  assert (wd / "checkpoints" / "6" / checkpoint.DIGEST_NAME).exists()
+  victim = _largest_file(wd / "checkpoints" / "6")
+  if damage == "flip":
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    victim.write_bytes(bytes(data))
+  elif damage == "truncate":
+    victim.write_bytes(victim.read_bytes()[:-7])
+  else:
+    victim.unlink()
+  capsys.readouterr()
+  assert loop.train_and_evaluate(_loop_config(9, **kw), str(wd)) == 0
+  out = capsys.readouterr().out
+  assert f"step 6 is damaged ({victim}" in out and "resuming from step 3" in out
+  assert (wd / "bad_checkpoints" / "6").is_dir()  # kept for inspection, not deleted
+  rows, _ = _rows(wd)
+  assert [rows[s]["loss"] for s in range(4, 10)] == [ref_rows[s]["loss"] for s in range(4, 10)]
+
+
+def test_no_good_checkpoint_is_one_error(tmp_path):
+  kw = {"eval.every_steps": 0}
+  _run_until(_loop_config(9, **kw), tmp_path, 6)
+  for step in ("3", "6"):
+    _largest_file(tmp_path / "checkpoints" / step).write_bytes(b"garbage")
+  with pytest.raises(checkpoint.NoGoodCheckpointError,
+                     match=r"no good checkpoint in .*step 6: .*step 3: "):
+    loop.train_and_evaluate(_loop_config(9, **kw), str(tmp_path))
+  with pytest.raises(FileNotFoundError):  # both steps were set aside
+    checkpoint.load_pretrained(str(tmp_path))
