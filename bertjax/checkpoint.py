@@ -27,9 +27,12 @@ and the next newest is tried. Object stores (gs://) are not hashed: GCS checks i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 from typing import Any, Callable
@@ -59,6 +62,26 @@ class CheckpointMismatchError(ValueError):
 
 class NoGoodCheckpointError(ValueError):
   """Every checkpoint of the run failed its digest or its restore."""
+
+
+class DiskFullError(RuntimeError):
+  """A save ran out of space; the partial step is removed, earlier steps are intact."""
+
+
+def _disk_full(e: BaseException) -> bool:
+  while e is not None:
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
+
+
+class _QuietDiskFull(logging.Filter):
+  """Orbax logs a full traceback per failed write thread; the Manager reports it once."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not ("No space left on device" in record.getMessage()
+                or (record.exc_info and _disk_full(record.exc_info[1])))
 
 
 DIGEST_NAME = "sha256.json"
@@ -143,6 +166,30 @@ class Manager:
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "data", "meta"))
     self._undigested: list[int] = []
+    logging.getLogger("absl").addFilter(_QuietDiskFull())
+
+  @contextlib.contextmanager
+  def _space_checked(self, step: int | None):
+    """Turn orbax's out-of-space failure (raised by the write or by a later wait) into one
+    DiskFullError naming the workdir and its free space, after removing the partial step."""
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001  (orbax wraps the OSError in its own errors)
+      if not _disk_full(e):
+        raise
+      partial = sorted(p.name for p in self.directory.iterdir() if "tmp" in p.name) \
+          if self.directory.exists() else []
+      if jax.process_index() == 0:
+        for name in partial:
+          shutil.rmtree(str(self.directory / name), ignore_errors=True)
+      free = shutil.disk_usage(str(self.directory)).free if _local(self.directory) else None
+      done = [s for s in self._mngr.all_steps() if str(s) not in partial]
+      raise DiskFullError(
+          f"disk full while saving a checkpoint to {self.directory.parent}"
+          + (f" ({free / 2**30:.2f} GiB free)" if free is not None else "")
+          + f"; removed the partial step ({', '.join(partial) or 'none left'}); newest complete "
+          f"checkpoint: {max(done) if done else 'none'}. Free space (or lower "
+          "config.checkpoint.max_to_keep) and rerun to resume") from None
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
@@ -154,7 +201,8 @@ class Manager:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=ocp.args.JsonSave({"processes": data_states}),
                               meta=ocp.args.JsonSave(meta))
-    saved = self._mngr.save(step, args=args, force=force)
+    with self._space_checked(step):
+      saved = self._mngr.save(step, args=args, force=force)
     if saved:
       self._undigested.append(step)
     return saved
@@ -163,7 +211,8 @@ class Manager:
     """Digest the steps saved so far, once orbax has finished writing them."""
     if not self._undigested:
       return
-    self._mngr.wait_until_finished()
+    with self._space_checked(None):
+      self._mngr.wait_until_finished()
     steps, self._undigested = self._undigested, []
     if jax.process_index() == 0 and _local(self.directory):
       for step in steps:
@@ -235,7 +284,8 @@ class Manager:
 
   def wait(self) -> None:
     """Block until the last async save is complete on disk (and digested)."""
-    self._mngr.wait_until_finished()
+    with self._space_checked(None):
+      self._mngr.wait_until_finished()
     self._digest_finished()
 
   def close(self) -> None:

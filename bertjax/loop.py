@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import sys
 import time
 
 import jax
@@ -294,7 +295,11 @@ def train_and_evaluate(config, workdir: str) -> int:
   if "://" not in workdir:
     workdir = os.path.abspath(workdir)  # orbax writes only to absolute paths
   with workdir_lock.Lock(workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
-    return _train_and_evaluate(config, workdir)
+    try:
+      return _train_and_evaluate(config, workdir)
+    except checkpoint.DiskFullError as e:
+      print(f"bertjax pretrain: {e}", file=sys.stderr, flush=True)
+      return 1
 
 
 def _train_and_evaluate(config, workdir: str) -> int:

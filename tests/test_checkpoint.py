@@ -194,3 +194,28 @@ def test_no_good_checkpoint_is_one_error(tmp_path):
     loop.train_and_evaluate(_loop_config(9, **kw), str(tmp_path))
   with pytest.raises(FileNotFoundError):  # both steps were set aside
     checkpoint.load_pretrained(str(tmp_path))
+
+
+def test_disk_full_during_a_save_is_one_line_and_removes_the_partial_step(tmp_path, capsys,
+                                                                          monkeypatch):
+  """Orbax's out-of-space failure (as it raises it: a ValueError from tensorstore carrying
+  ENOSPC) ends the run with exit 1 and one line naming the workdir and its free space; the
+  partial step directory is gone and the previous step is intact."""
+  import orbax.checkpoint as ocp
+
+  real_save = ocp.CheckpointManager.save
+
+  def save(self, step, *a, **k):
+    if step == 6:
+      (pathlib.Path(str(self.directory)) / "6.orbax-checkpoint-tmp").mkdir()
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "x": Failed to write 844 '
+                       "bytes to file 12: No space left on device [os_error_code='28']")
+    return real_save(self, step, *a, **k)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  assert loop.train_and_evaluate(_loop_config(9, **{"eval.every_steps": 0}), str(tmp_path)) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith(f"bertjax pretrain: disk full while saving a checkpoint to {tmp_path} (")
+  assert "GiB free); removed the partial step (6.orbax-checkpoint-tmp); newest complete " \
+         "checkpoint: 3" in err[-1]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3"]
