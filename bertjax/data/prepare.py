@@ -1,6 +1,7 @@
 """`bertjax prepare`: raw text or a TFDS corpus -> TFRecord shards of tokenized documents.
 
-Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries,
+Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries
+(a document over 1 MB, even one line, is cut into several, so no line is ever held whole),
 a pool of worker processes cleans, tokenizes and encodes them as TFRecords (in pure Python:
 preparing text never imports TensorFlow), and the parent shuffles the documents as results
 arrive in input order. At most `2 * processes` chunks are in flight, and the output does not
@@ -84,6 +85,7 @@ class _Task:
     first_line: int  # line (or record) number of the chunk's first line, 0-based
     data: bytes | list[bytes]  # file chunk, or the texts of TFDS records
     first_chunk: bool = True
+    continued: bool = False  # the chunk starts inside a line (cut from the previous chunk)
 
 
 @dataclasses.dataclass
@@ -117,7 +119,8 @@ def _documents(task: _Task, cfg: PrepareConfig, problems: list[text.Problem]
                ) -> list[list[tuple[int, str]]]:
     """Groups a task's text into documents of (line, sentence)."""
     if isinstance(task.data, bytes):  # google-research/bert format: a line is a sentence
-        lines, found = text.clean_lines(task.data, cfg.max_line_chars, task.first_chunk)
+        lines, found = text.clean_lines(task.data, cfg.max_line_chars, task.first_chunk,
+                                        task.continued)
         problems.extend(found)
         docs, current = [], []
         for lineno, line in lines:
@@ -198,27 +201,62 @@ def _is_binary(path: str) -> bool:
     return bad * 3 >= len(sample) > 0
 
 
-def _file_chunks(path: str, chunk_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """(first line, bytes) pieces of a file, cut after a blank line when there is one."""
-    first_line, carry = 0, b""
+# A document (a stretch without a blank line) longer than this is cut into several, so that no
+# document or line is ever in memory whole, however long.
+_MAX_DOC_BYTES = 1 << 20
+
+
+def _after_blank(buf: bytes, start: int, end: int) -> int:
+    """The position after the first newline of the last blank line in buf[start:end], or start."""
+    return max(buf.rfind(b"\n\n", start, end), buf.rfind(b"\n\r\n", start, end), start - 1) + 1
+
+
+def _cut(buf: bytes, max_doc: int, final: bool) -> tuple[int, bool]:
+    """Where the next chunk of `buf` ends (0: read more), and whether that is inside a line.
+
+    After a blank line, as late as possible; but a document longer than `max_doc` is cut at its
+    last line end in its first `max_doc` bytes, else (a longer line) after the last space in
+    their second half, else between characters. The cuts depend on the text, not on the reads.
+    """
+    start = 0
+    while len(buf) - start > max_doc:
+        end = _after_blank(buf, start, start + max_doc)
+        if end == start:  # the document at `start` is longer than max_doc
+            break
+        start = end
+    else:
+        return (len(buf) if final else _after_blank(buf, start, len(buf))), False
+    if start:
+        return start, False
+    cut = buf.rfind(b"\n", 0, max_doc) + 1
+    if cut:
+        return cut, False
+    cut = buf.rfind(b" ", max_doc // 2, max_doc) + 1
+    if not cut:
+        cut = max_doc
+        while cut > max_doc - 3 and buf[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+            cut -= 1
+    return cut, True
+
+
+def _file_chunks(path: str, chunk_bytes: int, max_doc: int
+                 ) -> Iterator[tuple[int, bytes, bool]]:
+    """(first line, bytes, starts inside a line) pieces of a file, cut by `_cut`; at most
+    `chunk_bytes + max_doc` bytes of it are held."""
+    first_line, buf, continued = 0, b"", False
     with _open_input(path) as f:
         while True:
             block = _read(f, chunk_bytes, path)
-            buf = carry + block
+            buf += block
+            while True:
+                cut, inside = _cut(buf, max_doc, final=not block)
+                if not cut:
+                    break
+                yield first_line, buf[:cut], continued
+                first_line += buf.count(b"\n", 0, cut)
+                buf, continued = buf[cut:], inside
             if not block:
-                if buf:
-                    yield first_line, buf
                 return
-            cut = max(buf.rfind(b"\n\n"), buf.rfind(b"\n\r\n")) + 1
-            if cut <= 0 and len(buf) >= 16 * chunk_bytes:
-                # A document of > 16 chunks: cut at a line end (or anywhere) to bound memory.
-                cut = buf.rfind(b"\n") + 1 or len(buf)
-            if cut <= 0:
-                carry = buf
-                continue
-            yield first_line, buf[:cut]
-            first_line += buf.count(b"\n", 0, cut)
-            carry = buf[cut:]
 
 
 class _Tasks:
@@ -247,10 +285,14 @@ class _Tasks:
             if _is_binary(path):
                 self.binary_files.append(path)
                 continue
-            for first_line, data in _file_chunks(path, cfg.chunk_bytes):
+            # A line of max_line_chars characters (<= 4 bytes each) is never cut, and the part
+            # of a cut line before the cut is longer than that, so the line is counted.
+            max_doc = max(_MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+            for first_line, data, continued in _file_chunks(path, cfg.chunk_bytes, max_doc):
                 # Chunks go round-robin to the workers, so even one big file is shared.
                 if index % cfg.num_workers == cfg.worker_index:
-                    yield _Task(path, first_line, data, first_chunk=first_line == 0)
+                    yield _Task(path, first_line, data, first_chunk=not (first_line or continued),
+                                continued=continued)
                 index += 1
 
     def _tfds_tasks(self) -> Iterator[_Task]:

@@ -45,22 +45,23 @@ def decode_line(raw: bytes, problems: list[Problem], lineno: int) -> str:
 
 def split_long(line: str, max_chars: int) -> list[str]:
     """Cuts a line into pieces of <= max_chars, at the last space when there is one."""
-    pieces = []
-    while len(line) > max_chars:
-        cut = line.rfind(" ", max_chars // 2, max_chars)
-        cut = max_chars if cut < 0 else cut
-        pieces.append(line[:cut].strip())
-        line = line[cut:]
-    pieces.append(line.strip())
+    pieces, start = [], 0
+    while len(line) - start > max_chars:
+        cut = line.rfind(" ", start + max_chars // 2, start + max_chars)
+        cut = start + max_chars if cut < 0 else cut
+        pieces.append(line[start:cut].strip())
+        start = cut
+    pieces.append(line[start:].strip())
     return [p for p in pieces if p]
 
 
-def clean_lines(data: bytes, max_line_chars: int, first_chunk: bool
+def clean_lines(data: bytes, max_line_chars: int, first_chunk: bool, continued: bool = False
                 ) -> tuple[list[tuple[int, str]], list[Problem]]:
     """Bytes of one chunk -> [(line number, text)] with blank lines as "", plus problems.
 
     Long lines are split into several "sentences" with the same line number, so a 1 MB line
-    without spaces costs bounded tokenizer work and loses no text.
+    without spaces costs bounded tokenizer work and loses no text. `continued`: the chunk
+    starts inside a line that the previous chunk began (and counted if long).
     """
     problems: list[Problem] = []
     if first_chunk and data.startswith(b"\xef\xbb\xbf"):
@@ -73,7 +74,8 @@ def clean_lines(data: bytes, max_line_chars: int, first_chunk: bool
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         text = decode_line(raw, problems, lineno).strip()
         if len(text) > max_line_chars:
-            problems.append(Problem(lineno, LONG_LINE))
+            if not (continued and lineno == 1):
+                problems.append(Problem(lineno, LONG_LINE))
             out.extend((lineno, piece) for piece in split_long(text, max_line_chars))
         else:
             out.append((lineno, text))
