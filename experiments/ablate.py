@@ -1,7 +1,7 @@
 r"""Ablation runner: pretrain every variant of a sweep, fine-tune each on GLUE, tabulate and plot.
 
-  python -m experiments.ablate --sweep nsp|layers|size --scale tiny|mini|base --steps N \
-      [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,mrpc,...] --out DIR
+  python -m experiments.ablate --sweep nsp|layers|size --scale demo|tiny|mini|base --steps N \
+      [--seeds 0,1] [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,mrpc,...] --out DIR
 
 Sweeps (the BERT paper's ablations):
   nsp     MLM + NSP vs MLM only (Table 5) and SOP: experiments/pretrain.py, no_nsp.py, sop.py
@@ -9,13 +9,15 @@ Sweeps (the BERT paper's ablations):
   size    the (L, H, A) grid of Table 6, shrunk for tiny/mini: experiments/size.py
 
 Every variant gets the same data (one prepared copy; the bundled corpus when --data is not
-given), the same seed, batch, steps and sequence length, so the data order is the same and
-only the swept setting differs. Writes, after every variant:
+given), the same seeds, batch, steps and sequence length, so the data order is the same and
+only the swept setting differs. Each variant runs once per seed (--seeds): the spread over
+seeds is what a difference between variants must exceed. Writes, after every run:
 
-  DIR/results.csv   one row per variant: its settings, steps, final held-out MLM perplexity
-                    and accuracy, NSP accuracy, and a column per task metric (sst2_accuracy, ...)
-  DIR/results.md    the same as a table in the paper's shape
-  DIR/SWEEP.png     MLM perplexity and task scores against the swept setting
+  DIR/results.csv   one row per variant and seed: its settings, steps, final held-out MLM
+                    perplexity and accuracy, pair-task accuracy, a column per task metric
+  DIR/results.md    mean ± std over seeds per variant, in the paper's shape
+  DIR/SWEEP.png     MLM perplexity and task scores against the swept setting: the mean with
+                    ±1 std error bars and every seed as a dot, axes from 0
 
 Rerunning the same command resumes: finished variants and tasks are read back, a variant whose
 pretraining stopped half way resumes from its last checkpoint. DIR/sweep.json records the
@@ -42,7 +44,7 @@ from experiments import layers as layers_exp  # noqa: E402
 from experiments import size as size_exp  # noqa: E402
 
 SWEEPS = ("nsp", "layers", "size")
-SCALES = ("tiny", "mini", "base")
+SCALES = ("demo", "tiny", "mini", "base")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,31 +134,35 @@ def task_results(glue_dir: str, task: str) -> dict | None:
   return {f"{task}_{k}": v for k, v in entry.items() if not k.endswith("_runs")}
 
 
-def pretrain_argv(v: Variant, args, workdir: str, data: str) -> list[str]:
-  max_pred = math.ceil(0.15 * args.seq_len)  # 15% of the tokens, rounded up as BERT: 128 -> 20
+def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[str]:
   # The config file by absolute path: the sweep may be started from any directory.
   argv = ["pretrain", "--config", os.path.join(REPO, v.config), "--workdir", workdir,
-          f"--config.train.steps={args.steps}", f"--config.seed={args.seed}",
+          f"--config.train.steps={args.steps}", f"--config.seed={seed}",
           f"--config.data.path={data}",
-          f"--config.data.seq_len={args.seq_len}",
-          f"--config.data.max_predictions_per_seq={max_pred}",
           f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
           # resumable mid-variant, without saving every few steps of a short run
           f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
           f"--config.log_every_steps={max(1, min(50, args.steps // 4))}"]
+  if args.seq_len:
+    # The config's masking rate (BERT's 15%; the demo's 30%), rounded up: 0.15 * 128 -> 20.
+    from experiments import pretrain as pretrain_exp
+
+    rate = pretrain_exp.get_config(args.scale).data.mask_prob
+    argv += [f"--config.data.seq_len={args.seq_len}",
+             f"--config.data.max_predictions_per_seq={math.ceil(rate * args.seq_len - 1e-9)}"]
   if args.batch_size:
     argv.append(f"--config.train.batch_size={args.batch_size}")
   return argv + [f"--config.{kv}" for kv in args.set]
 
 
-def glue_argv(task: str, args, init: str, out: str) -> list[str]:
+def glue_argv(task: str, args, init: str, out: str, seed: int) -> list[str]:
   return (["glue", "--task", task, "--init", init, "--data", args.glue_data, "--workdir", out,
-           "--seed", str(args.seed), "--no-progress"] + shlex.split(args.glue_flags))
+           "--seed", str(seed), "--no-progress"] + shlex.split(args.glue_flags))
 
 
-def run_variant(v: Variant, args, data: str) -> dict:
-  """Pretrain and fine-tune one variant (skipping what is done); its results row."""
-  vdir = os.path.join(args.out, v.name)
+def run_variant(v: Variant, args, data: str, seed: int) -> dict:
+  """Pretrain and fine-tune one variant with one seed (skipping what is done); its row."""
+  vdir = os.path.join(args.out, v.name, f"seed{seed}")
   workdir, glue_dir = os.path.join(vdir, "pretrain"), os.path.join(vdir, "glue")
   os.makedirs(vdir, exist_ok=True)
   ev = final_eval(workdir, args.steps)
@@ -164,8 +170,8 @@ def run_variant(v: Variant, args, data: str) -> dict:
     state = "resuming" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "starting"
     print(f"ablate: {v.name}: {state} pretraining ({args.steps} steps)", flush=True)
     t = time.time()
-    rc = run_bertjax(pretrain_argv(v, args, workdir, data), os.path.join(vdir, "pretrain.log"),
-                     args.isolate)
+    rc = run_bertjax(pretrain_argv(v, args, workdir, data, seed),
+                     os.path.join(vdir, "pretrain.log"), args.isolate)
     ev = final_eval(workdir, args.steps)
     if rc != 0 or ev is None:
       raise RuntimeError(f"ablate: {v.name}: pretraining failed (exit {rc}); see "
@@ -175,7 +181,7 @@ def run_variant(v: Variant, args, data: str) -> dict:
   else:
     print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
   row = {"variant": v.name, **v.settings, "scale": args.scale, "steps": args.steps,
-         "batch_size": args.batch_size or "", "seq_len": args.seq_len, "seed": args.seed,
+         "batch_size": args.batch_size or "", "seq_len": args.seq_len or "", "seed": seed,
          **{k: val for k, val in ev.items() if val is not None}}
   if v.settings.get("pair_task") == "none":
     row.pop("nsp_accuracy", None)  # no pair task: its "accuracy" is a placeholder
@@ -185,7 +191,7 @@ def run_variant(v: Variant, args, data: str) -> dict:
   for task in args.tasks:
     res = task_results(glue_dir, task)
     if res is None:
-      rc = run_bertjax(glue_argv(task, args, init, os.path.join(glue_dir, task)),
+      rc = run_bertjax(glue_argv(task, args, init, os.path.join(glue_dir, task), seed),
                        os.path.join(vdir, f"glue_{task}.log"), args.isolate)
       res = task_results(glue_dir, task)
       if rc != 0 or res is None:
@@ -239,49 +245,94 @@ def _fmt(x) -> str:
   return str(x)
 
 
+def by_variant(rows: list[dict], v_list: list[Variant]) -> list[tuple[Variant, list[dict]]]:
+  """The rows of each variant (one per seed), in table order; variants without rows left out."""
+  out = [(v, [r for r in rows if r["variant"] == v.name]) for v in v_list]
+  return [(v, rs) for v, rs in out if rs]
+
+
+def spread(rs: list[dict], key: str) -> tuple[float, float, int] | None:
+  """(mean, sample std (0 for one seed), n) of `key` over the seeds that have it."""
+  vals = [float(r[key]) for r in rs if r.get(key) not in (None, "")]
+  if not vals:
+    return None
+  mean = sum(vals) / len(vals)
+  std = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+  return mean, std, len(vals)
+
+
+def _fmt_spread(sp) -> str:
+  if sp is None:
+    return "-"
+  mean, std, n = sp
+  return f"{_fmt(mean)} ± {_fmt(std)}" if n > 1 else _fmt(mean)
+
+
 def write_md(path: str, rows: list[dict], v_list: list[Variant], args, command: str) -> None:
   settings, metrics, tasks = columns(rows, v_list)
-  head = [SETTING_NAMES.get(s, s) for s in settings] + [METRIC_NAMES[m] for m in metrics] + tasks
+  head = ([SETTING_NAMES.get(s, s) for s in settings] + ["seeds"]
+          + [METRIC_NAMES[m] for m in metrics] + tasks)
   lines = [f"# Ablation `{args.sweep}` at scale `{args.scale}`", "",
-           f"{args.steps} pretraining steps per variant, seq {args.seq_len}, batch "
-           f"{args.batch_size or 'from the config'}, seed {args.seed}; MLM perplexity and pair "
-           "accuracy on the held-out split after the last step; task columns: dev metrics "
-           "after fine-tuning.", "", f"Command: `{command}`", "",
+           f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
+           f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
+           "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
+           "std over seeds; task columns: dev metrics after fine-tuning.", "",
+           f"Command: `{command}`", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for r in rows:
-    cells = [r.get(s) for s in settings] + [r.get(m) for m in metrics] + [r.get(t) for t in tasks]
-    lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+  for v, rs in by_variant(rows, v_list):
+    cells = ([_fmt(rs[0].get(s)) for s in settings] + [str(len(rs))]
+             + [_fmt_spread(spread(rs, k)) for k in metrics + tasks])
+    lines.append("| " + " | ".join(cells) + " |")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 
 
 def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
-  """MLM perplexity (left) and task scores (right) against the swept setting."""
+  """MLM perplexity (left) and task scores (right) against the swept setting: mean ± std
+  over seeds, every seed as a dot; both y axes start at 0, so a gap reads at its true size."""
   import matplotlib
 
   matplotlib.use("Agg")  # files only; no display on servers
   import matplotlib.pyplot as plt
 
   _, _, tasks = columns(rows, v_list)
-  labels = {v.name: v.label for v in v_list}
-  x = list(range(len(rows)))
+  groups = by_variant(rows, v_list)
+  x = list(range(len(groups)))
   xlabel = {"nsp": "pretraining tasks", "layers": "layers L",
             "size": "L / H / A"}[args.sweep]
-  style = "o" if args.sweep == "nsp" else "o-"  # no line between unordered settings
+  line = "-" if args.sweep != "nsp" else "none"  # no line between unordered settings
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-  ax1.plot(x, [r.get("mlm_perplexity", math.nan) for r in rows], style)
-  ax1.set_ylabel("held-out MLM perplexity")
-  ax2.set_ylabel("dev score")
+
+  def draw(ax, key, label=None):
+    sps = [spread(rs, key) for _, rs in groups]
+    xs = [i for i, sp in zip(x, sps) if sp]
+    if not xs:
+      return 0.0
+    means = [sp[0] for sp in sps if sp]
+    errs = [sp[1] for sp in sps if sp]
+    bars = ax.errorbar(xs, means, yerr=errs, marker="o", linestyle=line, capsize=4, label=label)
+    for i, (_, rs) in zip(x, groups):
+      vals = [float(r[key]) for r in rs if r.get(key) not in (None, "")]
+      ax.plot([i] * len(vals), vals, ".", color=bars[0].get_color(), alpha=0.5)
+    return max(m + e for m, e in zip(means, errs))
+
+  top = draw(ax1, "mlm_perplexity")
+  ax1.set_ylim(0, top * 1.1 if top else 1)
+  ax1.set_ylabel("held-out MLM perplexity (lower is better)")
   for t in tasks:
-    ax2.plot(x, [r.get(t, math.nan) for r in rows], style, label=t)
+    draw(ax2, t, t)
+  ax2.set_ylim(0, 1)
+  ax2.set_ylabel("dev score")
   if tasks:
     ax2.legend(fontsize=8)
   for ax in (ax1, ax2):
-    ax.set_xticks(x, [labels[r["variant"]] for r in rows], rotation=20)
-    ax.set_xlim(-0.5, len(rows) - 0.5)
+    ax.set_xticks(x, [v.label for v, _ in groups], rotation=20)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
-  fig.suptitle(f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps")
+  seeds = ",".join(map(str, args.seeds))
+  fig.suptitle(f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps, seeds {seeds} "
+               "(mean ± std)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -301,15 +352,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--tasks", default="", help="comma list of GLUE tasks, e.g. sst2,mrpc,qnli")
   p.add_argument("--glue-flags", default="", help="extra `bertjax glue` flags, e.g. '--epochs 1'")
   p.add_argument("--only", default="", help="comma list of variant names to run (default all)")
-  p.add_argument("--seed", type=int, default=0, help="the same for every variant")
+  p.add_argument("--seeds", default="0", help="comma list of seeds; every variant runs with "
+                 "each (>= 2 give error bars)")
   p.add_argument("--batch-size", type=int, default=0, help="global batch (default: config's)")
-  p.add_argument("--seq-len", type=int, default=128, help="pretraining sequence length")
+  p.add_argument("--seq-len", type=int, default=0,
+                 help="pretraining sequence length (default: the config's)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override for every variant, e.g. train.learning_rate=1e-3")
   p.add_argument("--isolate", action="store_true",
                  help="run each pretrain/glue in its own process (logs in DIR/VARIANT/*.log)")
   args = p.parse_args(argv)
   args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+  try:
+    args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+  except ValueError:
+    p.error(f"--seeds {args.seeds!r}: a comma list of integers, e.g. --seeds 0,1")
+  if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+    p.error(f"--seeds {args.seeds}: at least one seed, none twice")
   if args.tasks and args.glue_data != "tfds" and not os.path.isdir(args.glue_data):
     p.error(f"--glue-data {args.glue_data}: not a directory (GLUE_DIR with SST-2/, MRPC/, ...)")
   if args.steps < 1:
@@ -321,7 +380,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def check_resume(args, data: str) -> None:
   """Refuse to mix runs with different settings in one table."""
-  settings = {k: getattr(args, k) for k in ("sweep", "scale", "steps", "seed", "batch_size",
+  settings = {k: getattr(args, k) for k in ("sweep", "scale", "steps", "seeds", "batch_size",
                                             "seq_len", "set", "glue_data", "glue_flags")}
   settings["data"] = data
   path = os.path.join(args.out, "sweep.json")
@@ -354,16 +413,18 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare_bundled(args.out)
   check_resume(args, data)
   rows = []
-  for v in v_list:
+  # Seed by seed: a whole table after the first seed, the spreads as the others finish.
+  for v, seed in [(v, seed) for seed in args.seeds for v in v_list]:
     try:
-      rows.append(run_variant(v, args, data))
+      rows.append(run_variant(v, args, data, seed))
     except RuntimeError as e:
       print(e, file=sys.stderr)
       return 1
+    rows.sort(key=lambda r: ([v.name for v in v_list].index(r["variant"]), r["seed"]))
     write_csv(os.path.join(args.out, "results.csv"), rows, v_list)
     write_md(os.path.join(args.out, "results.md"), rows, v_list, args, command)
     plot(os.path.join(args.out, f"{args.sweep}.png"), rows, v_list, args)
-  print(f"ablate: {len(rows)} variants; results in {args.out}/results.csv, results.md and "
+  print(f"ablate: {len(rows)} runs ({len(v_list)} variants x {len(args.seeds)} seeds); results in {args.out}/results.csv, results.md and "
         f"{args.sweep}.png")
   with open(os.path.join(args.out, "results.md")) as f:
     print(f.read())

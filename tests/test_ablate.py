@@ -49,7 +49,7 @@ def args_for(out, *extra):
 def test_pretrain_argv_gives_every_variant_the_same_run(tmp_path):
   args = args_for(tmp_path, "--seq-len", "64", "--batch-size", "32", "--set",
                   "train.learning_rate=1e-3")
-  argvs = [ablate.pretrain_argv(v, args, "WD", "DATA") for v in ablate.variants("nsp", "tiny")]
+  argvs = [ablate.pretrain_argv(v, args, "WD", "DATA", 0) for v in ablate.variants("nsp", "tiny")]
   # Only --config differs between the variants.
   assert [a[2] for a in argvs] == [str(REPO / "experiments" / f) for f in (
       "pretrain.py:tiny", "no_nsp.py:tiny", "sop.py:tiny")]
@@ -59,6 +59,13 @@ def test_pretrain_argv_gives_every_variant_the_same_run(tmp_path):
                "--config.data.seq_len=64", "--config.data.max_predictions_per_seq=10",
                "--config.train.batch_size=32", "--config.train.learning_rate=1e-3"):
     assert flag in a
+  # Without --seq-len the config's length and predictions stay; the seed is the run's.
+  a = ablate.pretrain_argv(ablate.variants("nsp", "demo")[0], args_for(tmp_path), "WD", "D", 3)
+  assert "--config.seed=3" in a and not any("seq_len" in f or "max_predictions" in f for f in a)
+  # The demo masks 30%: 0.3 * 64 -> 20 predictions.
+  a = ablate.pretrain_argv(ablate.variants("nsp", "demo")[0],
+                           args_for(tmp_path, "--scale", "demo", "--seq-len", "64"), "WD", "D", 0)
+  assert "--config.data.max_predictions_per_seq=20" in a
 
 
 ROWS = [
@@ -83,11 +90,39 @@ def test_csv_md_and_plot(tmp_path):
   assert rows[1]["nsp_accuracy"] == "" and float(rows[1]["sst2_accuracy"]) == 0.72
   ablate.write_md(str(tmp_path / "results.md"), ROWS, vs, args, "CMD")
   md = (tmp_path / "results.md").read_text().splitlines()
-  assert "| Pair task | MLM ppl | MLM acc | pair acc | mrpc_accuracy | mrpc_f1 | sst2_accuracy |" in md
-  assert "| none | 280.00 | 0.1200 | - | 0.5500 | 0.6500 | 0.7200 |" in md
+  assert ("| Pair task | seeds | MLM ppl | MLM acc | pair acc | mrpc_accuracy | mrpc_f1 | "
+          "sst2_accuracy |") in md
+  assert "| none | 1 | 280.00 | 0.1200 | - | 0.5500 | 0.6500 | 0.7200 |" in md
   ablate.plot(str(tmp_path / "nsp.png"), ROWS, vs, args)
   png = (tmp_path / "nsp.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_seeds_give_mean_std_and_error_bars_from_zero(tmp_path, monkeypatch):
+  """Two seeds per variant: the table shows mean ± sample std, the plot draws error bars
+  of that size and starts its perplexity axis at 0."""
+  import matplotlib.axes
+
+  rows = [dict(ROWS[0], seed=0, mlm_perplexity=300.0), dict(ROWS[0], seed=1, mlm_perplexity=310.0),
+          dict(ROWS[1], seed=0, mlm_perplexity=280.0), dict(ROWS[1], seed=1, mlm_perplexity=270.0)]
+  vs = ablate.variants("nsp", "tiny")
+  args = args_for(tmp_path, "--seeds", "0,1")
+  ablate.write_md(str(tmp_path / "results.md"), rows, vs, args, "CMD")
+  md = (tmp_path / "results.md").read_text()
+  assert "| NSP | 2 | 305.00 ± 7.0711 |" in md and "| none | 2 | 275.00 ± 7.0711 |" in md
+  calls = []
+  real = matplotlib.axes.Axes.errorbar
+  monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                      lambda self, x, y, yerr=None, **k: calls.append((list(y), list(yerr)))
+                      or real(self, x, y, yerr=yerr, **k))
+  real_ylim = matplotlib.axes.Axes.set_ylim
+  limits = []
+  monkeypatch.setattr(matplotlib.axes.Axes, "set_ylim",
+                      lambda self, *a, **k: limits.append(a) or real_ylim(self, *a, **k))
+  ablate.plot(str(tmp_path / "nsp.png"), rows, vs, args)
+  assert calls[0] == ([305.0, 275.0], [pytest.approx(7.0711, 1e-4)] * 2)
+  ours = [a for a in limits if len(a) == 2]  # matplotlib's own calls pass one list
+  assert ours[0][0] == 0 and ours[0][1] > 310 and ours[1] == (0, 1)
 
 
 class FakeBertjax:
@@ -141,7 +176,7 @@ def test_resume_half_finished_sweep(tmp_path, monkeypatch):
       ("pretrain", f"{exp}/sop.py:tiny"), ("glue", "sst2")]
   # ... fine-tuning starts from the final checkpoint ...
   glue = fake.calls[1]
-  assert glue[glue.index("--init") + 1] == str(tmp_path / "out" / "nsp" / "pretrain" /
+  assert glue[glue.index("--init") + 1] == str(tmp_path / "out" / "nsp" / "seed0" / "pretrain" /
                                                "checkpoints" / "10")
   # ... and a third run with one more task only fine-tunes on that task.
   fake.calls.clear()
@@ -157,8 +192,8 @@ def test_resume_half_finished_sweep(tmp_path, monkeypatch):
 def test_resume_refuses_other_settings(tmp_path, monkeypatch):
   monkeypatch.setattr(ablate, "run_bertjax", FakeBertjax())
   assert ablate.main(sweep(tmp_path, "--only", "nsp")) == 0
-  with pytest.raises(SystemExit, match="other settings.*'seed': \\(0, 1\\)"):
-    ablate.main(sweep(tmp_path, "--only", "nsp", "--seed", "1"))
+  with pytest.raises(SystemExit, match=r"other settings.*'seeds': \(\[0\], \[1\]\)"):
+    ablate.main(sweep(tmp_path, "--only", "nsp", "--seeds", "1"))
   with pytest.raises(SystemExit, match="not in sweep nsp; valid: nsp, no_nsp, sop"):
     ablate.main(sweep(tmp_path, "--only", "layers2"))
 
@@ -184,7 +219,7 @@ def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
   assert "| NSP |" in (out / "results.md").read_text()
   # Same data for both: one prepared copy, passed to each variant.
   for v in ("nsp", "no_nsp"):
-    cfg = json.loads((out / v / "pretrain" / "config.json").read_text())
+    cfg = json.loads((out / v / "seed0" / "pretrain" / "config.json").read_text())
     assert cfg["data"]["path"] == str(out / "data" / "austen") and cfg["seed"] == 0
   # Rerunning finds everything done and runs nothing.
   capsys.readouterr()
