@@ -100,6 +100,7 @@ def resolve_config(config, workdir: str):
       from bertjax.data import records
 
       meta = records.load_metadata(c.data.path)
+      records.check_shards(meta, c.data.path)
       vocab = meta["tokenizer"]["vocab_size"]
       if c.model.vocab_size and c.model.vocab_size != vocab:
         raise ValueError(f"config.model.vocab_size={c.model.vocab_size} but {c.data.path} was "

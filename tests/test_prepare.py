@@ -444,3 +444,28 @@ def test_memory_is_flat_for_a_50_mb_line(tmp_path):
     assert growth < 100, f"peak RSS grew by {growth:.0f} MB on a 50 MB line"
     meta = records.load_metadata(tmp_path / "huge")
     assert meta["repaired"] == {text.LONG_LINE: 1} and meta["input_bytes"] > 50e6
+
+
+def test_pretrain_refuses_shards_missing_or_not_their_recorded_size(tmp_path):
+  """metadata.json records each shard's size; a shard truncated or deleted after prepare
+  (an interrupted copy) stops pretraining with the file named, before any training."""
+  from bertjax import loop
+  from experiments import pretrain as pretrain_exp
+
+  (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS * 4))
+  out = tmp_path / "o"
+  assert prepare_cmd.main(["--input", str(tmp_path / "a.txt"), "--tokenizer", TOKENIZER,
+                           "--output", str(out), "--processes", "1", "--num-shards", "2",
+                           "--eval-fraction", "0", "--no-progress"]) == 0
+  meta = records.load_metadata(out)
+  assert all(s["bytes"] == (out / s["file"]).stat().st_size for s in meta["shards"])
+  records.check_shards(meta, out)
+  config = pretrain_exp.get_config("tiny")
+  config.data.path = str(out)
+  shard = out / meta["shards"][0]["file"]
+  shard.write_bytes(shard.read_bytes()[:-3])
+  with pytest.raises(ValueError, match=rf"{shard}: .* bytes, but metadata.json records"):
+    loop.resolve_config(config, str(tmp_path / "run"))
+  shard.unlink()
+  with pytest.raises(FileNotFoundError, match=rf"{shard}: missing"):
+    loop.resolve_config(config, str(tmp_path / "run"))

@@ -404,7 +404,7 @@ class _Writers:
                 name = records.shard_name(split, cfg.worker_index * n + i, cfg.num_workers * n)
                 self._writers.setdefault(split, []).append(open(directory / name, "wb"))
                 self.shards.append({"file": name, "split": split, "documents": 0,
-                                    "sentences": 0, "tokens": 0})
+                                    "sentences": 0, "tokens": 0, "bytes": 0})
         self._offset = {"train": 0, "eval": counts["train"]}
 
     def write(self, record: bytes, sentences: int, tokens: int, split: str) -> None:
@@ -413,6 +413,7 @@ class _Writers:
         self._writers[split][k].write(record)
         shard = self.shards[self._offset[split] + k]
         shard["documents"] += 1
+        shard["bytes"] += len(record)
         shard["sentences"] += sentences
         shard["tokens"] += tokens
 

@@ -268,6 +268,25 @@ def special_ids(meta: dict) -> dict[str, int]:
     return {**default, **meta["tokenizer"].get("special_ids", {})}
 
 
+def check_shards(meta: dict, data_dir: str | os.PathLike) -> None:
+    """Every shard metadata.json lists is there with its recorded size (local directories;
+    data prepared before sizes were recorded is checked for presence only)."""
+    if "://" in str(data_dir):
+        return
+    for s in meta["shards"]:
+        if not s.get("documents"):
+            continue
+        path = pathlib.Path(data_dir) / s["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing, but {data_dir}/metadata.json lists it "
+                                    "(an incomplete copy?); copy it again, or re-prepare with "
+                                    "`bertjax prepare ... --overwrite`")
+        if "bytes" in s and path.stat().st_size != s["bytes"]:
+            raise ValueError(f"{path}: {path.stat().st_size:,} bytes, but metadata.json records "
+                             f"{s['bytes']:,} (truncated or replaced); copy it again, or "
+                             "re-prepare with `bertjax prepare ... --overwrite`")
+
+
 def split_shards(meta: dict, data_dir: str | os.PathLike, split: str) -> list[dict]:
     """The shards of one split, sorted by name, each with its absolute `path`."""
     if split not in SPLITS:
