@@ -154,11 +154,37 @@ def _largest_file(step_dir: pathlib.Path) -> pathlib.Path:
   return max(files, key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
-def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys, damage):
-  """A flipped bit, a truncated or a missing array file of the newest step is found by its
-  digest, named by file and step, set aside (kept), and the run resumes from the step before:
-  exactly where an uninterrupted run would be."""
+def _damage(victim: pathlib.Path, how: str) -> None:
+  if how == "flip":
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    victim.write_bytes(bytes(data))
+  elif how == "truncate":
+    victim.write_bytes(victim.read_bytes()[:-7])
+  else:
+    victim.unlink()
+
+
+def test_digest_finds_a_flipped_bit_a_truncation_and_a_missing_file(tmp_path):
+  import shutil
+
+  _run_until(_loop_config(3, **{"eval.every_steps": 0}), tmp_path / "run", 3)
+  step = tmp_path / "run" / "checkpoints" / "3"
+  assert checkpoint.verify_digest(step) is None
+  for how, says in (("flip", "contents changed"), ("truncate", "bytes,"), ("delete", "missing")):
+    copy = tmp_path / how
+    shutil.copytree(step, copy)
+    victim = _largest_file(copy)
+    _damage(victim, how)
+    problem = checkpoint.verify_digest(copy)
+    assert problem is not None and problem.startswith(str(victim)) and says in problem, problem
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys):
+  """A damaged array file of the newest step is found by its digest, named by file and step,
+  set aside (kept), and the run resumes from the step before: exactly where an uninterrupted
+  run would be."""
+  damage = "flip"
   kw = {"eval.every_steps": 0, "checkpoint.max_to_keep": 5}
   ref = tmp_path / "ref"
   assert loop.train_and_evaluate(_loop_config(9, **kw), str(ref)) == 0
@@ -167,14 +193,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path,
   _run_until(_loop_config(9, **kw), wd, 6)
   assert (wd / "checkpoints" / "6" / checkpoint.DIGEST_NAME).exists()
   victim = _largest_file(wd / "checkpoints" / "6")
-  if damage == "flip":
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    victim.write_bytes(bytes(data))
-  elif damage == "truncate":
-    victim.write_bytes(victim.read_bytes()[:-7])
-  else:
-    victim.unlink()
+  _damage(victim, damage)
   capsys.readouterr()
   assert loop.train_and_evaluate(_loop_config(9, **kw), str(wd)) == 0
   out = capsys.readouterr().out
