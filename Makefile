@@ -1,6 +1,7 @@
 # bertjax: the two Quick start commands.
 #   make demo   -- create .venv, install bertjax, run the main job on the bundled corpus
-#   make test   -- create .venv, install bertjax with its test extras, run the test suite
+#   make test   -- create .venv, install bertjax with its test extras (and libtpu, for the TPU
+#                  compiler tests of `bertjax compile`), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -21,7 +22,7 @@ $(VENV)/.installed: $(BIN)/python setup.cfg pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[test,interop]"
+	$(BIN)/python -m pip install --quiet -e ".[test,interop,tpu]"  # tpu: the TPU compiler tests
 	touch $@
 
 install: $(VENV)/.installed

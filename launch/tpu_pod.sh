@@ -15,7 +15,10 @@
 #   --keep               leave the slice up afterwards (default: delete it, even on failure)
 #   --detach             start the job in the background on the workers and return; implies --keep
 #   --env KEY=VALUE      environment variable for the job (repeatable)
-#   --dry-run            print the commands instead of running them
+#   --dry-run            print the commands instead of running them; first compiles a
+#                        `pretrain --config ...` job for TYPE with the TPU compiler and stops
+#                        if it does not fit (skipped without libtpu; see fit_check in lib.sh)
+#   --no-fit-check       skip that compile
 #
 # The code of this checkout is copied to ~/bertjax on every worker and installed into
 # ~/bertjax/.venv with jax[tpu]. Every worker then runs `bertjax ARGS...`; jax.distributed finds
@@ -32,6 +35,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/lib.sh"
 
 NAME="" ZONE="" ACCEL="" PROJECT="" VERSION="" QUEUED=0 SPOT=0 REUSE=0 SETUP=1 KEEP=0 DETACH=0
+FIT_CHECK=1
 ENVS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -48,6 +52,7 @@ while [[ $# -gt 0 ]]; do
     --keep) KEEP=1; shift ;;
     --detach) DETACH=1; KEEP=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --no-fit-check) FIT_CHECK=0; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1; the bertjax arguments go after --" ;;
@@ -68,6 +73,10 @@ if [[ -z "$VERSION" ]]; then
     v6e-*) VERSION=v2-alpha-tpuv6e ;;
     *) die "no default --version for accelerator $ACCEL; pass --version" ;;
   esac
+fi
+
+if [[ "$DRY_RUN" == 1 && "$FIT_CHECK" == 1 ]]; then
+  fit_check "$ACCEL" "${ARGS[@]}"
 fi
 
 G=(gcloud compute tpus)

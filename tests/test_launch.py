@@ -73,8 +73,9 @@ def remote(cmd: list[str]) -> str:
 # ---------------------------------------------------------------------------------- tpu_pod.sh
 
 def test_tpu_pod_dry_run_prints_create_setup_run_delete():
-  out = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "bert", "--zone",
-            "us-central2-b", "--accelerator", "v4-32", "--project", "p1", "--", *ARGS]).stdout
+  out = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--no-fit-check", "--name", "bert",
+            "--zone", "us-central2-b", "--accelerator", "v4-32", "--project", "p1", "--",
+            *ARGS]).stdout
   cmds = lines(out)
   loc = ["--zone", "us-central2-b", "--project", "p1"]
   assert cmds[0] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "bert", *loc,
@@ -105,6 +106,30 @@ def test_tpu_pod_dry_run_queued_spot_reuse_keep():
                       "z", "--force", "--quiet"]
   cmds = lines(sh(base + ["--reuse", "--no-setup", "--keep", "--", "pretrain"]).stdout)
   assert len(cmds) == 1 and cmds[0][4] == "ssh"  # only the job itself
+
+
+def test_tpu_pod_dry_run_fit_check_stops_a_config_that_does_not_fit():
+  """The dry run first compiles the job for --accelerator with the TPU compiler."""
+  pytest.importorskip("libtpu", reason="the fit check needs libtpu (pip install -e '.[tpu]')")
+  p = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "b", "--zone", "z",
+          "--accelerator", "v5litepod-4", "--", "pretrain", "--config",
+          "experiments/pretrain.py:large", "--workdir", "gs://b/l",
+          "--config.model.vocab_size=30522"], check=False, timeout=300)
+  assert p.returncode == 1 and not lines(p.stdout), p.stderr[-3000:]
+  assert "# fit check: compiling the train step for v5litepod-4" in p.stderr
+  assert "DOES NOT FIT on v5litepod-4: phase 1 needs" in p.stderr
+  assert "Traceback" not in p.stderr
+  assert "the fit check for v5litepod-4 failed (exit 1, above); no commands printed" in p.stderr
+
+
+def test_tpu_pod_dry_run_fit_check_skipped_without_libtpu(tmp_path):
+  no_libtpu = tmp_path / "python"
+  no_libtpu.write_text("#!/bin/sh\nexit 1\n")  # answers "no" to the libtpu probe
+  no_libtpu.chmod(0o755)
+  p = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "b", "--zone", "z",
+          "--accelerator", "v4-8", "--", *ARGS], env={"BERTJAX_PYTHON": str(no_libtpu)})
+  assert "# fit check skipped: no libtpu" in p.stderr
+  assert lines(p.stdout)[0][:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
 
 
 @pytest.mark.parametrize("argv,message", [
