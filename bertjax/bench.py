@@ -373,6 +373,116 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig,
   raise ValueError(f"bench: unknown peer {name!r}; valid: {', '.join(bench_peers.PEERS)}")
 
 
+@dataclasses.dataclass(frozen=True)
+class FinetuneSpec:
+  """`bertjax bench finetune`: one fine-tuning run of a random-init encoder on a labelled
+  single-sentence TSV task (train.tsv, dev.tsv with `sentence` and `label` columns)."""
+
+  task_dir: str
+  tokenizer: str
+  preset: str = "mini"
+  epochs: int = 1
+  batch_size: int = 32
+  eval_batch_size: int = 64
+  learning_rate: float = 5e-4  # bertjax's default for hidden 256
+  max_seq_len: int = 128
+  length_bucket: int = 32
+  max_train_examples: int = 0  # > 0: the first N rows (quick runs)
+  seed: int = 0
+
+
+def _finetune_data(spec: FinetuneSpec):
+  """(task, encoder, features by split): the task's rows tokenized once for both runs."""
+  from bertjax.glue import features, restore, tasks, tsv
+
+  train, dev = (os.path.join(spec.task_dir, f) for f in ("train.tsv", "dev.tsv"))
+  labels = tsv.custom_labels(train, ("sentence",), "label")
+  task = tasks.custom("bench", train, dev, None, ("sentence",), "label", labels)
+  examples = tsv.load_task(task, "", with_test=False)
+  if spec.max_train_examples:
+    ex, n = examples["train"], spec.max_train_examples
+    examples["train"] = features.Examples(ex.text_a[:n], None, ex.labels[:n], ex.index[:n])
+  enc = restore.load_encoder("random", spec.tokenizer, spec.preset, prefix="bench finetune")
+  return task, enc, {k: features.encode(enc.tokenizer, v, spec.max_seq_len)
+                     for k, v in examples.items()}
+
+
+def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = ("hf-torch",)) -> dict[str, Any]:
+  """Wall time and dev accuracy of `spec.epochs` of fine-tuning + dev eval with bertjax
+  (compiles included) and, in the same process, the hf-torch peer on the same token ids."""
+  import tempfile
+
+  from bertjax import finetuning
+  from bertjax.glue import finetune
+
+  unknown = [p for p in compare if p != "hf-torch"]
+  if unknown:
+    raise ValueError(f"bench finetune: --compare {','.join(unknown)}: unknown peer; valid: "
+                     "hf-torch")
+  task, enc, feats = _finetune_data(spec)
+  real_N = feats["train"].attention_mask_NxL.sum(1)
+  recipe = finetuning.Recipe(learning_rate=spec.learning_rate, epochs=spec.epochs,
+                             batch_size=spec.batch_size, eval_batch_size=spec.eval_batch_size,
+                             optimizer="adamw", seed=spec.seed, length_bucket=spec.length_bucket)
+  cfg = enc.config
+  out = {"name": "bertjax", **dataclasses.asdict(spec), "train_rows": len(feats["train"]),
+         "dev_rows": len(feats["dev"]), "tokens_mean": float(real_N.mean()),
+         "tokens_p90": float(np.percentile(real_N, 90)), "tokens_max": int(real_N.max()),
+         "devices": jax.device_count(), "threads": bench_peers.num_cores(),
+         "jax": jax.__version__}
+  _progress(f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
+            f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval")
+  with tempfile.TemporaryDirectory() as workdir:
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = finetune.train_and_evaluate(task, enc, feats, recipe, workdir, progress=False,
+                                      save_checkpoint=False)
+    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+  out.update(accuracy=run.dev["accuracy"], train_loss=run.history[-1]["train_loss"],
+             compiled_train_shapes=run.compiled_shapes[0],
+             compiled_predict_shapes=run.compiled_shapes[1])
+  peers = {}
+  if "hf-torch" in compare:
+    _progress("hf-torch ...")
+    pspec = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+             "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+             "intermediate_size": cfg.intermediate_size,
+             "max_position_embeddings": cfg.max_position_embeddings,
+             "hidden_dropout_rate": recipe.dropout, "attention_dropout_rate": recipe.dropout,
+             "num_labels": task.num_labels, "batch_size": spec.batch_size,
+             "eval_batch_size": spec.eval_batch_size, "epochs": spec.epochs,
+             "learning_rate": spec.learning_rate, "weight_decay": recipe.weight_decay,
+             "warmup_fraction": recipe.warmup_fraction, "seed": spec.seed,
+             "threads": bench_peers.num_cores()}
+    peers["hf-torch"] = bench_peers.run_torch_finetune(
+        pspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"]))
+    if peers["hf-torch"]["status"] == "ok":
+      out["speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["wall_s"]
+      out["cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["cpu_s"]
+  out["peers"] = peers
+  return out
+
+
+def format_finetune_report(r: dict[str, Any]) -> str:
+  """The table `bertjax bench finetune` prints."""
+  lines = [f"bertjax bench finetune: {r['preset']}, {r['train_rows']} train / {r['dev_rows']} "
+           f"dev rows (tokens mean {r['tokens_mean']:.1f}, p90 {r['tokens_p90']:.0f}, max "
+           f"{r['tokens_max']}), batch {r['batch_size']}, lr {r['learning_rate']:g}, "
+           f"{r['epochs']} epoch(s) + dev eval",
+           f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
+           f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
+           f"shapes (--length-bucket {r['length_bucket']})", "",
+           f"{'':12}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}"]
+  for row in [r] + list(r["peers"].values()):
+    if row.get("status", "ok") != "ok":
+      lines.append(f"{row['name']:12}{row['status']}: {row['reason']}")
+      continue
+    lines.append(f"{row['name']:12}{row['wall_s']:9.1f}{row['cpu_s']:9.1f}{row['accuracy']:9.4f}"
+                 f"{row['wall_s'] / r['wall_s']:8.2f}x{row['cpu_s'] / r['cpu_s']:7.2f}x")
+  lines.append("(model build to the last dev prediction, compiles included; speedup = row / "
+               "bertjax; CPU s, the process's CPU time, is steadier on a shared machine)")
+  return "\n".join(lines)
+
+
 def format_report(r: dict[str, Any]) -> str:
   """The human-readable table `bertjax bench` prints."""
   mem = r.get("peak_memory_bytes")

@@ -10,6 +10,7 @@ Each peer trains in the same way bertjax does: forward, MLM + NSP loss, backward
 on the same synthetic batch (`synthetic_batch`), with dropout on. The peers score the MLM head
 at every position (their models have no gathered head) and mask the loss with label -100; that
 extra work is exactly what bertjax skips, so it is not counted in their model FLOPs either.
+`bertjax bench finetune` runs `run_torch_finetune`: a whole fine-tuning epoch and dev eval.
 
 Every peer returns a dict: `{"name", "status": "ok"|"unavailable"|"failed", "reason", ...}` and,
 when ok, `step_ms`, `step_ms_min`, `compile_s`, `tokens_per_sec`, `seq_per_sec`, `version`.
@@ -159,6 +160,76 @@ def run_torch(spec: dict, compiled: bool) -> dict:
                                  f"{torch.__version__}, {torch.get_num_threads()} threads, "
                                  f"attention {model.config._attn_implementation}"},
                      spec["batch_size"], spec["seq_len"])
+
+
+def run_torch_finetune(spec: dict, train: dict[str, np.ndarray], dev: dict[str, np.ndarray]
+                       ) -> dict:
+  """What a Hugging Face user runs: BertForSequenceClassification in PyTorch eager, each batch
+  padded to its longest row (as DataCollatorWithPadding), AdamW (decay off biases and
+  LayerNorm, ε 1e-6), linear warmup then decay, gradients clipped at 1.0 (the Trainer's
+  max_grad_norm); then the dev accuracy. `train`/`dev`: input_ids, token_type_ids,
+  attention_mask [N, L] and labels [N], the token ids bertjax trains on. The wall time runs
+  from building the model to the last dev prediction."""
+  name = "hf-torch"
+  try:
+    import torch
+    import transformers
+  except ImportError as e:
+    return {"name": name, "status": "unavailable", "reason": f"{e}; pip install torch transformers"}
+  try:
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(spec["seed"])
+    rng = np.random.default_rng(spec["seed"])
+    t0, c0 = time.perf_counter(), time.process_time()
+    hf = _hf_config(transformers, spec)
+    hf.num_labels = spec["num_labels"]
+    model = transformers.BertForSequenceClassification(hf)
+    no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
+    groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
+               "weight_decay": spec["weight_decay"]},
+              {"params": [p for n, p in model.named_parameters() if no_decay(n)],
+               "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=spec["learning_rate"], eps=1e-6)
+    n, bs = len(train["labels"]), spec["batch_size"]
+    total = spec["epochs"] * -(-n // bs)
+    sched = transformers.get_linear_schedule_with_warmup(opt, int(spec["warmup_fraction"] * total),
+                                                         total)
+
+    def batch(arrays, idx):
+      longest = int(arrays["attention_mask"][idx].sum(1).max())
+      return {k: torch.from_numpy(arrays[k][idx, :longest].astype(np.int64))
+              for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+    model.train()
+    losses = []
+    for _ in range(spec["epochs"]):
+      order = rng.permutation(n)
+      for start in range(0, n, bs):
+        idx = order[start:start + bs]
+        labels = torch.from_numpy(train["labels"][idx].astype(np.int64))
+        loss = model(**batch(train, idx), labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    model.eval()
+    pred = []
+    with torch.inference_mode():
+      for start in range(0, len(dev["labels"]), spec["eval_batch_size"]):
+        idx = np.arange(start, min(start + spec["eval_batch_size"], len(dev["labels"])))
+        pred.append(model(**batch(dev, idx)).logits.argmax(-1).numpy())
+    accuracy = float(np.mean(np.concatenate(pred) == dev["labels"]))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+  except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
+    return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
+  return {"name": name, "status": "ok", "reason": "", "wall_s": wall, "cpu_s": cpu,
+          "accuracy": accuracy,
+          "train_loss": float(torch.stack(losses).mean()), "steps": len(losses),
+          "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
+                     f"{torch.get_num_threads()} threads, attention "
+                     f"{model.config._attn_implementation}"}
 
 
 def run_flax_inline(spec: dict) -> dict:

@@ -6,24 +6,35 @@
 `make_model(cfg)` builds a Flax module (`model.BertForSequenceClassification`,
 `BertForQuestionAnswering`, `BertForTokenClassification`) that holds the encoder as the
 submodule "bert" and takes (input_ids, token_type_ids, attention_mask); `loss_fn(outputs, batch)`
-turns its outputs into a mean loss. Batches are dicts of host numpy arrays with the global
-batch on the leading axis; "weights" (1 real row, 0 padding) is added by `fit`.
+turns its outputs into a mean loss. Batches are dicts of arrays with the global batch on the
+leading axis; "weights" (1 real row, 0 padding) is added by `fit`.
 
-Data-parallel over every device there is (`sharding.make_mesh(data=-1)`); the batch sizes are
-global. The state is built from `jax.eval_shape` with shardings from the model's logical axes
-and created by a jitted init that takes the restored encoder as an argument, so the encoder
-goes straight from the checkpoint to its place. Steps are jitted with explicit shardings and
-donate the old state. No mesh context or logical-axis rules are entered around the steps: the
-jit shardings place the batch and the parameters and XLA propagates the rest (under the rules,
-flax's parameter shape check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
+The mesh is pretraining's (`sharding.make_mesh`, axes data/fsdp/tensor from `Recipe.mesh`,
+`--mesh`; data-parallel over every device by default) and so are the parameter shardings: the
+state is built from `jax.eval_shape` with shardings from the model's logical axes
+(`sharding.LOGICAL_AXIS_RULES`), so with fsdp > 1 the parameters and Adam moments are split as
+in `bertjax pretrain` (BERT-large fits where one copy would not). The state is created by a
+jitted init that takes the restored encoder as an argument, so the encoder goes straight from
+the checkpoint to its place. Steps are jitted with explicit shardings and donate the old state.
+No mesh context or logical-axis rules are entered around the steps: the jit shardings place the
+batch and the parameters and XLA propagates the rest (under the rules, flax's parameter shape
+check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
+
+Batches are length-aware: each is cut to its rows' longest real length rounded up to
+`Recipe.length_bucket` (`padded_lengths`, `epoch_batches`), so a task of short sentences trains
+at the cost of its real tokens with a few compiled shapes (at most ceil(max_seq_len / bucket));
+prediction batches rows by length too and returns them in the input's order. Host batches are
+built and transferred one step ahead (`prefetch`) and the loss is read one step late.
 
 Shape letters: B batch, L sequence length.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import time
@@ -58,6 +69,8 @@ class Recipe:
   clip_norm: float = 1.0  # global-norm clipping, as BERT's optimizer
   seed: int = 0  # head init, dropout and data order
   max_steps: int = 0  # > 0 caps the steps per epoch (smoke tests)
+  length_bucket: int = 32  # batches padded to a multiple of this; 0: to the arrays' length
+  mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor), as pretraining's config.mesh
 
 
 # Peak learning rate and --sweep grid by encoder width. BERT's (Devlin et al. 2018) are for
@@ -205,9 +218,16 @@ class Trainer:
   ("glue", "squad", "ner") prefixes its messages."""
 
   def __init__(self, make_model: Callable[[model_lib.BertConfig], nn.Module], enc: Encoder,
-               recipe: Recipe, total_steps: int, loss_fn: LossFn, name: str):
+               recipe: Recipe, total_steps: int, loss_fn: LossFn, name: str,
+               mesh: jax.sharding.Mesh | None = None):
     self.name = name
-    self.mesh = sharding.make_mesh(data=-1)
+    if mesh is None:
+      try:
+        mesh = sharding.make_mesh(*recipe.mesh)
+      except ValueError as e:
+        raise ValueError(f"{name}: --mesh={','.join(map(str, recipe.mesh))}: {e}") from None
+    self.mesh = mesh
+    self.length_bucket = recipe.length_bucket
     shards = sharding.num_batch_shards(self.mesh) * jax.process_count()
     for field in ("batch_size", "eval_batch_size"):
       if getattr(recipe, field) % shards:
@@ -236,16 +256,19 @@ class Trainer:
     self.state_sh = State(step=repl, params=param_sh, opt_state=opt_sh, rng=repl,
                           learning_rate=repl)
     self.param_sh, self.batch_sh = param_sh, sharding.batch_sharding(self.mesh)
+    self._init_compiled = None
     self._init = jax.jit(lambda b, k, lr: init(b, k, lr)[1],
                          in_shardings=(None if bert_abs is None else param_sh["bert"], repl,
                                        repl),
                          out_shardings=self.state_sh)
-    self._train = jax.jit(functools.partial(_train_step, model=self.model, tx=self.tx,
-                                            loss_fn=loss_fn),
+    self.traces = {"train": 0, "predict": 0}
+    self._train = jax.jit(self._counted("train", functools.partial(
+                              _train_step, model=self.model, tx=self.tx, loss_fn=loss_fn)),
                           in_shardings=(self.state_sh, self.batch_sh),
                           out_shardings=(self.state_sh, repl), donate_argnums=0)
     self._predict_fn = functools.partial(_predict_step, model=self.model)
-    self._predict = jax.jit(self._predict_fn, in_shardings=(param_sh, self.batch_sh),
+    self._predict = jax.jit(self._counted("predict", self._predict_fn),
+                            in_shardings=(param_sh, self.batch_sh),
                             out_shardings=repl)
 
   def init_state(self, seed: int, learning_rate: float) -> State:
@@ -256,29 +279,153 @@ class Trainer:
       bert = jax.device_put(jax.tree.map(lambda x: x if isinstance(x, jax.Array)
                                          else np.asarray(x, np.float32), self.bert_params),
                             self.param_sh["bert"])
-    return self._init(bert, jax.random.key(seed), np.float32(learning_rate))
+    args = (bert, jax.random.key(seed), np.float32(learning_rate))
+    if self._init_compiled is None:
+      # It runs once per sweep: on CPU, XLA's backend optimizations cost more compile time
+      # than they save (BERT-mini on 2 cores: 12.5 s to compile, 0.3 s to run; unoptimized
+      # 4.6 s and 1.2 s).
+      opts = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+      self._init_compiled = self._init.lower(*args).compile(compiler_options=opts)
+    return self._init_compiled(*args)
 
   def train_step(self, state: State, batch: dict) -> tuple[State, jax.Array]:
-    return self._train(state, to_global(batch, self.batch_sh))
+    """One step on a host batch (`fit` hands it device batches, already placed)."""
+    if not isinstance(batch["input_ids"], jax.Array):
+      batch = to_global(batch, self.batch_sh)
+    return self._train(state, batch)
+
+  def _counted(self, name: str, fn):
+    """`fn`, counting its traces in `self.traces[name]`: jit traces (and compiles) once per new
+    input shape, so the count is the number of compiled shapes."""
+    def traced(*args):
+      self.traces[name] += 1
+      return fn(*args)
+    return traced
+
+  def compiled_shapes(self) -> tuple[int, int]:
+    """(train, predict) step compilations so far: one per batch length used."""
+    return self.traces["train"], self.traces["predict"]
+
+  def _sequence_leaves(self, params, arrays: dict[str, np.ndarray]) -> list[bool]:
+    """Which output leaves have a length axis (SQuAD's logits, NER's tags; not GLUE's): their
+    shapes change with the input's length."""
+    def out(length):
+      batch = {k: jax.ShapeDtypeStruct((1, length), arrays[k].dtype) for k in MODEL_INPUTS}
+      return jax.tree.leaves(jax.eval_shape(self._predict_fn, params, batch))
+    return [a.shape != b.shape for a, b in zip(out(2), out(3))]
 
   def predict(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress=False):
-    """The model's outputs for every row of `arrays` as numpy, [N, ...] per leaf (the last
-    batch padded, the padding dropped)."""
-    n = len(arrays["input_ids"])
+    """The model's outputs for every row of `arrays` as numpy, [N, ...] per leaf, in the rows'
+    order. Rows are batched by padded length (`padded_lengths`); a length axis is padded back
+    to the arrays' with the dtype's minimum (never an argmax or top-n candidate); the last
+    batch is padded by wrapping around and the padding dropped."""
+    n, max_len = arrays["input_ids"].shape
     if n == 0:
       batch = {k: jax.ShapeDtypeStruct((batch_size,) + arrays[k].shape[1:], arrays[k].dtype)
                for k in MODEL_INPUTS}
       out_abs = jax.eval_shape(self._predict_fn, params, batch)
       return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
-    out = []
+    padded_N = padded_lengths(arrays["attention_mask"], self.length_bucket,
+                              MIN_BATCHES_PER_LENGTH * batch_size)
+    order = np.argsort(padded_N, kind="stable")
+    seq = self._sequence_leaves(params, arrays)
+
+    def full_length(x, is_seq):
+      x = np.asarray(x)
+      if not is_seq or x.shape[1] == max_len:
+        return x
+      fill = np.finfo(x.dtype).min if np.issubdtype(x.dtype, np.floating) else 0
+      width = [(0, 0), (0, max_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+      return np.pad(x, width, constant_values=fill)
+
+    def batches():
+      for start in range(0, n, batch_size):
+        idx = order[np.arange(start, start + batch_size) % n]  # wrap-around pads the last
+        yield take(arrays, idx, int(padded_N[idx].max()), MODEL_INPUTS)
+
+    out, treedef = [], None
     bar = progress_bar(-(-n // batch_size), f"{self.name} predict", progress)
-    for start in range(0, n, batch_size):
-      idx = np.arange(start, start + batch_size) % n  # wrap-around pads the last batch
-      batch = {k: arrays[k][idx] for k in MODEL_INPUTS}
-      out.append(jax.tree.map(np.asarray, self._predict(params, to_global(batch, self.batch_sh))))
+    for batch in prefetch(batches(), self.batch_sh):
+      leaves, treedef = jax.tree.flatten(self._predict(params, batch))
+      out.append([full_length(x, s) for x, s in zip(leaves, seq)])
       bar.update(1)
     bar.close()
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *out)
+    rows_N = np.empty(n, np.int64)
+    rows_N[order] = np.arange(n)  # input row -> its place in the sorted order
+    return jax.tree.unflatten(treedef, [np.concatenate(xs)[rows_N] for xs in zip(*out)])
+
+
+# ----------------------------------------------------------------------- length-aware batches
+
+
+# A length used by fewer rows than this many batches is merged into the next longer one: a
+# compile costs more than padding them (on 2 CPU cores, one BERT-mini train-step compile takes
+# as long as ~20 steps at length 32).
+MIN_BATCHES_PER_LENGTH = 4
+
+
+def padded_lengths(mask_NxL: np.ndarray, bucket: int, min_rows: int = 0) -> np.ndarray:
+  """[N] the length each row is padded to: its real tokens rounded up to a multiple of
+  `bucket`, at most L (0: every row to L); a length with fewer than `min_rows` rows goes up to
+  the next longer one (the longest, rare, takes the next shorter one in). Few distinct
+  lengths, few compiled steps: at most ceil(L / bucket) (4 at L 128, bucket 32)."""
+  n, max_len = mask_NxL.shape
+  if bucket <= 0:
+    return np.full(n, max_len, np.int64)
+  # One past the last real token (not the mask's sum: a mask need not be a prefix).
+  real_N = np.where(mask_NxL.any(axis=1), max_len - np.argmax(mask_NxL[:, ::-1] != 0, axis=1), 1)
+  padded_N = np.minimum(-(-real_N // bucket) * bucket, max_len)
+  lengths = np.unique(padded_N)
+  for short, longer in zip(lengths[:-1], lengths[1:]):
+    if np.sum(padded_N == short) < min_rows:
+      padded_N[padded_N == short] = longer
+  lengths = np.unique(padded_N)
+  while len(lengths) > 1 and np.sum(padded_N == lengths[-1]) < min_rows:  # a rare longest
+    padded_N[padded_N == lengths[-2]] = lengths[-1]  # length takes its neighbour in
+    lengths = lengths[np.arange(len(lengths)) != len(lengths) - 2]
+  return padded_N
+
+
+def epoch_batches(padded_N: np.ndarray, batch_size: int, rng: np.random.Generator
+                  ) -> list[np.ndarray]:
+  """One epoch's batches of row indexes: rows shuffled, grouped by padded length (a stable
+  sort keeps the shuffle within each length), cut into batches, the batches shuffled. Only the
+  batches on a length's boundary mix lengths (padded to the longer), only the last is short:
+  ceil(N / batch) steps, as without buckets."""
+  order = rng.permutation(len(padded_N))
+  order = order[np.argsort(padded_N[order], kind="stable")]
+  chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+  return [chunks[i] for i in rng.permutation(len(chunks))]
+
+
+def take(arrays: dict[str, np.ndarray], idx: np.ndarray, length: int, keys=None) -> dict:
+  """Rows `idx` of `arrays` (of `keys`, default all), [N, L] arrays cut to `length`."""
+  max_len = arrays["input_ids"].shape[1]
+  out = {}
+  for k in keys or arrays:
+    v = arrays[k][idx]
+    out[k] = v[:, :length] if v.ndim >= 2 and v.shape[1] == max_len else v
+  return out
+
+
+def train_batch(arrays: dict[str, np.ndarray], idx: np.ndarray, length: int,
+                batch_size: int) -> dict:
+  """A training batch of rows `idx`, padded to `batch_size` by repeating rows of weight 0."""
+  weights = np.zeros(batch_size, np.float32)
+  weights[:len(idx)] = 1.0
+  return dict(take(arrays, np.resize(idx, batch_size), length), weights=weights)
+
+
+def prefetch(batches, sh, size: int = 2):
+  """Host batches as global device arrays, `size` ahead: the next batch is built and its
+  transfer started while the device runs the current step (dispatch is asynchronous)."""
+  queue = collections.deque()
+  for b in itertools.islice(batches, size):
+    queue.append(to_global(b, sh))
+  while queue:
+    yield queue.popleft()
+    for b in itertools.islice(batches, 1):
+      queue.append(to_global(b, sh))
 
 
 # ---------------------------------------------------------------------------------- the loop
@@ -297,10 +444,14 @@ def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
         eval_untrained: bool = False, progress: bool = True, run_name: str = "") -> FitResult:
   """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
   epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
+  Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) and prefetched; the
+  loss is read one step late (progress bar) or once an epoch, so the host never syncs a step.
   `run_name` (a GLUE task) goes into the progress bars and log lines."""
   os.makedirs(workdir, exist_ok=True)
   n = len(train["input_ids"])
   steps = steps_per_epoch(n, recipe)
+  padded_N = padded_lengths(train["attention_mask"], recipe.length_bucket,
+                            MIN_BATCHES_PER_LENGTH * recipe.batch_size)
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
@@ -313,24 +464,21 @@ def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
       print(f"{trainer.name}: {what}untrained: " + _fmt(entry), flush=True)
     for epoch in range(1, recipe.epochs + 1):
       t0 = time.time()
-      order = rng.permutation(n)
+      plan = epoch_batches(padded_N, recipe.batch_size, rng)[:steps]
+      host = (train_batch(train, idx, int(padded_N[idx].max()), recipe.batch_size)
+              for idx in plan)
       losses = []
       bar = progress_bar(steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}",
                          progress)
-      for step in range(steps):
-        idx = order[step * recipe.batch_size:(step + 1) * recipe.batch_size]
-        weights = np.ones(recipe.batch_size, np.float32)
-        weights[len(idx):] = 0.0
-        idx = np.resize(idx, recipe.batch_size)  # pad by repeating rows; their weight is 0
-        batch = {k: v[idx] for k, v in train.items()}
-        state, loss = trainer.train_step(state, dict(batch, weights=weights))
+      for batch in prefetch(host, trainer.batch_sh):
+        state, loss = trainer.train_step(state, batch)
         losses.append(loss)
-        if len(losses) >= 2:  # read one step late: the device never waits on the host
+        if progress and len(losses) >= 2:  # read one step late: the device never waits
           bar.set_postfix(loss=f"{float(losses[-2]):.4f}", refresh=False)
         bar.update(1)
       bar.close()
       dev = evaluate(state.params)
-      entry = dict(epoch=epoch, train_loss=float(np.mean([float(l) for l in losses])), **dev,
+      entry = dict(epoch=epoch, train_loss=float(jnp.mean(jnp.stack(losses))), **dev,
                    seconds=round(time.time() - t0, 1))
       history.append(entry)
       log.write(json.dumps(entry) + "\n")

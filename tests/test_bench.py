@@ -175,3 +175,40 @@ def test_profile_breaks_the_step_down_by_model_op(tmp_path, capsys):
   attributed = sum(r["ms_per_step"] for r in p["ops"]) + p["untraced_ms_per_step"]
   np.testing.assert_allclose(attributed, p["span_ms_per_step"], rtol=1e-6)
   assert p["ops"] == sorted(p["ops"], key=lambda r: -r["ms_per_step"])
+
+
+def _small_task(root, n_train=64, n_dev=32):
+  """The first rows of the bundled single-sentence task."""
+  src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "movie_snippets")
+  os.makedirs(root, exist_ok=True)
+  for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+    with open(os.path.join(src, name)) as f:
+      lines = f.readlines()[:n + 1]
+    with open(os.path.join(root, name), "w") as f:
+      f.writelines(lines)
+  return str(root)
+
+
+def test_bench_finetune_reports_both_runs(tmp_path, capsys):
+  """A tiny `bench finetune`: one epoch on 64 rows beside the PyTorch peer (no timing checks)."""
+  pytest.importorskip("torch")
+  argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--preset", "tiny",
+          "--max-seq-len", "32", "--length-bucket", "0", "--json"]
+  assert bench_cmd.main(argv) == 0
+  r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert r["train_rows"] == 64 and r["dev_rows"] == 32 and r["tokens_max"] <= 32
+  assert r["compiled_train_shapes"] == 1 and r["compiled_predict_shapes"] == 1
+  torch_run = r["peers"]["hf-torch"]
+  assert torch_run["status"] == "ok", torch_run["reason"]
+  assert torch_run["steps"] == 2  # 64 rows at batch 32, as bertjax's epoch
+  for run in (r, torch_run):
+    assert run["wall_s"] > 0 and 0 <= run["accuracy"] <= 1 and np.isfinite(run["train_loss"])
+  np.testing.assert_allclose(r["speedup_hf-torch"], torch_run["wall_s"] / r["wall_s"])
+  report = bench.format_finetune_report(r)
+  assert "hf-torch" in report and "dev acc" in report
+
+
+def test_bench_finetune_errors_name_the_flag(tmp_path, capsys):
+  argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--compare", "hf-flax"]
+  assert bench_cmd.main(argv) == 2
+  assert "--compare hf-flax: unknown peer; valid: hf-torch" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """The shared fine-tuning trainer: batch checks, encoder checks, padded prediction, the loop."""
 
+import dataclasses
 import functools
 import json
 
@@ -9,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import finetuning, model as model_lib
+from bertjax import finetuning, model as model_lib, sharding
 from bertjax.glue import restore
 
 CFG = model_lib.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
@@ -35,9 +36,15 @@ def _cls_loss(logits_BxC, batch):
 
 
 def _trainer(recipe=finetuning.Recipe(batch_size=8, eval_batch_size=8), bert_params=None,
-             name="ner"):
+             name="ner", mesh=None):
   make_model = functools.partial(model_lib.BertForSequenceClassification, num_labels=3)
-  return finetuning.Trainer(make_model, _encoder(bert_params), recipe, 10, _cls_loss, name)
+  return finetuning.Trainer(make_model, _encoder(bert_params), recipe, 10, _cls_loss, name,
+                            mesh)
+
+
+def _one_device():
+  """A mesh of one device: it compiles faster than the 8 fake ones where sharding is moot."""
+  return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
 def test_batch_sizes_must_divide_over_the_devices_and_errors_name_the_command():
@@ -133,3 +140,91 @@ def test_default_learning_rate_follows_the_encoder_width():
   lr, grid, why = finetuning.learning_rates_for(768, 3e-5)
   assert (lr, grid) == (3e-5, (5e-5, 4e-5, 3e-5, 2e-5)) and "BERT" in why  # BERT's, as the paper
   assert finetuning.learning_rates_for(1024)[0] == 2e-5
+
+
+def _varied_lengths(n: int, seq_len: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+  """Rows of 2..seq_len real tokens, padded to seq_len, as the feature builders write them."""
+  r = np.random.default_rng(seed)
+  len_N = r.integers(2, seq_len + 1, n)
+  mask_NxL = (np.arange(seq_len)[None, :] < len_N[:, None]).astype(np.int32)
+  return dict(input_ids=r.integers(5, CFG.vocab_size, (n, seq_len)).astype(np.int32) * mask_NxL,
+              token_type_ids=np.zeros((n, seq_len), np.int32), attention_mask=mask_NxL,
+              labels=r.integers(0, 3, n).astype(np.int32))
+
+
+def test_epoch_batches_group_lengths_shuffle_and_repeat_with_the_seed():
+  padded_N = finetuning.padded_lengths(_varied_lengths(50)["attention_mask"], 4)
+  assert set(padded_N) <= {4, 8, 12, 16}
+  plan = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(3))
+  assert len(plan) == 7 and sorted(np.concatenate(plan)) == list(range(50))
+  mixed = [b for b in plan if len(set(padded_N[b])) > 1]
+  assert len(mixed) <= 3  # only the batches on a length's boundary
+  again = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(3))
+  assert all(np.array_equal(a, b) for a, b in zip(plan, again))
+  other = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(4))
+  assert not all(np.array_equal(a, b) for a, b in zip(plan, other))
+  assert set(finetuning.padded_lengths(_varied_lengths(5)["attention_mask"], 0)) == {16}
+
+
+def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
+  """Dropout off, the same rows per step: cutting batches to their bucket changes the loss only
+  by float noise, and predictions come back in the input's order."""
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0, length_bucket=8)
+  trainer = _trainer(recipe, mesh=_one_device())
+  train = _varied_lengths(32, seed=1)
+  padded_N = finetuning.padded_lengths(train["attention_mask"], 8)
+  plan = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(0))
+  bucketed = full = trainer.init_state(seed=0, learning_rate=1e-2)
+  full = jax.tree.map(jnp.copy, full)  # the step donates its state
+  for idx in plan:
+    bucketed, loss_b = trainer.train_step(
+        bucketed, finetuning.train_batch(train, idx, int(padded_N[idx].max()), 8))
+    full, loss_f = trainer.train_step(full, finetuning.train_batch(train, idx, 16, 8))
+    assert float(loss_b) == pytest.approx(float(loss_f), rel=1e-5, abs=1e-6)
+  assert trainer.compiled_shapes()[0] == 2  # lengths 8 and 16
+  dev = _varied_lengths(80, seed=5)
+  got = trainer.predict(bucketed.params, dev, 8)
+  assert trainer.compiled_shapes()[1] == 2  # rows of lengths 8 and 16, each sorted together
+  no_buckets = _trainer(dataclasses.replace(recipe, length_bucket=0), mesh=_one_device())
+  want = no_buckets.predict(bucketed.params, dev, 8)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+  assert no_buckets.compiled_shapes()[1] == 1
+  # A sweep's next runs (another learning rate and seed) reuse the compiled steps.
+  for lr, seed in ((1e-2, 0), (3e-3, 1)):
+    finetuning.fit(trainer, train, dataclasses.replace(recipe, learning_rate=lr, seed=seed,
+                                                       epochs=1),
+                   lambda params: {"f1": 0.0}, "f1", str(tmp_path / f"{lr}-{seed}"),
+                   progress=False)
+    assert trainer.compiled_shapes()[0] == 2
+
+
+def test_fsdp_on_8_devices_matches_1_device():
+  """--mesh 2,4,1 splits the encoder's weights over fsdp as pretraining does; the steps match
+  one device's."""
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0, mesh=(2, 4, 1))
+  fsdp = _trainer(recipe)
+  assert "fsdp" in str(fsdp.param_sh["bert"]["embeddings"]["word_embeddings"]["embedding"].spec)
+  one = _trainer(recipe, mesh=_one_device())
+  train = _varied_lengths(16, seed=4)
+  states = [t.init_state(seed=0, learning_rate=1e-2) for t in (fsdp, one)]
+  for idx in (np.arange(8), np.arange(8, 16)):
+    batch = finetuning.train_batch(train, idx, 16, 8)
+    (states[0], loss_a), (states[1], loss_b) = (t.train_step(s, batch)
+                                                for t, s in zip((fsdp, one), states))
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(states[0].params), jax.tree.leaves(states[1].params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_mesh_flag_errors_name_the_flag():
+  with pytest.raises(ValueError, match=r"^glue: --mesh=3,1,1: mesh: .*devices"):
+    _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=8, mesh=(3, 1, 1)), name="glue")
+
+
+def test_rare_lengths_join_the_next_longer_one():
+  mask_NxL = (np.arange(16)[None, :] < np.array([3] * 10 + [7] * 2 + [16] * 3)[:, None])
+  assert list(finetuning.padded_lengths(mask_NxL, 4)) == [4] * 10 + [8] * 2 + [16] * 3
+  assert list(finetuning.padded_lengths(mask_NxL, 4, 3)) == [4] * 10 + [16] * 5
+  assert list(finetuning.padded_lengths(mask_NxL, 4, 4)) == [4] * 10 + [16] * 5
+  assert list(finetuning.padded_lengths(mask_NxL, 4, 6)) == [16] * 15

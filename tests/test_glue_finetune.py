@@ -155,7 +155,7 @@ def test_tfds_mnli_sweep_writes_matched_mismatched_ax_and_spread(tmp_path):
               "--sweep", "--learning-rates", "1e-4", "--seeds", "2", "--no-progress"])
   row = json.loads((out / "results.json").read_text())["mnli"]
   assert set(row) == {f"{m}{s}" for m in ("matched_accuracy", "mismatched_accuracy")
-                      for s in ("", "_mean", "_std", "_runs")}
+                      for s in ("", "_median", "_mean", "_std", "_runs")}
   assert row["matched_accuracy_runs"] == 2
   assert row["matched_accuracy"] >= row["matched_accuracy_mean"]
   sweep = json.loads((out / "mnli" / "sweep.json").read_text())
@@ -223,11 +223,11 @@ def test_submission_files_names_and_labels(tmp_path, name):
 
 def test_results_merge_and_markdown(tmp_path):
   submission.write_results(str(tmp_path), {"sst2": {"accuracy": 0.93}})
-  submission.write_results(str(tmp_path), {"cola": {"mcc": 0.5, "mcc_mean": 0.45,
-                                                    "mcc_std": 0.05, "mcc_runs": 5.0}})
+  cola = {"mcc": 0.5, "mcc_median": 0.46, "mcc_mean": 0.45, "mcc_std": 0.05, "mcc_runs": 5.0}
+  submission.write_results(str(tmp_path), {"cola": cola})
   got = json.loads((tmp_path / "results.json").read_text())
-  assert got == {"sst2": {"accuracy": 0.93},
-                 "cola": {"mcc": 0.5, "mcc_mean": 0.45, "mcc_std": 0.05, "mcc_runs": 5.0}}
+  assert got == {"sst2": {"accuracy": 0.93}, "cola": cola}
   md = (tmp_path / "results.md").read_text().splitlines()
-  assert md[2] == "| cola | mcc | 50.0 | 45.0 ± 5.0 (n=5) |"  # GLUE order: CoLA first
-  assert md[3] == "| sst2 | accuracy | 93.0 |  |"
+  assert md[0].startswith("| Task | Metric | Best on dev | Median over seeds |")
+  assert md[2] == "| cola | mcc | 50.0 | 46.0 | 45.0 ± 5.0 (n=5) |"  # GLUE order: CoLA first
+  assert md[3] == "| sst2 | accuracy | 93.0 |  |  |"

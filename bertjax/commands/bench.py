@@ -3,6 +3,7 @@
   bertjax bench --preset mini --batch-size 32 --seq-len 128 --compare hf-torch,hf-flax
   bertjax bench --preset base --batch-size 16 --seq-len 128 --json
   bertjax bench input ...      the input pipeline's throughput (experiments/bench_input.py)
+  bertjax bench finetune ...   one fine-tuning epoch + dev eval beside Hugging Face PyTorch
 
 See docs/performance.md for the numbers on reference machines and how to read them.
 """
@@ -66,9 +67,55 @@ def _bench_input(argv: list[str]) -> int:
   return int(mod.main(argv) or 0)
 
 
+def _finetune_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="bertjax bench finetune", formatter_class=HelpFormatter,
+      description="Wall time and dev accuracy of fine-tuning a random-init encoder on a "
+                  "single-sentence TSV task (train.tsv, dev.tsv: sentence<TAB>label), beside "
+                  "transformers' BertForSequenceClassification in PyTorch on the same token "
+                  "ids (each batch padded to its longest row, AdamW, linear schedule).")
+  p.add_argument("--task-dir", default=os.path.join(_REPO_ROOT, "data", "movie_snippets"))
+  p.add_argument("--tokenizer", default=os.path.join(_REPO_ROOT, "data", "tokenizer.model"))
+  p.add_argument("--preset", default="mini", help="model preset: tiny mini small ...")
+  p.add_argument("--epochs", type=int, default=1)
+  p.add_argument("--batch-size", type=int, default=32, help="global batch size")
+  p.add_argument("--eval-batch-size", type=int, default=64)
+  p.add_argument("--learning-rate", type=float, default=5e-4, help="peak, both runs")
+  p.add_argument("--max-seq-len", type=int, default=128)
+  p.add_argument("--length-bucket", type=int, default=32,
+                 help="bertjax pads batches to a multiple of this; 0: to --max-seq-len")
+  p.add_argument("--max-train-examples", type=int, default=0, help="first N rows (quick runs)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--compare", default="hf-torch", help="hf-torch, or '' for bertjax alone")
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+  return p
+
+
+def _bench_finetune(argv: list[str]) -> int:
+  args = _finetune_parser().parse_args(argv)
+  from bertjax import bench
+
+  spec = bench.FinetuneSpec(
+      task_dir=args.task_dir, tokenizer=args.tokenizer, preset=args.preset, epochs=args.epochs,
+      batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+      learning_rate=args.learning_rate, max_seq_len=args.max_seq_len,
+      length_bucket=args.length_bucket, max_train_examples=args.max_train_examples,
+      seed=args.seed)
+  compare = tuple(c.strip() for c in args.compare.split(",") if c.strip())
+  try:
+    result = bench.run_finetune(spec, compare)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"bertjax bench finetune: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(result) if args.json else bench.format_finetune_report(result))
+  return 0
+
+
 def main(argv: list[str]) -> int:
   if argv and argv[0] == "input":
     return _bench_input(argv[1:])
+  if argv and argv[0] == "finetune":
+    return _bench_finetune(argv[1:])
   args = _parser().parse_args(argv)
   if args.xla_flags:
     if "jax" in sys.modules:

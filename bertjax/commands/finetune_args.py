@@ -38,6 +38,13 @@ def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | 
   g.add_argument("--dropout", type=float, default=0.1)
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
+  g.add_argument("--length-bucket", type=int, default=32,
+                 help="pad each batch to its longest row rounded up to a multiple of this (a "
+                      "few compiled shapes, the cost of the real tokens); 0: every row to "
+                      "--max-seq-len")
+  g.add_argument("--mesh", default="-1,1,1",
+                 help="data,fsdp,tensor device mesh as `bertjax pretrain`'s config.mesh (one "
+                      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP")
   if eval_untrained:
     g.add_argument("--eval-untrained", action="store_true",
                    help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
@@ -59,11 +66,22 @@ def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
   if optimizer is None:
     optimizer, why = finetuning.optimizer_for(hidden_size)
     print(f"{prefix}: optimizer {optimizer} ({why}; --optimizer overrides)", flush=True)
+  try:
+    mesh = tuple(int(x) for x in args.mesh.split(","))
+  except ValueError:
+    mesh = ()
+  if len(mesh) != 3:
+    raise SystemExit(f"{prefix}: --mesh={args.mesh!r}: give three integers data,fsdp,tensor "
+                     "(one may be -1), e.g. 1,-1,1")
+  if args.length_bucket < 0:
+    raise SystemExit(f"{prefix}: --length-bucket={args.length_bucket}: use 0 (no buckets) or "
+                     "a positive multiple, e.g. 32")
   return finetuning.Recipe(learning_rate=lr, epochs=args.epochs,
                            batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
                            warmup_fraction=args.warmup, weight_decay=args.weight_decay,
                            optimizer=optimizer, dropout=args.dropout, seed=args.seed,
-                           max_steps=args.max_steps)
+                           max_steps=args.max_steps, length_bucket=args.length_bucket,
+                           mesh=mesh)
 
 
 def report_skipped(prefix: str, skipped: list[str], path: str) -> None:

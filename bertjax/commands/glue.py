@@ -172,7 +172,8 @@ def run_task(task, enc, args, recipes) -> dict:
 
 
 def _spread(task, runs) -> dict[str, float]:
-  """Mean and std over seeds at the learning rate whose seeds average best on dev."""
+  """Median, mean and std over seeds at the learning rate whose seeds average best on dev
+  (the unsuffixed metrics are the best run's: best on dev, an optimistic pick)."""
   import numpy as np
 
   by_lr: dict[float, list] = {}
@@ -183,6 +184,7 @@ def _spread(task, runs) -> dict[str, float]:
   out = {}
   for m in devs[0]:
     values = np.array([d[m] for d in devs])
+    out[f"{m}_median"] = float(np.median(values))
     out[f"{m}_mean"], out[f"{m}_std"] = float(values.mean()), float(values.std())
     out[f"{m}_runs"] = float(len(values))
   return out

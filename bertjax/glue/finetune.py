@@ -70,6 +70,7 @@ class RunResult:
   history: list[dict]  # per epoch: epoch, train_loss, dev metrics, seconds
   test: dict[str, np.ndarray]  # test split name -> predictions of the best epoch
   workdir: str
+  compiled_shapes: tuple[int, int]  # (train, predict) steps compiled so far by its Trainer
 
 
 def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.Features],
@@ -98,7 +99,7 @@ def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.
                                    recipe.eval_batch_size)
       test[split.name] = predictions(task, logits_NxC)
   return RunResult(dev=run.best, best_epoch=run.best_epoch, history=run.history, test=test,
-                   workdir=workdir)
+                   workdir=workdir, compiled_shapes=trainer.compiled_shapes())
 
 
 _TRAINER_CACHE: dict = {}

@@ -103,18 +103,23 @@ def _order(task: str) -> tuple[int, str]:
 
 
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
-  """One row per task and metric. With a sweep, `<m>_mean`/`<m>_std`/`<m>_runs` beside `<m>`
-  become a "mean ± std" column."""
-  lines = ["| Task | Metric | Dev (best) | Mean ± std over seeds |",
-           "|---|---|---:|---:|"]
+  """One row per task and metric: the best run on dev (marked so: picking it on dev flatters
+  it) and, with a sweep (`<m>_median`/`_mean`/`_std`/`_runs` beside `<m>`), the median and
+  mean ± std over the seeds."""
+  lines = ["| Task | Metric | Best on dev | Median over seeds | Mean ± std over seeds |",
+           "|---|---|---:|---:|---:|"]
   for task in sorted(results, key=_order):
     row = results[task]
     known = tasks.TASKS[task].metrics if task in tasks.TASKS else ()
-    names = [k for k in row if not k.endswith(("_mean", "_std", "_runs"))]
+    names = [k for k in row if not k.endswith(_SPREAD)]
     for m in sorted(names, key=lambda k: (known.index(k) if k in known else len(known), k)):
+      median = f"{100 * row[m + '_median']:.1f}" if f"{m}_median" in row else ""
       spread = ""
       if f"{m}_mean" in row:
         spread = (f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f} "
                   f"(n={int(row.get(m + '_runs', 0))})")
-      lines.append(f"| {task} | {m} | {100 * row[m]:.1f} | {spread} |")
+      lines.append(f"| {task} | {m} | {100 * row[m]:.1f} | {median} | {spread} |")
   return "\n".join(lines)
+
+
+_SPREAD = ("_median", "_mean", "_std", "_runs")  # suffixes of the over-seeds summaries
