@@ -166,7 +166,9 @@ class Manager:
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "data", "meta"))
     self._undigested: list[int] = []
-    logging.getLogger("absl").addFilter(_QuietDiskFull())
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietDiskFull) for f in absl_logger.filters):
+      absl_logger.addFilter(_QuietDiskFull())
 
   @contextlib.contextmanager
   def _space_checked(self, step: int | None):
