@@ -1,6 +1,6 @@
 """bertjax: BERT pretraining, ablations and GLUE evaluation in JAX/Flax.
 
-The model (`bertjax.model`) and the Hugging Face import (`bertjax.convert`) import
+The model (`bertjax.model`) and the Hugging Face import (`bertjax.interop.convert`) import
 without TensorFlow; the input pipeline and data preparation use tf.data.
 """
 

@@ -154,7 +154,7 @@ def _quiet_tensorflow() -> None:
 class _StepMetadataFilter(logging.Filter):
     """Drops orbax's warning that a pytree inside a step dir has no `_CHECKPOINT_METADATA`.
 
-    `bertjax.checkpoint.load_pretrained` reads `checkpoints/<step>/state` directly; that file
+    `bertjax.training.checkpoint.load_pretrained` reads `checkpoints/<step>/state` directly; that file
     belongs to the step directory, not to its items, so its absence there is expected.
     """
 
@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if entry_point:
         # XLA's CPU runtime maps and zeroes each step's temporaries afresh under glibc's
         # default malloc settings; commands that run XLA re-execute once with settings that
-        # reuse them (bertjax.host_malloc).
-        from bertjax import host_malloc
+        # reuse them (bertjax.runtime.host_malloc).
+        from bertjax.runtime import host_malloc
 
         host_malloc.maybe_reexec(name, rest)
     # TensorFlow (used only for data) logs its CUDA probing at start-up on every machine, and

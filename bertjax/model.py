@@ -6,7 +6,7 @@ Shape letters used in array names throughout:
 
 Every parameter carries logical axis names (``nn.with_logical_partitioning``); activations are
 constrained at block boundaries with ``nn.with_logical_constraint``. Which mesh axis a logical
-axis lands on is decided in one table, ``bertjax.sharding.LOGICAL_AXIS_RULES``; no mesh axis
+axis lands on is decided in one table, ``bertjax.training.sharding.LOGICAL_AXIS_RULES``; no mesh axis
 name appears in this file. Without a mesh the constraints are no-ops, so the model also runs
 plainly on one device. The module imports only JAX, Flax and NumPy (no TensorFlow).
 
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import losses
+from bertjax.training import losses
 
 Array = jax.Array
 Dtype = Any

@@ -203,7 +203,7 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
 
 def prepare_bundled(out: str) -> str:
   """The bundled corpus, prepared once for all variants (same shards, same order)."""
-  from bertjax import loop
+  from bertjax.training import loop
 
   return loop.bundled_data(out)
 

@@ -12,7 +12,7 @@ reader's reading and parsing run in tf.data's threads beside it. Both readers ar
 Expected (2-core VM, see docs/data.md): ~13k examples/s at seq 128, ~4k at 512 (tf.data
 reader; the Python reader a little slower); prepare ~2 MB/s per core at
 ~120 MB peak for 4 or 16 MB of text; Google's script ~0.14 MB/s, 870 MB.
-The code lives in bertjax/data/bench.py so that `bertjax bench input` can call `main(argv)`.
+The code lives in bertjax/bench/input.py so that `bertjax bench input` can call `main(argv)`.
 """
 
 import pathlib
@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax.data.bench import main  # noqa: E402
+from bertjax.bench.input import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,7 @@ Command:
   python -m experiments.bow_baseline --train data/movie_snippets/train.tsv \
       --dev data/movie_snippets/dev.tsv --json runs/bow_movie_snippets.json
 
-Files are read with the GLUE reader (`bertjax.glue.tsv`, header row, columns by name), so
+Files are read with the GLUE reader (`bertjax.tasks.glue.tsv`, header row, columns by name), so
 rows it would skip are skipped here too. Hardware: one CPU core, a few seconds.
 """
 
@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.glue import tsv
+from bertjax.tasks.glue import tsv
 
 NB_ALPHAS = (0.03, 0.1, 0.3, 1.0, 3.0)
 LR_L2 = (1e-6, 1e-5, 1e-4, 1e-3)

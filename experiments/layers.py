@@ -39,6 +39,6 @@ def get_config(arg: str = "tiny,layers=2") -> ml_collections.ConfigDict:
     layers = int(value)
   c = pretrain.get_config(variant)
   c.variant = f"layers/{c.variant},layers={layers}"
-  # None keeps the preset's depth (bertjax.train.model_config skips None overrides).
+  # None keeps the preset's depth (bertjax.training.train.model_config skips None overrides).
   c.model.num_layers = ml_collections.FieldReference(layers, field_type=int)  # encoder layers
   return c

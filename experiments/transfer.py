@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--epochs", type=int, default=3)
   args = p.parse_args(argv)
 
-  from bertjax import checkpoint
+  from bertjax.training import checkpoint
 
   pre = checkpoint.load_pretrained(args.init)
   layers, hidden = pre.config.num_layers, pre.config.hidden_size

@@ -14,7 +14,9 @@ import pytest
 
 import flax.linen as nn
 
-from bertjax import bench, bench_peers, flops
+from bertjax.bench import pretraining as bench, peers as bench_peers
+
+from bertjax.training import flops
 from bertjax import model as model_lib
 from bertjax.commands import bench as bench_cmd
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "data"))
 
 from experiments import bow_baseline  # noqa: E402
-from bertjax.glue import tasks, tsv  # noqa: E402
+from bertjax.tasks.glue import tasks, tsv  # noqa: E402
 import make_movie_snippets  # noqa: E402
 
 TASK_DIR = REPO / "data" / "movie_snippets"

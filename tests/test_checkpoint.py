@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, loop, sharding, train
+from bertjax.training import checkpoint, loop, sharding, train
 from tests.test_sharding import tiny_config
 from tests.test_train import _loop_config, _rows, _run_until
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bertjax import tpu
+from bertjax.training import tpu
 from bertjax.commands import compile as compile_cmd
 from tests.test_checkpoint import REPO
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax import cli
-from bertjax import convert
+from bertjax.interop import convert
 
 from test_google_ckpt import (HF_CONFIG, batch, google_variables, random_torch_model,
                               torch_logits, write_google_checkpoint)
@@ -52,7 +52,7 @@ def test_google_to_hf_with_tokenizer(google_dir, tmp_path, capsys):
   # The vocab is all lower case: recorded as an uncased tokenizer that transformers reads.
   assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["do_lower_case"]
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-  from bertjax import wordpiece
+  from bertjax.data import wordpiece
   ours = wordpiece.WordPieceTokenizer(d / "vocab.txt")
   text = "The quick brown fox jumped over the LAZY dog! Unaffable café 我爱北京"
   assert hf_tok.encode(text, add_special_tokens=False) == ours.encode(text)
@@ -76,7 +76,7 @@ def test_hf_to_hf(google_dir, tmp_path):
 
 
 def test_through_bertjax_checkpoint(google_dir, tmp_path):
-  pytest.importorskip("bertjax.checkpoint")
+  pytest.importorskip("bertjax.training.checkpoint")
   m, d = google_dir
   # google -> bertjax -> hf
   assert _run("--from", "google", d, "--to", "bertjax", tmp_path / "bj") == 0

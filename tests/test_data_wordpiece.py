@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from bertjax import wordpiece
+from bertjax.data import wordpiece
 from bertjax.commands import prepare as prepare_cmd
 from bertjax.data import inspect, masking, pretraining, records
 

@@ -12,7 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import ablate, layers, no_nsp, pretrain, size, sop  # noqa: E402
-from bertjax import model as model_lib, train  # noqa: E402
+from bertjax import model as model_lib
+from bertjax.training import train  # noqa: E402
 
 SCALES = ("tiny", "mini", "small", "medium", "base", "large")
 MODULES = {"pretrain.py": pretrain, "no_nsp.py": no_nsp, "sop.py": sop, "layers.py": layers,

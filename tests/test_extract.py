@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from bertjax import cli
-from bertjax import features
+from bertjax.tasks import encoder as encoder_lib
+from bertjax.tasks import extract as features
 
 from test_convert_cli import _vocab
 from test_google_ckpt import HF_CONFIG, random_torch_model
@@ -118,9 +119,8 @@ def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file,
 
 def test_features_do_not_depend_on_batching(hf_dir):
   _, d = hf_dir
-  enc = features.load_encoder(d)
-  from bertjax import wordpiece
-  tok = wordpiece.load_tokenizer(enc.tokenizer_path)
+  enc = encoder_lib.load_encoder(d, prefix="extract")
+  tok = enc.tokenizer
   examples = [features.make_example(i, l, tok, 32) for i, l in enumerate(LINES)]
   one = [x for _, x in features.extract(enc, examples, [-1], batch_size=1)]
   many = [x for _, x in features.extract(enc, examples, [-1], batch_size=8)]
@@ -130,7 +130,7 @@ def test_features_do_not_depend_on_batching(hf_dir):
 
 def test_truncation_and_pairs(hf_dir):
   _, d = hf_dir
-  from bertjax import wordpiece
+  from bertjax.data import wordpiece
   tok = wordpiece.load_tokenizer(d / "vocab.txt")
   e = features.make_example(0, "the quick brown fox ||| the lazy dog", tok, 8)
   # google's _truncate_seq_pair: pop from the longer side, segment B on ties.
@@ -141,7 +141,7 @@ def test_truncation_and_pairs(hf_dir):
 
 
 def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
-  pytest.importorskip("bertjax.checkpoint")
+  pytest.importorskip("bertjax.training.checkpoint")
   m, d = hf_dir
   assert cli.main(["convert", "--from", "hf", str(d), "--to", "bertjax",
                    str(tmp_path / "bj")]) == 0

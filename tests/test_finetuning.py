@@ -10,15 +10,19 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import finetuning, model as model_lib, sharding
-from bertjax.glue import restore
+from bertjax.tasks import finetuning
+
+from bertjax import model as model_lib
+
+from bertjax.training import sharding
+from bertjax.tasks import encoder as encoder_lib
 
 CFG = model_lib.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
                            intermediate_size=32, max_position_embeddings=16)
 
 
-def _encoder(bert_params=None) -> restore.Encoder:
-  return restore.Encoder(CFG, bert_params, tokenizer=None, source="test")
+def _encoder(bert_params=None) -> encoder_lib.Encoder:
+  return encoder_lib.Encoder(CFG, bert_params, tokenizer=None, source="test")
 
 
 def _arrays(n: int, seq_len: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
@@ -128,9 +132,9 @@ def test_padding_rows_do_not_change_the_step():
 
 def test_load_encoder_messages_name_the_command(tmp_path):
   with pytest.raises(ValueError, match=r"^squad: --init random needs --tokenizer"):
-    restore.load_encoder("random", prefix="squad")
+    encoder_lib.load_encoder("random", prefix="squad")
   with pytest.raises(FileNotFoundError, match=r"^ner: --init .*: no such checkpoint"):
-    restore.load_encoder(str(tmp_path / "missing"), prefix="ner")
+    encoder_lib.load_encoder(str(tmp_path / "missing"), prefix="ner")
 
 
 def test_default_learning_rate_follows_the_encoder_width():

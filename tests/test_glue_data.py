@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from bertjax.glue import features, tasks, tsv
+from bertjax.tasks import inputs
+from bertjax.tasks.glue import features, tasks, tsv
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "glue")
 TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "data", "tokenizer.model")
@@ -173,7 +174,7 @@ def test_custom_task(tmp_path):
 @pytest.mark.parametrize("name", tasks.ALL)
 def test_tfds_mock_every_task(name):
   tfds = pytest.importorskip("tensorflow_datasets")
-  from bertjax.glue import tfds_source
+  from bertjax.tasks.glue import tfds_source
 
   task = tasks.TASKS[name]
   with tfds.testing.mock_data(num_examples=4):
@@ -194,7 +195,7 @@ def test_tfds_mock_every_task(name):
 
 def test_tfds_not_prepared_says_how(tmp_path):
   pytest.importorskip("tensorflow_datasets")
-  from bertjax.glue import tfds_source
+  from bertjax.tasks.glue import tfds_source
 
   task = tasks.TASKS["sst2"]
   with pytest.raises(tsv.GlueDataError, match=r"tfds build glue --config sst2 --data_dir DIR"):
@@ -208,6 +209,9 @@ class _Chars:
 
   def encode(self, text):
     return [ord(c) for c in text]
+
+  def encode_batch(self, texts):
+    return [self.encode(t) for t in texts]
 
 
 def test_pack_pairs_segments_and_truncation():
@@ -224,13 +228,13 @@ def test_pack_pairs_segments_and_truncation():
   assert single.input_ids_NxL[0].tolist() == [101, a, a + 1, 102, 0, 0]
   assert single.attention_mask_NxL[0].tolist() == [1, 1, 1, 1, 0, 0]
   assert single.token_type_ids_NxL[0].tolist() == [0] * 6
-  assert features.truncate_pair([1, 2, 3], [4, 5, 6, 7], 4) == ([1, 2], [4, 5])
+  assert inputs.truncate_pair([1, 2, 3], [4, 5, 6, 7], 4) == ([1, 2], [4, 5])
 
 
 def test_encode_with_the_sentencepiece_tokenizer():
-  from bertjax import tokenizer as tokenizer_lib
+  from bertjax.data import tokenizer as tokenizer_lib
 
-  tok = tokenizer_lib.Tokenizer(TOKENIZER)
+  tok = tokenizer_lib.SentencePieceTokenizer(TOKENIZER)
   mrpc = tsv.load_task(tasks.TASKS["mrpc"], FIXTURES)["dev"]
   f = features.encode(tok, mrpc, max_seq_len=32)
   assert f.input_ids_NxL.shape == (2, 32) and f.input_ids_NxL.dtype == np.int32

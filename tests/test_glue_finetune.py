@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.glue import submission, tasks
+from bertjax.tasks.glue import submission, tasks
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
@@ -51,7 +51,9 @@ def _sentiment_glue_dir(root, n_train=256, n_dev=64, n_test=10) -> float:
 def _save_checkpoint_from_8_devices(path):
   import jax
 
-  from bertjax import checkpoint, model as model_lib, sharding
+  from bertjax.training import checkpoint, sharding
+
+  from bertjax import model as model_lib
 
   assert jax.device_count() == 8
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=64)
@@ -80,7 +82,7 @@ def _one_device_env():
 
 @pytest.mark.slow
 def test_checkpoint_from_8_devices_finetuned_on_1_beats_majority(tmp_path):
-  pytest.importorskip("bertjax.checkpoint")
+  pytest.importorskip("bertjax.training.checkpoint")
   majority = _sentiment_glue_dir(str(tmp_path / "glue"))
   _save_checkpoint_from_8_devices(tmp_path / "ckpt")
   out = tmp_path / "out"
@@ -114,8 +116,13 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
 
   import jax
 
-  from bertjax import convert, finetuning, model as model_lib
-  from bertjax.glue import finetune, restore
+  from bertjax.interop import convert
+
+  from bertjax.tasks import finetuning
+
+  from bertjax import model as model_lib
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.glue import finetune
 
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
@@ -124,7 +131,7 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
       d["masked_positions"])["params"])
   convert.save_hf(params, cfg, tmp_path / "hf")
   shutil.copy(TOKENIZER, tmp_path / "hf" / "tokenizer.model")
-  enc = restore.load_encoder(str(tmp_path / "hf"))
+  enc = encoder_lib.load_encoder(str(tmp_path / "hf"))
   assert enc.source.startswith("hf:") and enc.tokenizer.vocab_size == 8000
   trainer = finetune.make_trainer(tasks.TASKS["mnli"], enc, finetuning.Recipe(), total_steps=10)
   state = trainer.init_state(seed=0, learning_rate=2e-5)
@@ -134,9 +141,9 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
   assert state.params["classifier"]["kernel"].shape == (cfg.hidden_size, 3)
   assert float(state.learning_rate) == pytest.approx(2e-5)
   with pytest.raises(ValueError, match="--init random needs --tokenizer"):
-    restore.load_encoder("random")
+    encoder_lib.load_encoder("random")
   with pytest.raises(FileNotFoundError, match="no such checkpoint"):
-    restore.load_encoder(str(tmp_path / "missing"))
+    encoder_lib.load_encoder(str(tmp_path / "missing"))
 
 
 def _run_cli(argv):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from bertjax.glue import metrics, tasks
+from bertjax.tasks.glue import metrics, tasks
 
 
 def test_accuracy_and_f1_by_hand():

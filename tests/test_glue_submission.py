@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax import cli
-from bertjax.glue import submission, tasks
+from bertjax.tasks.glue import submission, tasks
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
@@ -39,13 +39,14 @@ def _glue(root, out, *extra):
 
 
 def test_malformed_test_rows_stop_the_command_before_training(tmp_path, capsys, monkeypatch):
-  from bertjax.glue import finetune, restore
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.glue import finetune
 
   def no_training(*args, **kw):
     raise AssertionError("trained despite an unreadable test file")
 
   monkeypatch.setattr(finetune, "train_and_evaluate", no_training)
-  monkeypatch.setattr(restore, "load_encoder", no_training)
+  monkeypatch.setattr(encoder_lib, "load_encoder", no_training)
   d = _mrpc_dir(tmp_path / "glue", test_rows=23, broken=(5, 17))
   assert _glue(tmp_path / "glue", tmp_path / "out") == 2
   err = capsys.readouterr().err.strip().splitlines()
@@ -81,7 +82,7 @@ def test_writer_refuses_an_incomplete_or_invalid_submission(tmp_path):
 
 def test_skipped_train_rows_are_counted_per_file(tmp_path, capsys):
   from bertjax.commands import glue
-  from bertjax.glue import tsv
+  from bertjax.tasks.glue import tsv
 
   _mrpc_dir(tmp_path / "glue", bad_train_lines=(5, 9))
   examples = tsv.load_task(tasks.TASKS["mrpc"], str(tmp_path / "glue"))

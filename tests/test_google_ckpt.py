@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert
-from bertjax import google_ckpt
+from bertjax.interop import convert
+from bertjax.interop import google_ckpt
 from bertjax import model as model_lib
 
 tf = pytest.importorskip("tensorflow")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bertjax import cli
-from bertjax import host_malloc
+from bertjax.runtime import host_malloc
 
 LINUX = dict(system="Linux", libc="glibc", accelerator_present=False)
 
@@ -81,7 +81,7 @@ def test_calls_from_python_and_data_commands_never_reexecute(monkeypatch, argv):
 
 CHILD = r"""
 import json, os, resource
-from bertjax import host_malloc
+from bertjax.runtime import host_malloc
 host_malloc.maybe_reexec("bench", [])
 import jax, jax.numpy as jnp
 x = jnp.ones((4096, 4096), jnp.float32)

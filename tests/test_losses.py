@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import losses
+from bertjax.training import losses
 
 B, P, H, V = 3, 5, 16, 97
 
@@ -73,7 +73,7 @@ def test_jits_and_vmaps_like_any_function():
 
 
 def test_accuracy_at_mask_counts_only_positions_whose_input_is_mask():
-  from bertjax.tokenizer import MASK_ID
+  from bertjax.data.tokenizer import MASK_ID
 
   input_ids = np.array([[2, MASK_ID, 7, 8, 3, 0], [2, 9, MASK_ID, MASK_ID, 3, 0]], np.int32)
   batch = dict(input_ids=input_ids,

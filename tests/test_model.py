@@ -7,7 +7,7 @@ import pytest
 
 import flax.linen as nn
 
-from bertjax import convert
+from bertjax.interop import convert
 from bertjax import model as model_lib
 
 B, L, P = 3, 16, 4
@@ -209,7 +209,7 @@ def test_sequence_classification_head():
 def test_model_imports_without_tensorflow():
   import subprocess, sys
   code = ("import sys; sys.modules['tensorflow'] = None\n"
-          "import bertjax.model, bertjax.convert\n"
+          "import bertjax.model, bertjax.interop.convert\n"
           "print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -243,7 +243,7 @@ def test_pretraining_with_labels_returns_the_fused_loss():
   plain = _apply(cfg, params, batch)
   fused = _apply(cfg, params, batch, masked_ids_BxP=labels)
   assert fused.mlm_logits is None and plain.mlm_nll is None
-  from bertjax import losses
+  from bertjax.training import losses
   nll, correct = losses.cross_entropy(plain.mlm_logits, labels)
   np.testing.assert_allclose(fused.mlm_nll, nll, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(fused.mlm_correct, correct)

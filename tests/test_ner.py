@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.ner import conll, features, metrics
+from bertjax.tasks.ner import conll, features, metrics
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
@@ -56,9 +56,9 @@ def test_entity_f1_hand_computed():
 
 
 def test_first_subword_labels_and_long_sentences_split_at_words():
-  from bertjax.tokenizer import Tokenizer
+  from bertjax.data.tokenizer import SentencePieceTokenizer
 
-  tok = Tokenizer(TOKENIZER)
+  tok = SentencePieceTokenizer(TOKENIZER)
   s = conll.read(os.path.join(FIXTURES, "train.txt"))
   labels = conll.label_list(s)
   feats = features.build(tok, s, labels, max_seq_len=8)

@@ -10,7 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import finetuning, model as model_lib, optim, sharding, train
+from bertjax.tasks import finetuning
+
+from bertjax import model as model_lib
+
+from bertjax.training import optim, sharding, train
 from bertjax.commands import finetune_args
 from bertjax.data import pretraining
 from experiments import pretrain
@@ -249,7 +253,7 @@ def test_config_checks_accept_exactly_optims_names():
   """The jax-free config check and optim agree on the valid optimizer and schedule names."""
   import importlib.util
 
-  from bertjax import config_checks
+  from bertjax.training import config_checks
 
   spec = importlib.util.spec_from_file_location(
       "pretrain_cfg", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain.py")

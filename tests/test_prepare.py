@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import tokenizer as tok_lib
+from bertjax.data import tokenizer as tok_lib
 from bertjax.commands import prepare as prepare_cmd
 from bertjax.data import prepare, records, text
 
@@ -50,7 +50,7 @@ def _bad_corpus(root: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def _decoded_docs(out: pathlib.Path, split: str = "train") -> list[list[str]]:
-    tok = tok_lib.Tokenizer(out / "tokenizer.model")
+    tok = tok_lib.SentencePieceTokenizer(out / "tokenizer.model")
     meta = records.load_metadata(out)
     docs = []
     for shard in records.split_shards(meta, out, split):
@@ -82,8 +82,8 @@ def test_bad_input_is_counted(bad_run):
     assert repaired[text.BOM] == 1
     assert repaired[text.LONG_LINE] == 1
     assert meta["warnings"] == {text.SINGLE_DOCUMENT: 1}
-    assert meta["tokenizer"]["sha256"] == tok_lib.Tokenizer(TOKENIZER).sha256
-    assert meta["tokenizer"]["vocab_size"] == tok_lib.Tokenizer(TOKENIZER).vocab_size
+    assert meta["tokenizer"]["sha256"] == tok_lib.SentencePieceTokenizer(TOKENIZER).sha256
+    assert meta["tokenizer"]["vocab_size"] == tok_lib.SentencePieceTokenizer(TOKENIZER).vocab_size
     assert sum(s["documents"] for s in meta["shards"]) == meta["documents"]
     assert sum(s["tokens"] for s in meta["shards"]) == meta["tokens"]
 
@@ -270,7 +270,7 @@ def test_record_reader_skips_and_detects_truncation(tmp_path):
 
 def _doc_numbers(out: pathlib.Path) -> list[list[int]]:
     """Per train shard, the numbers of its "Document N ..." documents in shard order."""
-    tok = tok_lib.Tokenizer(out / "tokenizer.model")
+    tok = tok_lib.SentencePieceTokenizer(out / "tokenizer.model")
     meta = records.load_metadata(out)
     return [[int(tok.decode(doc[0]).split()[1]) for doc in records.read_documents(s["path"])]
             for s in records.split_shards(meta, out, "train")]
@@ -449,7 +449,7 @@ def test_memory_is_flat_for_a_50_mb_line(tmp_path):
 def test_pretrain_refuses_shards_missing_or_not_their_recorded_size(tmp_path):
   """metadata.json records each shard's size; a shard truncated or deleted after prepare
   (an interrupted copy) stops pretraining with the file named, before any training."""
-  from bertjax import loop
+  from bertjax.training import loop
   from experiments import pretrain as pretrain_exp
 
   (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS * 4))

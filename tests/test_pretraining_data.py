@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import inspect, masking, pretraining, records
-from bertjax.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
+from bertjax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SentencePieceTokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NUM_SHARDS = 7  # uneven for 2 and 3 hosts
@@ -107,7 +107,7 @@ def test_short_seq_prob_and_lengths(data_dir):
 
 
 def test_whole_words_kept_whole(data_dir):
-    tok = Tokenizer(pathlib.Path(data_dir) / "tokenizer.model")
+    tok = SentencePieceTokenizer(pathlib.Path(data_dir) / "tokenizer.model")
     starts = np.array(tok.word_start_table())
     stream = _stream(_cfg(data_dir, whole_word_mask=True, max_predictions_per_seq=30))
     checked = 0

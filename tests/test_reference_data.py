@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax import wordpiece
+from bertjax.data import wordpiece
 from bertjax.data import masking, prepare, pretraining
 
 # Surrounding whitespace on some lines: google's load_vocab strips it ("fox", "dog").

@@ -8,7 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert, google_ckpt, model as model_lib, optim
+from bertjax.interop import convert, google_ckpt
+
+from bertjax import model as model_lib
+
+from bertjax.training import optim
 from experiments import pretrain
 
 STEPS, WARMUP, PEAK = 10, 3, 1e-2  # a short run of BERT's schedule; lr large enough to measure

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from bertjax import wordpiece
-from bertjax.squad import data, decode, features
+from bertjax.data import wordpiece
+from bertjax.tasks.squad import data, decode, features
 
 _VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "band", "formed", "in", "1890",
           "##s", ",", "paris", "(", "france", ")", ".", "its", "founder", "edouard", "sorin",

@@ -4,7 +4,9 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import bench_peers, sharding, train
+from bertjax.bench import peers as bench_peers
+
+from bertjax.training import sharding, train
 from experiments import pretrain
 
 

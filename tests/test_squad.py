@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.squad import data, decode, evaluate, features
+from bertjax.tasks.squad import data, decode, evaluate, features
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
@@ -20,7 +20,7 @@ _WP_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "(", ")", ".", ",", "
 
 @pytest.fixture(scope="module")
 def wordpiece_tok(tmp_path_factory):
-  from bertjax import wordpiece
+  from bertjax.data import wordpiece
 
   path = tmp_path_factory.mktemp("wp") / "vocab.txt"
   path.write_text("\n".join(_WP_VOCAB) + "\n")
@@ -153,9 +153,9 @@ def test_windows_with_doc_stride_map_answers_back_to_the_exact_text(wordpiece_to
 
 
 def test_sentencepiece_windows_map_answers_back_to_the_exact_text():
-  from bertjax.tokenizer import Tokenizer
+  from bertjax.data.tokenizer import SentencePieceTokenizer
 
-  tok = Tokenizer(TOKENIZER)
+  tok = SentencePieceTokenizer(TOKENIZER)
   examples, _ = data.read(os.path.join(FIXTURES, "train-v1.1.json"), "1.1", training=True)
   feats = features.build(tok, examples, max_seq_len=24, doc_stride=4, max_query_length=8,
                          training=True)
@@ -210,9 +210,9 @@ def test_nbest_decoding_on_hand_made_logits(wordpiece_tok):
 @pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
 def test_a_span_ending_inside_a_word_answers_only_its_pieces(wordpiece_tok, kind):
   # run_squad's get_final_text: "18" + "##42" of "1842," or "1" "8" "4" of "1842,".
-  from bertjax.tokenizer import Tokenizer
+  from bertjax.data.tokenizer import SentencePieceTokenizer
 
-  tok = wordpiece_tok if kind == "wordpiece" else Tokenizer(TOKENIZER)
+  tok = wordpiece_tok if kind == "wordpiece" else SentencePieceTokenizer(TOKENIZER)
   context = "The University was founded in 1842, by Father Edward Sorin."
   ex = data.Example("q", "when?", context, ["1842"], context.index("1842"), False)
   feats = features.build(tok, [ex], max_seq_len=48, doc_stride=16, max_query_length=4)

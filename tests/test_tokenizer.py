@@ -5,7 +5,7 @@ import unicodedata
 
 import pytest
 
-from bertjax import tokenizer as tok_lib
+from bertjax.data import tokenizer as tok_lib
 from bertjax.commands import tokenizer as tokenizer_cmd
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -14,7 +14,7 @@ CHINESE = REPO / "tests" / "fixtures" / "data" / "chinese.txt"
 
 
 def test_bundled_tokenizer_has_fixed_special_ids():
-    tok = tok_lib.Tokenizer(BUNDLED)
+    tok = tok_lib.SentencePieceTokenizer(BUNDLED)
     pieces = [tok.id_to_piece(i) for i in range(5)]
     assert pieces == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert (tok_lib.PAD_ID, tok_lib.UNK_ID, tok_lib.CLS_ID, tok_lib.SEP_ID,
@@ -26,7 +26,7 @@ def test_bundled_tokenizer_has_fixed_special_ids():
 
 
 def test_encode_decode_roundtrip_and_word_starts():
-    tok = tok_lib.Tokenizer(BUNDLED)
+    tok = tok_lib.SentencePieceTokenizer(BUNDLED)
     text = "It is a truth universally acknowledged, that a single man in 1811."
     ids = tok.encode(text)
     assert tok.decode(ids) == text
@@ -38,7 +38,7 @@ def test_encode_decode_roundtrip_and_word_starts():
 
 
 def test_special_token_text_is_not_a_special_token():
-    tok = tok_lib.Tokenizer(BUNDLED)
+    tok = tok_lib.SentencePieceTokenizer(BUNDLED)
     ids = tok.encode("[MASK] [CLS] [SEP] [PAD]")
     assert not set(ids) & {0, 2, 3, 4}
 
@@ -61,7 +61,7 @@ def test_train_chinese_characters_do_not_become_unk(tmp_path, capsys):
     rc = tokenizer_cmd.main(["train", "--input", str(CHINESE), "--vocab-size", "700",
                              "--output", str(tmp_path / "zh")])
     assert rc == 0, capsys.readouterr().err
-    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    tok = tok_lib.SentencePieceTokenizer(tmp_path / "zh.model")
     for line in CHINESE.read_text(encoding="utf-8").splitlines():
         if line:
             ids = tok.encode(line)
@@ -89,7 +89,7 @@ def test_glob_input_and_missing_input(tmp_path, capsys):
 
 def _one_line_error(path) -> str:
     with pytest.raises(tok_lib.TokenizerError) as e:
-        tok_lib.Tokenizer(path)
+        tok_lib.SentencePieceTokenizer(path)
     message = str(e.value)
     assert str(path) in message and "\n" not in message
     return message
@@ -121,7 +121,7 @@ def test_cli_info_and_encode(capsys):
     assert '"[MASK]": 4' in capsys.readouterr().out
     assert tokenizer_cmd.main(["encode", "--model", str(BUNDLED), "Pride", "and"]) == 0
     pieces, ids = capsys.readouterr().out.strip().splitlines()
-    tok = tok_lib.Tokenizer(BUNDLED)
+    tok = tok_lib.SentencePieceTokenizer(BUNDLED)
     assert [int(i) for i in ids.split()] == tok.encode("Pride and")
     assert "".join(pieces.split()).replace("\u2581", " ").strip() == "Pride and"
 
@@ -138,7 +138,7 @@ def test_chinese_vocab_smaller_than_its_characters_picks_the_coverage(tmp_path, 
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "character coverage 0.98" in err
-    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    tok = tok_lib.SentencePieceTokenizer(tmp_path / "zh.model")
     assert tok.vocab_size == 2700
     text = "床前明月光，疑是地上霜。"
     ids = tok.encode(text)
@@ -170,7 +170,7 @@ def test_vocab_too_small_for_the_characters_names_the_size_needed(tmp_path):
 
 def test_each_chinese_character_is_a_word_for_whole_word_masking(tmp_path):
     tok_lib.train_tokenizer([str(TANG)], str(tmp_path / "zh"), tok_lib.TrainOptions(vocab_size=4000))
-    tok = tok_lib.Tokenizer(tmp_path / "zh.model")
+    tok = tok_lib.SentencePieceTokenizer(tmp_path / "zh.model")
     ids = tok.encode("床前明月光，疑是地上霜。")
     pieces = [tok.id_to_piece(i) for i in ids]
     starts = [tok.is_word_start(i) for i in ids]

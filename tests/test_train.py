@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import loop, sharding, train
+from bertjax.training import loop, sharding, train
 from bertjax.data import pretraining
 from tests.test_sharding import tiny_config
 
@@ -112,7 +112,7 @@ def test_two_phase_run_and_resume_in_phase_two(tmp_path):
 
 def _run_until(c, workdir, stop_step):
   """Run `c` but stop (as a preemption would) right after `stop_step`."""
-  from bertjax import distributed
+  from bertjax.runtime import distributed
 
   orig = distributed.PreemptionWatcher.should_stop
   distributed.PreemptionWatcher.should_stop = lambda self, step: step >= stop_step
@@ -147,7 +147,7 @@ def test_metrics_are_one_record_per_step_across_resumes(tmp_path):
 
 
 def test_nonfinite_metrics_are_null_and_named(tmp_path):
-  from bertjax import metrics_writer
+  from bertjax.training import metrics_writer
 
   w = metrics_writer.MetricsWriter(str(tmp_path), tensorboard=False)
   w.write(5, {"mlm_perplexity": float("inf"), "loss": float("nan"), "mlm_accuracy": 0.5})

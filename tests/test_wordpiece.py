@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from bertjax import wordpiece
+from bertjax.data import wordpiece
 
 # Small enough to read, large enough that every rule (casing, accents, CJK, punctuation,
 # "##" continuations, [UNK] for unsplittable words) is exercised on the texts below.
@@ -113,7 +113,7 @@ def test_load_tokenizer_picks_the_kind(vocab_file, tmp_path):
   assert isinstance(wordpiece.load_tokenizer(vocab_file), wordpiece.WordPieceTokenizer)
   assert isinstance(wordpiece.load_tokenizer(vocab_file.parent), wordpiece.WordPieceTokenizer)
   sp = wordpiece.load_tokenizer(pathlib.Path(__file__).parents[1] / "data" / "tokenizer.model")
-  from bertjax.tokenizer import Tokenizer
+  from bertjax.data.tokenizer import Tokenizer
   assert isinstance(sp, Tokenizer)
   with pytest.raises(wordpiece.WordPieceError, match="unknown tokenizer type"):
     wordpiece.load_tokenizer(tmp_path / "x.json")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bertjax import workdir_lock
+from bertjax.runtime import workdir_lock
 
 
 def test_second_writer_is_refused_with_the_holder(tmp_path):

@@ -93,7 +93,7 @@ def _finetune_parser() -> argparse.ArgumentParser:
 
 def _bench_finetune(argv: list[str]) -> int:
   args = _finetune_parser().parse_args(argv)
-  from bertjax import bench
+  from bertjax.bench import pretraining as bench
 
   spec = bench.FinetuneSpec(
       task_dir=args.task_dir, tokenizer=args.tokenizer, preset=args.preset, epochs=args.epochs,
@@ -123,8 +123,8 @@ def main(argv: list[str]) -> int:
             "own", file=sys.stderr)
       return 2
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
-  from bertjax import bench
-  from bertjax import bench_peers
+  from bertjax.bench import pretraining as bench
+  from bertjax.bench import peers as bench_peers
 
   compare = tuple(c.strip() for c in args.compare.split(",") if c.strip())
   bad = [c for c in compare if c not in bench_peers.PEERS]

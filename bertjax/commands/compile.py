@@ -76,7 +76,7 @@ def _gib(n: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-  from bertjax import tpu
+  from bertjax.training import tpu
   from bertjax.commands import pretrain
 
   fv = pretrain.parse(argv, "bertjax compile", define_extra=_define, doc=__doc__,
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
   quick = fv.suggest if fv.quick is None else fv.quick
   phase = None if fv.phase is None else fv.phase - 1
   if phase == 1:
-    from bertjax import loop
+    from bertjax.training import loop
 
     if len(loop.phases(fv.config)) < 2:
       raise ValueError("--phase 2: this config has one phase (config.phase2.fraction=0)")
@@ -144,11 +144,12 @@ def resolve_vocab(config) -> tuple[int, str]:
     except (OSError, KeyError, ValueError) as e:
       return BERT_VOCAB, (f"assumed (BERT's): cannot read {c.data.path}/metadata.json "
                           f"({type(e).__name__}); {hint}")
-  from bertjax import loop, tokenizer
+  from bertjax.training import loop
+  from bertjax.data import tokenizer
 
   path = c.data.tokenizer or str(loop.REPO_DATA / "tokenizer.model")
   try:
-    return tokenizer.Tokenizer(path).vocab_size, (
+    return tokenizer.SentencePieceTokenizer(path).vocab_size, (
         f"the bundled tokenizer, which `pretrain` uses without config.data.path; {hint}")
   except (OSError, ValueError) as e:
     return BERT_VOCAB, f"assumed (BERT's): cannot read {path} ({type(e).__name__}); {hint}"
@@ -171,7 +172,7 @@ class PhaseResult:
   memory: dict | None = None
   oom: str | None = None  # the compiler's RESOURCE_EXHAUSTED message
   flops: float | None = None  # XLA's cost analysis, per device (loop bodies counted once)
-  model_flops: float | None = None  # bertjax.flops, per device
+  model_flops: float | None = None  # bertjax.training.flops, per device
   estimate_s: float | None = None  # the compiler's optimal-time estimate, per step
   bound_s: float | None = None  # model FLOPs at the chip's peak: no step can be faster
   collectives: list = dataclasses.field(default_factory=list)
@@ -202,7 +203,9 @@ def compile_phases(config, mesh, quick: bool = False, phase: int | None = None,
   """Lower + compile each phase's train step for `mesh` (config already resolved)."""
   import jax
 
-  from bertjax import flops as flops_lib, loop, model as model_lib, sharding, train, tpu
+  from bertjax.training import flops as flops_lib, loop, sharding, train, tpu
+
+  from bertjax import model as model_lib
 
   out = []
   for ph in loop.phases(config):
@@ -259,7 +262,7 @@ def compile_phases(config, mesh, quick: bool = False, phase: int | None = None,
 
 
 def _collective_line(r: PhaseResult) -> str:
-  from bertjax import tpu
+  from bertjax.training import tpu
 
   parts = []
   for op in tpu.COLLECTIVES:
@@ -291,7 +294,7 @@ def _fix_hint(config, r: PhaseResult, chips: int) -> str:
 
 
 def _setup_target(target, mesh_axes, config, device_memory_gb):
-  from bertjax import sharding, tpu
+  from bertjax.training import sharding, tpu
 
   devices, limit, limit_src = None, None, ""
   if target is not None:
@@ -352,7 +355,7 @@ def compile_and_report(config, mesh_axes: dict[str, int], target=None,
       if r.bound_s:
         est += f"; >= {r.bound_s * 1e3:.2f} ms at the chip's peak FLOPs"
       print(f"  compute per chip: {flops} in XLA's cost analysis (it counts a loop body once), "
-            f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.flops; {est}")
+            f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}")
       print(f"  collectives: {_collective_line(r)}")
     if limit and (r.oom or (r.peak and r.peak > limit)):
       name = target.name if target else "this device"
@@ -386,7 +389,7 @@ def suggest(config, target, mesh_axes, quick: bool = True, phase: int | None = N
 
   Per mesh, a variant is skipped once one with less remat and no more microbatches fits:
   remat and accumulation trade speed for memory, so they cannot win once memory is not short."""
-  from bertjax import loop
+  from bertjax.training import loop
 
   config, vocab, source = _resolve(config, mesh_axes)
   chips = target.chips

@@ -63,18 +63,18 @@ def _find_vocab(kind: str, src: Path, explicit: str | None, recorded: str | None
 
 def _load(args):
   """(config, params, tokenizer path or None) from SRC."""
-  from bertjax import convert as convert_lib
+  from bertjax.interop import convert as convert_lib
 
   src = Path(args.src)
   recorded = None
   if args.src_kind == "google":
-    from bertjax import google_ckpt
+    from bertjax.interop import google_ckpt
 
     cfg, params = google_ckpt.load_google(src, args.bert_config)
   elif args.src_kind == "hf":
     cfg, params = convert_lib.load_hf(src)
   elif args.src_kind == "bertjax":
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     loaded = checkpoint.load_pretrained(src)
     cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
@@ -84,7 +84,7 @@ def _load(args):
 
 
 def _check_tokenizer(vocab: Path, cfg, lower_case):
-  from bertjax import wordpiece
+  from bertjax.data import wordpiece
 
   tok = wordpiece.load_tokenizer(vocab, lower_case)
   if tok.vocab_size > cfg.vocab_size:
@@ -95,7 +95,7 @@ def _check_tokenizer(vocab: Path, cfg, lower_case):
 
 def write_hf_tokenizer(tok, dst: Path, max_len: int) -> list[str]:
   """Tokenizer files for `transformers.AutoTokenizer`; returns the names written."""
-  from bertjax import wordpiece
+  from bertjax.data import wordpiece
 
   if isinstance(tok, wordpiece.WordPieceTokenizer):
     shutil.copyfile(tok.path, dst / "vocab.txt")
@@ -147,7 +147,7 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
 def _save(args, cfg, params, vocab: Path | None, tok) -> None:
   dst = Path(args.dst)
   if args.dst_kind == "hf":
-    from bertjax import convert as convert_lib
+    from bertjax.interop import convert as convert_lib
 
     convert_lib.save_hf(params, cfg, dst)
     written = ["config.json", "model.safetensors"]
@@ -155,7 +155,7 @@ def _save(args, cfg, params, vocab: Path | None, tok) -> None:
       written += write_hf_tokenizer(tok, dst, cfg.max_position_embeddings)
     print(f"convert: wrote {', '.join(written)} to {dst}")
   elif args.dst_kind == "bertjax":
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
 
     checkpoint.save_pretrained(dst, cfg, params, tokenizer_path=str(vocab) if vocab else None,
                                step=0)
@@ -166,7 +166,7 @@ def _save(args, cfg, params, vocab: Path | None, tok) -> None:
           json.dumps({"do_lower_case": tok.lower_case}) + "\n")
     print(f"convert: wrote a bertjax checkpoint to {dst}")
   elif args.dst_kind == "google":
-    from bertjax import google_ckpt
+    from bertjax.interop import google_ckpt
 
     is_wordpiece = vocab is not None and vocab.suffix == ".txt"
     google_ckpt.save_google(params, cfg, dst, vocab if is_wordpiece else None)
@@ -179,8 +179,8 @@ def _save(args, cfg, params, vocab: Path | None, tok) -> None:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax import convert as convert_lib
-  from bertjax import wordpiece
+  from bertjax.interop import convert as convert_lib
+  from bertjax.data import wordpiece
 
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
   try:

@@ -59,10 +59,14 @@ def fill_mask(workdir: pathlib.Path, data_dir: pathlib.Path, n: int = 5, k: int 
   """Lines showing the top-`k` predictions for one masked word in `n` held-out sentences."""
   import numpy as np
 
-  from bertjax import checkpoint, model as model_lib, tokenizer as tokenizer_lib
+  from bertjax.training import checkpoint
+
+  from bertjax import model as model_lib
+
+  from bertjax.data import tokenizer as tokenizer_lib
 
   pre = checkpoint.load_pretrained(str(workdir))
-  tok = tokenizer_lib.Tokenizer(pre.tokenizer_path)
+  tok = tokenizer_lib.SentencePieceTokenizer(pre.tokenizer_path)
   bert = model_lib.BertForPreTraining(pre.config)
   lines = []
   for ids in _held_out_sentences(data_dir, n):
@@ -101,7 +105,7 @@ def main(argv: list[str]) -> int:
                  help="train a new tokenizer on the corpus instead of data/tokenizer.model")
   args = p.parse_args(argv)
 
-  from bertjax import loop
+  from bertjax.training import loop
 
   from bertjax.commands import pretrain
 
@@ -117,7 +121,7 @@ def main(argv: list[str]) -> int:
   corpus = loop.REPO_DATA / "austen.txt"
   tokenizer = loop.REPO_DATA / "tokenizer.model"
   if args.train_tokenizer:
-    from bertjax import tokenizer as tokenizer_lib
+    from bertjax.data import tokenizer as tokenizer_lib
 
     prefix = workdir / "tokenizer" / "austen"
     if not prefix.with_suffix(".model").exists():

@@ -111,15 +111,15 @@ def _join_layers(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(_join_layers(argv))
-  from bertjax import convert as convert_lib
-  from bertjax import wordpiece
+  from bertjax.interop import convert as convert_lib
+  from bertjax.data import wordpiece
 
   try:
     out = _check_args(args)
     return _run(args, out)
   except (convert_lib.ConversionError, wordpiece.WordPieceError, FileNotFoundError,
           ValueError) as e:
-    print(f"bertjax extract: error: {e}", file=sys.stderr)
+    print(f"bertjax extract: error: {str(e).removeprefix('extract: ')}", file=sys.stderr)
     return 1
 
 
@@ -128,17 +128,15 @@ def _run(args, out: Path) -> int:
   import numpy as np
   from tqdm import tqdm
 
-  from bertjax import features
-  from bertjax import sharding
-  from bertjax import wordpiece
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks import extract as features
+  from bertjax.training import sharding
 
   print(f"extract: loading {args.init}", file=sys.stderr, flush=True)
-  enc = features.load_encoder(args.init)
-  vocab = args.vocab or enc.tokenizer_path
-  if vocab is None:
-    raise ValueError(f"{args.init}: no tokenizer recorded with this checkpoint; pass --vocab")
   lower = {"auto": None, "true": True, "false": False}[args.lower_case]
-  tok = wordpiece.load_tokenizer(vocab, lower)
+  enc = encoder_lib.load_encoder(args.init, args.vocab, prefix="extract", tokenizer_flag="--vocab",
+                                 lower_case=lower)
+  tok = enc.tokenizer
   cfg = enc.config
   if args.max_seq_len is None:
     args.max_seq_len = min(128, cfg.max_position_embeddings)

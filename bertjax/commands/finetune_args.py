@@ -55,7 +55,7 @@ def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
                      announce: bool = True):
   """The recipe of the flags; an unset --learning-rate or --optimizer follows the encoder's
   width (printed; the learning rate only when `announce`: a sweep prints its grid instead)."""
-  from bertjax import finetuning
+  from bertjax.tasks import finetuning
 
   lr = args.learning_rate
   if lr is None:

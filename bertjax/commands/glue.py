@@ -69,7 +69,7 @@ def _seeds(arg: str, sweep: bool, seed: int) -> list[int]:
 
 
 def _task_list(args) -> list:
-  from bertjax.glue import tasks, tsv
+  from bertjax.tasks.glue import tasks, tsv
 
   if args.task == "custom":
     missing = [f"--{n.replace('_', '-')}" for n in ("train", "dev", "text_columns", "label_column")
@@ -89,7 +89,7 @@ def _task_list(args) -> list:
 
 def _load_data(task, args):
   """Examples of every split, from TFDS, a GLUE_DIR, or the custom files."""
-  from bertjax.glue import tfds_source, tsv
+  from bertjax.tasks.glue import tfds_source, tsv
 
   if args.task == "custom":
     return tsv.load_task(task, "")
@@ -103,7 +103,7 @@ def _load_data(task, args):
 def _check_test_files(task_list, args) -> None:
   """Read every test TSV before anything trains: a test row that cannot be read stops the
   command (ValueError `file:line: why`) instead of leaving it out of a submission."""
-  from bertjax.glue import tsv
+  from bertjax.tasks.glue import tsv
 
   if args.task == "custom" or args.data != "tfds":
     for task in task_list:
@@ -130,7 +130,7 @@ def _report_skipped(task, examples, out_dir: str) -> None:
 
 def run_task(task, enc, args, recipes) -> dict:
   """Fine-tune `task` once per recipe; write its submissions; return its results entry."""
-  from bertjax.glue import features, finetune, metrics, submission
+  from bertjax.tasks.glue import features, finetune, metrics, submission
 
   examples = _load_data(task, args)
   _report_skipped(task, examples, args.workdir)
@@ -208,13 +208,14 @@ def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   import dataclasses
 
-  from bertjax import finetuning
-  from bertjax.glue import restore, submission, tsv
+  from bertjax.tasks import finetuning
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.glue import submission, tsv
 
   try:
     task_list = _task_list(args)
     _check_test_files(task_list, args)
-    enc = restore.load_encoder(args.init, args.tokenizer, args.preset)
+    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset)
   except (ValueError, FileNotFoundError) as e:  # ConversionError, TokenizerError, ... too
     print(f"glue: {e}" if not str(e).startswith("glue:") else str(e), file=sys.stderr)
     return 2

@@ -36,11 +36,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.glue import restore
-  from bertjax.ner import conll, train
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.ner import conll, train
 
   try:
-    enc = restore.load_encoder(args.init, args.tokenizer, args.preset, "ner")
+    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset, "ner")
     files = dict(train=args.train, dev=args.dev, **({"test": args.test} if args.test else {}))
     splits = {k: conll.read(v) for k, v in files.items()}
   except (ValueError, FileNotFoundError) as e:

@@ -18,7 +18,7 @@ from typing import Callable
 from absl import flags
 from ml_collections import config_dict, config_flags
 
-from bertjax import config_checks
+from bertjax.training import config_checks
 
 PRETRAIN_CONFIG = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "pretrain.py"
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]+)(=(.*))?$", re.S)
@@ -213,9 +213,9 @@ def main(argv: list[str]) -> int:
   if not fv.workdir:
     raise ValueError("--workdir is required (checkpoints, logs, metrics.jsonl), e.g. "
                      "--workdir runs/tiny")
-  from bertjax import distributed
+  from bertjax.runtime import distributed
 
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
-  from bertjax import loop
+  from bertjax.training import loop
 
   return loop.train_and_evaluate(fv.config, fv.workdir)

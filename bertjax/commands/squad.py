@@ -45,11 +45,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.glue import restore
-  from bertjax.squad import data, train
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.squad import data, train
 
   try:
-    enc = restore.load_encoder(args.init, args.tokenizer, args.preset, "squad")
+    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset, "squad")
     train_ex, bad_train = data.read(args.train, args.version, training=True)
     dev_ex, bad_dev = data.read(args.dev, args.version, training=False)
   except (ValueError, FileNotFoundError) as e:

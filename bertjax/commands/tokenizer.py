@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from bertjax import tokenizer as tokenizer_lib
+from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.cli import HelpFormatter
 
 
@@ -54,12 +54,12 @@ def main(argv: list[str]) -> int:
             print(f"wrote {args.output}.model and {args.output}.vocab: vocab_size "
                   f"{tok.vocab_size}, sha256 {tok.sha256[:16]}")
         elif args.action == "encode":
-            tok = tokenizer_lib.Tokenizer(args.model)
+            tok = tokenizer_lib.SentencePieceTokenizer(args.model)
             ids = tok.encode(" ".join(args.text))
             print(" ".join(tok.id_to_piece(i) for i in ids))
             print(" ".join(map(str, ids)))
         else:
-            tok = tokenizer_lib.Tokenizer(args.model)
+            tok = tokenizer_lib.SentencePieceTokenizer(args.model)
             print(json.dumps({"path": str(tok.path), "vocab_size": tok.vocab_size,
                               "sha256": tok.sha256,
                               "special_tokens": dict(zip(tokenizer_lib.SPECIAL_PIECES,

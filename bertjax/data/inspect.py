@@ -7,9 +7,9 @@ import pathlib
 
 import numpy as np
 
-from bertjax import wordpiece
+from bertjax.data import wordpiece
 from bertjax.data import pretraining, records
-from bertjax.tokenizer import WORD_START
+from bertjax.data.tokenizer import WORD_START
 
 
 def _tokenizer(data_dir: str):

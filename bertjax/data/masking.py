@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
+from bertjax.data.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # Purposes of the per-position hashes.

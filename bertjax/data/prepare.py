@@ -44,8 +44,9 @@ import sys
 import time
 from typing import Iterator
 
-from bertjax import tokenizer as tokenizer_lib
-from bertjax import wordpiece, workdir_lock
+from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import wordpiece
+from bertjax.runtime import workdir_lock
 from bertjax.data import records, text
 
 

@@ -312,7 +312,7 @@ def make_stream(cfg: InputConfig, *, global_batch_size: int, process_index: int,
                          f"tokenized with vocab_size={vocab_size}; the model needs >= that")
     word_start = None
     if cfg.whole_word_mask:
-        from bertjax import wordpiece
+        from bertjax.data import wordpiece
 
         tok = wordpiece.load_tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
         word_start = np.array(tok.word_start_table(), bool)

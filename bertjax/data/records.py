@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from bertjax import tokenizer as tokenizer_lib
+from bertjax.data import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "eval")

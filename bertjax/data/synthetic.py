@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertjax.data import masking
-from bertjax.tokenizer import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
+from bertjax.data.tokenizer import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 # Purposes of the per-row hashes.
 _SHORT, _LENGTH, _SPLIT, _LABEL, _TOKEN, _MASK = 11, 12, 13, 14, 15, 16

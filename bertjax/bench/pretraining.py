@@ -1,0 +1,514 @@
+"""How fast one BERT config trains here: tokens/s, model FLOPs, MFU, and the Hugging Face peers.
+
+`run(spec)` times `bertjax.training.train`'s step (forward, MLM + NSP loss, backward, clipping, AdamW
+update: exactly what `bertjax pretrain` runs) on one synthetic batch after warm-up, and returns
+one flat dict (what `bertjax bench --json` prints).
+
+Model FLOPs are `bertjax.training.flops.pretraining_flops_per_step`: 6 x encoder parameters x tokens,
++ 12 x layers x H x L per token for attention, + the MLM head on the P gathered masked rows
+only, + pooler and NSP on [CLS]. Nothing recomputed (remat) or wasted (a full-sequence MLM
+head, as the peers run) counts, so MFU compares implementations of the same model fairly.
+
+MFU = model FLOPs per second / peak FLOP/s of the devices used. On CPU the peak is measured in
+the same run: the best dense matmul FLOP/s that JAX reaches on this machine, all cores
+(`measure_cpu_peak`, before and after the timed steps, the best of the two; fake host devices
+share those cores, so it is not multiplied). On GPU/TPU it is the published dense bf16 peak per
+chip (`bertjax.training.flops.PEAK_FLOPS`) x chips.
+
+Shape letters: B batch, L sequence length, H hidden, P masked positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.bench import peers as bench_peers
+from bertjax.training import flops as flops_lib
+from bertjax import model as model_lib
+
+CPU_PEAK_SIZES = (512, 1024, 2048)  # square matmuls; the best of these is the CPU's peak
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+  """One benchmark: the model, the batch and how long to time it."""
+
+  preset: str = "base"  # bertjax.model.PRESETS name
+  batch_size: int = 16  # global sequences per step
+  seq_len: int = 128
+  num_masked: int = 0  # masked positions per sequence P; 0 = ceil(0.15 L) (20 at L = 128)
+  vocab_size: int = 30522  # BERT's English WordPiece vocabulary, as the peers use
+  dtype: str = "float32"  # compute dtype: float32 | bfloat16
+  remat: str = "none"  # none | full | dots (bertjax.model.BertConfig.remat)
+  scan_layers: bool = False
+  attention_dropout: float = 0.1  # BERT's recipe; 0 lets attention use dot_product_attention
+  warmup: int = 2  # untimed steps; the first one includes compilation
+  steps: int = 5  # timed steps (median reported)
+  peak_flops: float = 0.0  # override the peak (FLOP/s of all devices used); 0 = measure/table
+  seed: int = 0
+
+  def __post_init__(self):
+    for field in ("batch_size", "seq_len", "steps", "warmup"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"bench: --{field.replace('_', '-')}={getattr(self, field)} must be >= 1")
+    if self.seq_len > 512:
+      raise ValueError(f"bench: --seq-len={self.seq_len} exceeds BERT's 512 positions")
+    if not 0 <= self.num_masked < self.seq_len:
+      raise ValueError(f"bench: --num-masked={self.num_masked} must be in [0, seq-len="
+                       f"{self.seq_len})")
+    self.model_config()  # unknown preset, dtype or remat: BertConfig's own error
+
+  def model_config(self) -> model_lib.BertConfig:
+    return model_lib.from_preset(self.preset, vocab_size=self.vocab_size, dtype=self.dtype,
+                                 remat=self.remat, scan_layers=self.scan_layers,
+                                 attention_dropout_rate=self.attention_dropout)
+
+  def masked(self) -> int:
+    return self.num_masked or bench_peers.max_predictions(self.seq_len)
+
+
+# ------------------------------------------------------------------------------------- peak
+
+
+def measure_cpu_peak(dtype: str = "float32", sizes=CPU_PEAK_SIZES, repeats: int = 5) -> float:
+  """Best FLOP/s of a jitted square matmul (2 n^3 FLOPs) over `sizes` on the default device."""
+  best = 0.0
+  matmul = jax.jit(lambda a, b: a @ b)
+  for n in sizes:
+    a = jnp.asarray(np.random.default_rng(n).standard_normal((n, n)), dtype)
+    matmul(a, a).block_until_ready()  # compile
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      matmul(a, a).block_until_ready()
+      best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+  return best
+
+
+def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]:
+  """Peak FLOP/s of `devices` together, and where the number comes from."""
+  if spec.peak_flops > 0:
+    return spec.peak_flops, "--peak-flops"
+  dev = devices[0]
+  if dev.platform == "cpu":
+    dtypes = sorted({"float32", spec.dtype})
+    peak = max(measure_cpu_peak(d) for d in dtypes)
+    cores = bench_peers.num_cores()
+    return peak, f"measured: best jitted {'/'.join(dtypes)} matmul on {cores} cores"
+  per_device = flops_lib.peak_flops_per_device(dev)
+  if per_device:
+    return per_device * len(devices), (f"published dense bf16 peak of {dev.device_kind} x "
+                                       f"{len(devices)}")
+  raise ValueError(f"bench: no published peak for device kind {dev.device_kind!r}; pass "
+                   f"--peak-flops FLOPS (the dense bf16 peak of all {len(devices)} devices)")
+
+
+# ------------------------------------------------------------------------------- train step
+
+_PRETRAIN_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "experiments", "pretrain.py")
+
+
+def train_config(spec: BenchSpec):
+  """experiments/pretrain.py's config for `spec.preset`, with the benchmark's shape and numerics.
+
+  The optimizer, clipping, loss and step are exactly those of `bertjax pretrain`; only what the
+  benchmark varies is overridden (a preset's paper defaults such as bf16 and scan_layers too,
+  so every flag means what it says).
+  """
+  if not os.path.exists(_PRETRAIN_CONFIG):
+    raise FileNotFoundError(f"bench: {_PRETRAIN_CONFIG} not found; it ships in the source tree: "
+                            "run from a git checkout")
+  import importlib.util  # a fixed file path, not a module chosen by a string
+
+  mod_spec = importlib.util.spec_from_file_location("bertjax_pretrain_config", _PRETRAIN_CONFIG)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  c = mod.get_config(spec.preset)
+  c.seed = spec.seed
+  c.model.vocab_size = spec.vocab_size
+  c.model.dtype = spec.dtype
+  c.model.remat = spec.remat
+  c.model.scan_layers = spec.scan_layers
+  c.model.attention_dropout_rate = spec.attention_dropout
+  c.data.source = "synthetic"
+  c.data.seq_len = spec.seq_len
+  c.data.max_predictions_per_seq = spec.masked()
+  c.train.batch_size = spec.batch_size
+  c.train.microbatches = 1
+  c.phase2.fraction = 0.0  # one phase: the schedule must not switch shapes mid-benchmark
+  return c
+
+
+def _memory_bytes(compiled, device: jax.Device) -> tuple[int | None, str]:
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and "peak_bytes_in_use" in stats:
+    return int(stats["peak_bytes_in_use"]), "device peak_bytes_in_use"
+  try:
+    mem = compiled.memory_analysis()
+    return int(mem.peak_memory_in_bytes), "XLA compiled peak (arguments + temporaries)"
+  except Exception:  # not every backend implements it
+    return None, "unavailable"
+
+
+def _compiled_step(spec: BenchSpec, mesh: jax.sharding.Mesh | None):
+  """`bertjax.training.train`'s step compiled ahead of time for one synthetic batch on the mesh."""
+  from bertjax.training import sharding
+  from bertjax.training import train
+
+  mesh = mesh or sharding.make_mesh(data=-1)
+  setup = train.setup(train_config(spec), mesh)
+  state = setup.init_state(spec.seed)
+  host_batch = bench_peers.synthetic_batch(spec.batch_size, spec.seq_len, spec.masked(),
+                                           spec.vocab_size, spec.seed)
+  batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
+  t0 = time.perf_counter()
+  compiled = setup.train_step.lower(state, batch).compile()
+  return compiled, state, batch, mesh, time.perf_counter() - t0
+
+
+def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
+                 profile_dir: str = "") -> dict[str, Any]:
+  """Compile (timed, ahead of time) and run `bertjax.training.train`'s step on one synthetic batch.
+
+  With `profile_dir`, the same compiled step is then traced (`profile_bertjax`) and the
+  breakdown returned under "profile".
+  """
+  compiled, state, batch, mesh, compile_s = _compiled_step(spec, mesh)
+  box = [state]
+
+  def one():
+    box[0], metrics = compiled(box[0], batch)
+    return metrics["loss"]
+
+  t = bench_peers.time_steps(one, jax.block_until_ready, spec.warmup, spec.steps)
+  mem, mem_source = _memory_bytes(compiled, mesh.devices.flat[0])
+  out = {**t, "compile_s": compile_s, "first_step_s": t["compile_s"],
+         "peak_memory_bytes": mem, "memory_source": mem_source,
+         "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
+  if profile_dir:
+    _progress(f"profiling into {profile_dir} ...")
+    # the step has just run warmup + steps times: warm already
+    out["profile"] = _trace_steps(compiled, box[0], batch, profile_dir, warmup=0)
+  return out
+
+
+# ----------------------------------------------------------------------------------- profile
+
+def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
+                    mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down.
+
+  The trace (TensorBoard's profile plugin or Perfetto read it) is written as usual; the
+  breakdown maps every XLA op in it back to the model op it came from (the `op_name` metadata
+  of the compiled HLO, layer numbers folded) and attributes *wall* time: while k ops run at
+  once, each gets 1/k of that interval, so concurrent ops are not double-counted. Time when no
+  traced op runs is reported as `untraced`: on CPU that is mostly matmuls that XLA's runtime
+  (YNNPACK or Eigen) runs asynchronously, whose trace events end when they are dispatched, plus
+  runtime overhead.
+  """
+  compiled, state, batch, _, _ = _compiled_step(spec, mesh)
+  return _trace_steps(compiled, state, batch, out_dir, steps)
+
+
+def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2,
+                 warmup: int = 2) -> dict[str, Any]:
+  import glob
+  import gzip
+  import json
+  import re
+
+  for _ in range(warmup):  # warm: allocations and thread pools as in a long run
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.perf_counter()
+  with jax.profiler.trace(out_dir, create_perfetto_trace=True):
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
+  wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+
+  op_names = {}
+  for line in compiled.as_text().splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]+)\"", line)
+    if m:
+      name = re.sub(r"layer_\d+", "layer_N", m.group(2))
+      name = re.sub(r"^jit\([^)]*\)/", "", name)
+      op_names[m.group(1)] = re.sub(r"\[.*", "", name)  # parameter paths: drop the index
+  traces = sorted(glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"),
+                            recursive=True), key=os.path.getmtime)
+  if not traces:
+    raise RuntimeError(f"bench --profile: jax.profiler wrote no Perfetto trace under {out_dir}")
+  with gzip.open(traces[-1]) as f:
+    events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  ops = [e for e in events if e.get("ph") == "X" and e.get("name") in op_names]
+  edges = sorted([(e["ts"], 1, i) for i, e in enumerate(ops)]
+                 + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(ops)])
+  share = np.zeros(len(ops))
+  active: set[int] = set()
+  untraced, last = 0.0, None
+  for ts, kind, i in edges:
+    if last is not None and ts > last:
+      if active:
+        for j in active:
+          share[j] += (ts - last) / len(active)
+      else:
+        untraced += ts - last
+    last = ts
+    (active.add if kind == 1 else active.discard)(i)
+  by_op: dict[str, float] = {}
+  for i, e in enumerate(ops):
+    key = op_names[e["name"]]
+    by_op[key] = by_op.get(key, 0.0) + share[i]
+  span = (edges[-1][0] - edges[0][0]) if edges else 0.0
+  rows = sorted(((k, v / steps / 1e3) for k, v in by_op.items()), key=lambda kv: -kv[1])
+  return {"trace": traces[-1], "steps": steps, "wall_ms_per_step": wall_ms,
+          "span_ms_per_step": span / steps / 1e3, "untraced_ms_per_step": untraced / steps / 1e3,
+          "ops": [{"op": k, "ms_per_step": v} for k, v in rows]}
+
+
+def format_profile(p: dict[str, Any], top: int = 30) -> str:
+  span = p["span_ms_per_step"] or 1.0
+  lines = [f"profile: {p['steps']} steps, {p['span_ms_per_step']:.0f} ms/step from the first "
+           f"op to the last (tracing adds overhead around the steps); trace {p['trace']}",
+           f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)"]
+  for row in p["ops"][:top]:
+    lines.append(f"{row['ms_per_step']:9.1f} {100 * row['ms_per_step'] / span:5.1f}%  {row['op']}")
+  rest = sum(r["ms_per_step"] for r in p["ops"][top:])
+  lines.append(f"{rest:9.1f} {100 * rest / span:5.1f}%  ({max(0, len(p['ops']) - top)} more ops)")
+  lines.append(f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
+               "  untraced (on CPU: matmuls run asynchronously, runtime overhead)")
+  return "\n".join(lines)
+
+
+def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None,
+        profile_dir: str = "") -> dict[str, Any]:
+  """Benchmark bertjax (and the `compare` peers) on one spec; one flat JSON-able dict.
+
+  With `profile_dir`, bertjax's timed step is also traced there (`profile_bertjax`) and the
+  breakdown is under "profile".
+  """
+  unknown = [p for p in compare if p not in bench_peers.PEERS]
+  if unknown:
+    raise ValueError(f"bench: unknown peer(s) {unknown} in --compare; valid: "
+                     f"{', '.join(bench_peers.PEERS)}")
+  cfg = spec.model_config()
+  devices = jax.devices()
+  peak, peak_source = device_peak(devices, spec)
+  flops = flops_lib.pretraining_flops_per_step(cfg, spec.batch_size, spec.seq_len,
+                                                 spec.masked())
+  _progress(f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
+            f"peak {peak / 1e12:.3f} TFLOP/s")
+  res = time_bertjax(spec, profile_dir=profile_dir)
+  peers = {}
+  for name in compare:
+    _progress(f"{name} ...")
+    peers[name] = _run_peer(name, spec, cfg, repo_root)
+  if peak_source.startswith("measured"):
+    # On a shared machine the matmul peak can drop to half for seconds at a time (measured here:
+    # 110 instead of ~200 GFLOP/s on 2 vCPUs); a peak measured in such a spell would inflate
+    # every MFU. So it is measured again after the timed steps and the peers; the best is kept.
+    again, _ = device_peak(devices, spec)
+    if again > peak:
+      _progress(f"peak measured again after the steps: {again / 1e12:.3f} TFLOP/s")
+    peak = max(peak, again)
+    peak_source += " (best of before and after the timed steps)"
+  out = {"name": "bertjax", **dataclasses.asdict(spec), "num_masked": spec.masked(),
+         "device": f"{devices[0].device_kind} x {len(devices)}", "platform": devices[0].platform,
+         "threads": bench_peers.num_cores(), "jax": jax.__version__,
+         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "peak_flops": peak,
+         "peak_source": peak_source, "model_flops_per_step": flops,
+         "attention_chunks": model_lib.attention_chunks(cfg, spec.batch_size), **res}
+  _add_rates(out, spec, flops, peak)
+  for name, peer in peers.items():
+    if peer["status"] == "ok":
+      _add_rates(peer, spec, flops, peak)
+      out[f"ratio_{name}"] = out["tokens_per_sec"] / peer["tokens_per_sec"]
+  out["peers"] = peers
+  return out
+
+
+def _progress(msg: str) -> None:
+  print(f"bench: {msg}", file=sys.stderr, flush=True)  # stdout stays one JSON object
+
+
+def _add_rates(r: dict, spec: BenchSpec, flops: float, peak: float) -> None:
+  r["seq_per_sec"] = spec.batch_size * 1e3 / r["step_ms"]
+  r["tokens_per_sec"] = r["seq_per_sec"] * spec.seq_len
+  r["model_flops_per_sec"] = flops * 1e3 / r["step_ms"]
+  r["mfu"] = r["model_flops_per_sec"] / peak
+
+
+def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig,
+              repo_root: str | None) -> dict:
+  if spec.dtype != "float32":
+    return {"name": name, "status": "unavailable",
+            "reason": f"peers run float32 only (asked for {spec.dtype})"}
+  pspec = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+           "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+           "intermediate_size": cfg.intermediate_size,
+           "max_position_embeddings": cfg.max_position_embeddings,
+           "hidden_dropout_rate": cfg.hidden_dropout_rate,
+           "attention_dropout_rate": cfg.attention_dropout_rate,
+           "batch_size": spec.batch_size, "seq_len": spec.seq_len, "num_masked": spec.masked(),
+           "warmup": spec.warmup, "steps": spec.steps, "threads": bench_peers.num_cores(),
+           "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  if name == "hf-torch":
+    return bench_peers.run_torch(pspec, compiled=False)
+  if name == "hf-torch-compile":
+    return bench_peers.run_torch(pspec, compiled=True)
+  if name == "hf-flax":
+    root = repo_root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return bench_peers.run_flax_subprocess(pspec, root)
+  raise ValueError(f"bench: unknown peer {name!r}; valid: {', '.join(bench_peers.PEERS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSpec:
+  """`bertjax bench finetune`: one fine-tuning run of a random-init encoder on a labelled
+  single-sentence TSV task (train.tsv, dev.tsv with `sentence` and `label` columns)."""
+
+  task_dir: str
+  tokenizer: str
+  preset: str = "mini"
+  epochs: int = 1
+  batch_size: int = 32
+  eval_batch_size: int = 64
+  learning_rate: float = 5e-4  # bertjax's default for hidden 256
+  max_seq_len: int = 128
+  length_bucket: int = 32
+  max_train_examples: int = 0  # > 0: the first N rows (quick runs)
+  seed: int = 0
+
+
+def _finetune_data(spec: FinetuneSpec):
+  """(task, encoder, features by split): the task's rows tokenized once for both runs."""
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.glue import features, tasks, tsv
+
+  train, dev = (os.path.join(spec.task_dir, f) for f in ("train.tsv", "dev.tsv"))
+  labels = tsv.custom_labels(train, ("sentence",), "label")
+  task = tasks.custom("bench", train, dev, None, ("sentence",), "label", labels)
+  examples = tsv.load_task(task, "", with_test=False)
+  if spec.max_train_examples:
+    ex, n = examples["train"], spec.max_train_examples
+    examples["train"] = features.Examples(ex.text_a[:n], None, ex.labels[:n], ex.index[:n])
+  enc = encoder_lib.load_encoder("random", spec.tokenizer, spec.preset, prefix="bench finetune")
+  return task, enc, {k: features.encode(enc.tokenizer, v, spec.max_seq_len)
+                     for k, v in examples.items()}
+
+
+def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = ("hf-torch",)) -> dict[str, Any]:
+  """Wall time and dev accuracy of `spec.epochs` of fine-tuning + dev eval with bertjax
+  (compiles included) and, in the same process, the hf-torch peer on the same token ids."""
+  import tempfile
+
+  from bertjax.tasks import finetuning
+  from bertjax.tasks.glue import finetune
+
+  unknown = [p for p in compare if p != "hf-torch"]
+  if unknown:
+    raise ValueError(f"bench finetune: --compare {','.join(unknown)}: unknown peer; valid: "
+                     "hf-torch")
+  task, enc, feats = _finetune_data(spec)
+  real_N = feats["train"].attention_mask_NxL.sum(1)
+  recipe = finetuning.Recipe(learning_rate=spec.learning_rate, epochs=spec.epochs,
+                             batch_size=spec.batch_size, eval_batch_size=spec.eval_batch_size,
+                             optimizer="adamw", seed=spec.seed, length_bucket=spec.length_bucket)
+  cfg = enc.config
+  out = {"name": "bertjax", **dataclasses.asdict(spec), "train_rows": len(feats["train"]),
+         "dev_rows": len(feats["dev"]), "tokens_mean": float(real_N.mean()),
+         "tokens_p90": float(np.percentile(real_N, 90)), "tokens_max": int(real_N.max()),
+         "devices": jax.device_count(), "threads": bench_peers.num_cores(),
+         "jax": jax.__version__}
+  _progress(f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
+            f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval")
+  with tempfile.TemporaryDirectory() as workdir:
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = finetune.train_and_evaluate(task, enc, feats, recipe, workdir, progress=False,
+                                      save_checkpoint=False)
+    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+  out.update(accuracy=run.dev["accuracy"], train_loss=run.history[-1]["train_loss"],
+             compiled_train_shapes=run.compiled_shapes[0],
+             compiled_predict_shapes=run.compiled_shapes[1])
+  peers = {}
+  if "hf-torch" in compare:
+    _progress("hf-torch ...")
+    pspec = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+             "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+             "intermediate_size": cfg.intermediate_size,
+             "max_position_embeddings": cfg.max_position_embeddings,
+             "hidden_dropout_rate": recipe.dropout, "attention_dropout_rate": recipe.dropout,
+             "num_labels": task.num_labels, "batch_size": spec.batch_size,
+             "eval_batch_size": spec.eval_batch_size, "epochs": spec.epochs,
+             "learning_rate": spec.learning_rate, "weight_decay": recipe.weight_decay,
+             "warmup_fraction": recipe.warmup_fraction, "seed": spec.seed,
+             "threads": bench_peers.num_cores()}
+    peers["hf-torch"] = bench_peers.run_torch_finetune(
+        pspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"]))
+    if peers["hf-torch"]["status"] == "ok":
+      out["speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["wall_s"]
+      out["cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["cpu_s"]
+  out["peers"] = peers
+  return out
+
+
+def format_finetune_report(r: dict[str, Any]) -> str:
+  """The table `bertjax bench finetune` prints."""
+  lines = [f"bertjax bench finetune: {r['preset']}, {r['train_rows']} train / {r['dev_rows']} "
+           f"dev rows (tokens mean {r['tokens_mean']:.1f}, p90 {r['tokens_p90']:.0f}, max "
+           f"{r['tokens_max']}), batch {r['batch_size']}, lr {r['learning_rate']:g}, "
+           f"{r['epochs']} epoch(s) + dev eval",
+           f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
+           f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
+           f"shapes (--length-bucket {r['length_bucket']})", "",
+           f"{'':12}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}"]
+  for row in [r] + list(r["peers"].values()):
+    if row.get("status", "ok") != "ok":
+      lines.append(f"{row['name']:12}{row['status']}: {row['reason']}")
+      continue
+    lines.append(f"{row['name']:12}{row['wall_s']:9.1f}{row['cpu_s']:9.1f}{row['accuracy']:9.4f}"
+                 f"{row['wall_s'] / r['wall_s']:8.2f}x{row['cpu_s'] / r['cpu_s']:7.2f}x")
+  lines.append("(model build to the last dev prediction, compiles included; speedup = row / "
+               "bertjax; CPU s, the process's CPU time, is steadier on a shared machine)")
+  return "\n".join(lines)
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The human-readable table `bertjax bench` prints."""
+  mem = r.get("peak_memory_bytes")
+  lines = [
+      f"bertjax bench: {r['preset']} (vocab {r['vocab_size']}), batch {r['batch_size']} x seq "
+      f"{r['seq_len']}, P={r['num_masked']}, {r['dtype']}, remat={r['remat']}, "
+      f"attention dropout {r['attention_dropout']}, attention in {r.get('attention_chunks', 1)} "
+      "batch slice(s)",
+      f"device {r['device']} ({r['threads']} cores), jax {r['jax']}"
+      + (f"; GLIBC_TUNABLES={r['glibc_tunables']}" if r.get("glibc_tunables") else ""),
+      f"peak {r['peak_flops'] / 1e12:.3f} TFLOP/s ({r['peak_source']})",
+      f"model FLOPs/step {r['model_flops_per_step'] / 1e9:.2f} G; compile {r['compile_s']:.1f} s;"
+      f" peak memory {'n/a' if mem is None else f'{mem / 2**20:.0f} MiB'} ({r['memory_source']})",
+      "",
+      f"{'':18}{'ms/step':>10}{'(best)':>10}{'seq/s':>9}{'tokens/s':>10}{'MFU':>7}{'ratio':>8}",
+  ]
+  rows = [r] + [p for p in r["peers"].values()]
+  for row in rows:
+    if row.get("status", "ok") != "ok":
+      lines.append(f"{row['name']:18}{row['status']}: {row['reason']}")
+      continue
+    ratio = r["tokens_per_sec"] / row["tokens_per_sec"]
+    lines.append(f"{row['name']:18}{row['step_ms']:10.1f}{row['step_ms_min']:10.1f}"
+                 f"{row['seq_per_sec']:9.2f}{row['tokens_per_sec']:10.0f}{row['mfu']:7.3f}"
+                 f"{ratio:7.2f}x")
+  lines.append(f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "
+               "bertjax tokens/s / row tokens/s)")
+  return "\n".join(lines)

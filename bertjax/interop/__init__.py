@@ -1,0 +1,1 @@
+"""Other BERTs in and out: Hugging Face (`convert.py`) and google-research/bert (`google_ckpt.py`)."""

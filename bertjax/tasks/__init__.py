@@ -1,0 +1,12 @@
+"""Downstream tasks on a pretrained encoder.
+
+    encoder.py     the encoder to start from (`--init`: bertjax, Hugging Face, Google, random)
+    inputs.py      special ids, pair truncation and [CLS] A [SEP] B [SEP] packing, for every task
+    finetuning.py  the shared fine-tuning trainer: state, step, length buckets, epochs, best kept
+    glue/          GLUE and custom TSV tasks, sweeps, leaderboard submissions
+    squad/         SQuAD 1.1/2.0
+    ner/           CoNLL-style token classification
+    extract.py     per-token and pooled features (`bertjax extract`)
+
+Nothing below this package (model, data, training) imports it.
+"""

@@ -1,0 +1,149 @@
+"""Per-token and pooled BERT features: the library behind `bertjax extract`.
+
+As google-research/bert's `extract_features.py`: each input line is one example ("text" or
+"text_a ||| text_b"), tokenized as [CLS] a [SEP] (b [SEP]) and truncated to `max_seq_len`;
+the encoder's hidden states of the chosen layers are returned per token, optionally
+concatenated (the "last four layers" representation of the BERT paper's feature-based NER
+experiment) or pooled to one vector per example ([CLS] or mean over real tokens).
+
+Layers are named as in google's `--layers`: indexes into the Transformer layers
+(`all_encoder_layers`), 0 the first, L - 1 the last, and negative ones from the last (-1), so
+"-1,-2,-3,-4" are the last four. The embedding output, which google's script cannot output, is
+`embeddings`.
+
+Shape letters: B batch, L length, K chosen layers, H hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import model as model_lib
+from bertjax.data.tokenizer import Tokenizer
+from bertjax.tasks import inputs
+from bertjax.tasks.encoder import Encoder
+from bertjax.training import sharding
+
+POOLINGS = ("none", "cls", "mean")
+
+
+@dataclasses.dataclass
+class Example:
+  index: int  # line number in the input, from 0
+  tokens: list[str]  # pieces, [CLS] and [SEP] included
+  input_ids: list[int]
+  token_type_ids: list[int]
+
+
+EMBEDDINGS = "embeddings"  # the --layers name of the embedding output
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int | str]:
+  """"-1,-2,embeddings" -> [-1, -2, "embeddings"]: google's Transformer layer indexes (0 =
+  first, -1 = last) or EMBEDDINGS, checked against a `num_layers`-layer model."""
+  example = "e.g. -1,-2,-3,-4 (the last four layers) or embeddings,-1"
+  names = [x.strip() for x in spec.split(",") if x.strip()]
+  if not names:
+    raise ValueError(f"--layers is empty; {example}")
+  layers = []
+  for name in names:
+    if name == EMBEDDINGS:
+      layers.append(name)
+      continue
+    try:
+      i = int(name)
+    except ValueError:
+      raise ValueError(f"--layers {spec!r}: {name!r} is not a layer index or {EMBEDDINGS!r}; "
+                       f"{example}") from None
+    if not -num_layers <= i < num_layers:
+      raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
+                       f"0 = first .. {num_layers - 1}, -1 = last .. -{num_layers}, or "
+                       f"{EMBEDDINGS})")
+    layers.append(i)
+  return layers
+
+
+def hidden_state_index(layer: int | str, num_layers: int) -> int:
+  """Where a parsed layer is in `hidden_states` ([embeddings, layer 1, ..., layer L])."""
+  if layer == EMBEDDINGS:
+    return 0
+  return layer + 1 if layer >= 0 else num_layers + 1 + layer
+
+
+def default_layers(num_layers: int) -> list[int]:
+  """google's default -1,-2,-3,-4, or every layer of a model with fewer than four."""
+  return [-k for k in range(1, min(4, num_layers) + 1)]
+
+
+def make_example(index: int, line: str, tok: Tokenizer, max_seq_len: int) -> Example:
+  """[CLS] a [SEP] (b [SEP]) for "a" or "a ||| b"; the longer side is truncated first."""
+  a, _, b = line.partition(" ||| ")
+  ids, types = inputs.segments(tok.encode(a.strip()), tok.encode(b.strip()) if b else None,
+                               max_seq_len, tok)
+  return Example(index, [tok.id_to_piece(i) for i in ids], ids, types)
+
+
+def _padded_len(n: int, max_seq_len: int) -> int:
+  """Round up to a power of two (>= 16): a handful of compiled shapes, little padding."""
+  return min(max_seq_len, max(16, 1 << (n - 1).bit_length()))
+
+
+def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int | str], pooling: str,
+                    mesh: jax.sharding.Mesh | None = None):
+  """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
+  for `layers` as `parse_layers` returns them."""
+  if pooling not in POOLINGS:
+    raise ValueError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+  model = model_lib.BertModel(cfg.replace(scan_layers=False))
+  layers = tuple(hidden_state_index(i, cfg.num_layers) for i in layers)
+
+  def fn(params, ids_BxL, types_BxL, mask_BxL):
+    out = model.apply({"params": params}, ids_BxL, types_BxL, mask_BxL, deterministic=True,
+                      output_hidden_states=True)
+    x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
+    if pooling == "cls":
+      return x_BxLxKxH[:, 0]
+    if pooling == "mean":
+      m_BxLx1x1 = mask_BxL[:, :, None, None].astype(jnp.float32)
+      return (x_BxLxKxH * m_BxLx1x1).sum(1) / jnp.maximum(m_BxLx1x1.sum(1), 1.0)
+    return x_BxLxKxH
+
+  if mesh is None:
+    return jax.jit(fn)
+  rows = sharding.batch_sharding(mesh)
+  return jax.jit(fn, in_shardings=(sharding.replicated(mesh), rows, rows, rows),
+                 out_shardings=rows)
+
+
+def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int | str],
+            pooling: str = "none", batch_size: int = 32, max_seq_len: int = 128,
+            mesh: jax.sharding.Mesh | None = None) -> Iterator[tuple[Example, np.ndarray]]:
+  """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).
+
+  Batches are padded to `batch_size` rows (a multiple of the mesh's batch shards) and to a
+  power-of-two length, so only a few shapes are compiled.
+  """
+  if mesh is not None:
+    shards = sharding.num_batch_shards(mesh)
+    batch_size = -(-batch_size // shards) * shards
+    params = jax.device_put(encoder.bert_params, sharding.replicated(mesh))
+  else:
+    params = encoder.bert_params
+  fn = make_extract_fn(encoder.config, layers, pooling, mesh)
+  for start in range(0, len(examples), batch_size):
+    chunk = examples[start:start + batch_size]
+    length = _padded_len(max(len(e.input_ids) for e in chunk), max_seq_len)
+    ids_BxL = np.zeros((batch_size, length), np.int32)
+    types_BxL = np.zeros_like(ids_BxL)
+    mask_BxL = np.zeros_like(ids_BxL)
+    for r, e in enumerate(chunk):
+      n = len(e.input_ids)
+      ids_BxL[r, :n], types_BxL[r, :n], mask_BxL[r, :n] = e.input_ids, e.token_type_ids, 1
+    feats = np.asarray(fn(params, ids_BxL, types_BxL, mask_BxL))
+    for r, e in enumerate(chunk):
+      yield e, (feats[r] if pooling != "none" else feats[r, :len(e.input_ids)])

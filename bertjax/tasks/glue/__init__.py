@@ -1,0 +1,12 @@
+"""GLUE fine-tuning and evaluation: restore a pretrained encoder, train a task head, score it.
+
+Modules, in the order data flows through them:
+  tasks        the registry: each task's files, columns, label lists, metrics, submission names
+  tsv          reader for a local GLUE download (`GLUE_DIR/SST-2/train.tsv`, ...) and custom TSVs
+  tfds_source  the same splits from TFDS `glue/<task>`
+  features     Examples -> [CLS] A [SEP] B [SEP] token ids, segment ids and masks
+  metrics      accuracy, F1, Matthews correlation, Pearson, Spearman (numpy only)
+  finetune     the GLUE loss and metrics on `bertjax.tasks.finetuning`'s trainer; the best epoch kept
+  submission   leaderboard files under OUT/submission/, results.json and the Markdown table
+The command line is `bertjax glue` (bertjax/commands/glue.py).
+"""

@@ -1,0 +1,52 @@
+"""Model inputs of every task: special ids, pair truncation, [CLS] A [SEP] B [SEP] packing.
+
+GLUE, SQuAD, NER and `extract` all feed BERT the same way; these are the only definitions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from bertjax.data.tokenizer import Tokenizer
+
+
+def special_ids(tok: Tokenizer) -> tuple[int, int, int]:
+  """(cls, sep, pad): WordPiece vocabularies use 101/102/0, bertjax's SentencePiece 2/3/0."""
+  return tok.cls_id, tok.sep_id, tok.pad_id
+
+
+def truncate_pair(a: Sequence[int], b: Sequence[int] | None, max_tokens: int
+                  ) -> tuple[list[int], list[int] | None]:
+  """Drop tokens from the end of the longer segment until both fit in `max_tokens`, as
+  google-research/bert's `_truncate_seq_pair`; a single segment is cut at the end."""
+  if b is None:
+    return list(a[:max_tokens]), None
+  a, b = list(a), list(b)
+  while len(a) + len(b) > max_tokens:
+    (a if len(a) > len(b) else b).pop()
+  return a, b
+
+
+def segments(a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
+             ) -> tuple[list[int], list[int]]:
+  """Unpadded ids and segment ids of [CLS] a [SEP] (b [SEP]), truncated to `max_seq_len`."""
+  cls, sep, _ = special_ids(tok)
+  budget = max_seq_len - (3 if b is not None else 2)
+  if budget < 1:
+    raise ValueError(f"--max-seq-len {max_seq_len} leaves no room for text")
+  a, b = truncate_pair(a, b, budget)
+  ids = [cls] + a + [sep]
+  types = [0] * len(ids)
+  if b is not None:
+    ids += b + [sep]
+    types += [1] * (len(b) + 1)
+  return ids, types
+
+
+def pack(a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
+         ) -> tuple[list[int], list[int], list[int]]:
+  """ids, segment ids and attention mask of one example, padded to `max_seq_len`."""
+  ids, types = segments(a, b, max_seq_len, tok)
+  n_pad = max_seq_len - len(ids)
+  pad = special_ids(tok)[2]
+  return ids + [pad] * n_pad, types + [0] * n_pad, [1] * len(ids) + [0] * n_pad

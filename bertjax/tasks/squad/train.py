@@ -1,0 +1,108 @@
+"""Fine-tune a pretrained encoder on SQuAD and score it with the official EM/F1.
+
+    run = train.train_and_evaluate(enc, train_examples, dev_examples, Options(version="2.0"),
+                                   workdir)
+
+Loss: the mean of the start and end cross-entropies over the window's positions (google's
+run_squad). After each epoch the dev windows are predicted, decoded to answers (`decode`) and
+scored (`evaluate`); the best epoch by F1 writes workdir/predictions.json (qid -> answer),
+nbest_predictions.json, null_odds.json (v2.0) and results.json, and its parameters go to
+workdir/best/ (orbax) with best.json.
+
+Shape letters: B batch, L sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import optax
+
+from bertjax.tasks import finetuning
+
+from bertjax import model as model_lib
+from bertjax.tasks.encoder import Encoder
+from bertjax.tasks.squad import decode as decode_lib, evaluate as evaluate_lib, features as feats_lib
+from bertjax.tasks.squad.data import Example, gold_answers
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """SQuAD-specific settings; the defaults are google-research/bert's run_squad."""
+
+  version: str = "1.1"  # "1.1" or "2.0" (unanswerable questions, null answers)
+  max_seq_len: int = 384  # tokens per window
+  doc_stride: int = 128  # tokens between window starts
+  max_query_length: int = 64  # question tokens kept
+  n_best: int = 20  # start/end candidates per window, and answers in nbest_predictions.json
+  max_answer_length: int = 30  # tokens
+  null_threshold: float = 0.0  # v2.0: answer "" when null - best span score exceeds this
+  eval_untrained: bool = False  # also score the model before training (epoch 0)
+
+
+def squad_loss(outputs, batch: dict) -> jax.Array:
+  start_BxL, end_BxL = outputs
+  per_example_B = 0.5 * (
+      optax.softmax_cross_entropy_with_integer_labels(start_BxL, batch["start_positions"])
+      + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"]))
+  return finetuning.masked_mean(per_example_B, batch["weights"])
+
+
+def predict_and_score(trainer: finetuning.Trainer, params, tok, examples: list[Example],
+                      feats: feats_lib.Features, recipe: finetuning.Recipe, opts: Options,
+                      progress: bool = False) -> tuple[dict[str, float], decode_lib.Decoded]:
+  start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
+  dec = decode_lib.decode(examples, feats, start_NxL, end_NxL, opts.version, tok,
+                          opts.n_best, opts.max_answer_length, opts.null_threshold)
+  scores = evaluate_lib.score(gold_answers(examples), dec.predictions, opts.version,
+                              dec.null_odds if opts.version == "2.0" else None, dec.best_span)
+  return scores, dec
+
+
+def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
+                       recipe: finetuning.Recipe, opts: Options, workdir: str,
+                       progress: bool = True) -> finetuning.FitResult:
+  tok = enc.tokenizer
+  if opts.max_seq_len > enc.config.max_position_embeddings:
+    raise ValueError(f"squad: --max-seq-len={opts.max_seq_len} exceeds the model's "
+                     f"max_position_embeddings={enc.config.max_position_embeddings}")
+  build = lambda ex, training: feats_lib.build(tok, ex, opts.max_seq_len, opts.doc_stride,
+                                               opts.max_query_length, training)
+  train_feats, dev_feats = build(train, True), build(dev, False)
+  answered = int((train_feats.arrays["start_positions"] > 0).sum())
+  print(f"squad: train {len(train)} questions -> {len(train_feats)} windows ({answered} hold "
+        f"the answer); dev {len(dev)} -> {len(dev_feats)}", flush=True)
+  if not len(train_feats) or not len(dev_feats):
+    raise ValueError("squad: the train or dev file has no usable questions")
+  total = recipe.epochs * finetuning.steps_per_epoch(len(train_feats), recipe)
+  trainer = finetuning.Trainer(model_lib.BertForQuestionAnswering, enc, recipe, total,
+                               squad_loss, "squad")
+
+  def evaluate(params):
+    return predict_and_score(trainer, params, tok, dev, dev_feats, recipe, opts)[0]
+
+  result = finetuning.fit(trainer, train_feats.arrays, recipe, evaluate, "f1", workdir,
+                          opts.eval_untrained, progress)
+  scores, dec = predict_and_score(trainer, result.best_params, tok, dev, dev_feats, recipe, opts)
+  if jax.process_index() == 0:
+    _write(workdir, "predictions.json", dec.predictions)
+    _write(workdir, "nbest_predictions.json", dec.nbest)
+    if opts.version == "2.0":
+      _write(workdir, "null_odds.json", dec.null_odds)
+    untrained = [h for h in result.history if h["epoch"] == 0]
+    _write(workdir, "results.json", dict(
+        version=opts.version, best_epoch=result.best_epoch, dev=scores,
+        untrained=untrained[0] if untrained else None, history=result.history))
+  finetuning.save_params(workdir, result.best_params, dict(
+      task=f"squad{opts.version}", init=enc.source, dev=scores, config=trainer.cfg.to_dict(),
+      recipe=dataclasses.asdict(recipe), options=dataclasses.asdict(opts),
+      tokenizer=str(getattr(tok, "path", ""))))
+  return result
+
+
+def _write(workdir: str, name: str, obj) -> None:
+  with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, ensure_ascii=False)

@@ -1,0 +1,232 @@
+"""The sharded train state and the jitted train / eval steps.
+
+    setup = train.setup(config, mesh)
+    state = setup.init_state(seed)                  # created already sharded on the mesh
+    state, metrics = setup.train_step(state, batch)   # batch: dict of global jax.Arrays
+
+The state is built abstractly (`jax.eval_shape`), its shardings come from the logical axes the
+model attaches to every parameter (`sharding.LOGICAL_AXIS_RULES`), and `init` is jitted with
+those `out_shardings`, so BERT-large is never materialised on one device. The step is jitted
+with explicit in/out shardings and donates the old state. The loop that drives it lives in
+`bertjax.training.loop`. This module imports no TensorFlow.
+
+Shape letters: B batch, M microbatches, L sequence length, P masked positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.training import losses, optim, sharding
+
+from bertjax import model as model_lib
+
+Array = jax.Array
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")
+# BertConfig fields that `config.model` may set besides `preset`.
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: Array  # int32 scalar: optimizer steps taken (skipped non-finite steps included)
+  params: Any  # unboxed BertForPreTraining params, float32
+  opt_state: Any  # optax state, float32
+  rng: Array  # uint32[2]: dropout key; step keys are fold_in(rng, step)
+
+
+def model_config(config) -> model_lib.BertConfig:
+  """`BertConfig` from `config.model` (a preset plus overrides; None means the preset's)."""
+  m = config.model
+  overrides = {k: v for k, v in m.items() if k != "preset" and v is not None}
+  unknown = sorted(set(overrides) - _MODEL_FIELDS)
+  if unknown:
+    raise ValueError(f"config.model: unknown fields {unknown}; valid: {sorted(_MODEL_FIELDS)}")
+  if "vocab_size" not in overrides:
+    raise ValueError("config.model.vocab_size is unset: it must match the tokenizer "
+                     "(bertjax.training.loop fills it from the prepared data's metadata.json)")
+  return model_lib.BertConfig.from_preset(m.preset, **overrides)
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything the loop needs, built once per (config, mesh)."""
+
+  config: Any  # the ml_collections ConfigDict
+  bert_config: model_lib.BertConfig
+  model: model_lib.BertForPreTraining
+  mesh: jax.sharding.Mesh
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract_state: TrainState  # ShapeDtypeStructs
+  state_shardings: TrainState  # NamedShardings, same structure
+  batch_sharding: jax.sharding.NamedSharding  # leading axis over data x fsdp
+  init_state: Callable[[int], TrainState]
+  train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
+  eval_step: Callable[[Any, dict], dict]  # (params, batch) -> summed metrics
+
+
+def _init_fn(model, tx, seed_or_key):
+  d = model_lib.dummy_inputs(1, 8, 2)
+  key = jax.random.PRNGKey(seed_or_key) if jnp.ndim(seed_or_key) == 0 else seed_or_key
+  params_key, dropout_key = jax.random.split(key)
+  boxed = model.init({"params": params_key}, d["input_ids"], d["token_type_ids"],
+                     d["attention_mask"], d["masked_positions"])["params"]
+  return boxed, TrainState(step=jnp.zeros((), jnp.int32), params=nn.unbox(boxed),
+                           opt_state=tx.init(nn.unbox(boxed)), rng=dropout_key)
+
+
+def setup(config, mesh: jax.sharding.Mesh) -> Setup:
+  """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps."""
+  bert_config = model_config(config)
+  model = model_lib.BertForPreTraining(bert_config)
+  schedule = optim.make_schedule(config.train, config.get("phase2"))
+  tx = optim.make_optimizer(config.train, schedule)
+
+  boxed_abs, state_abs = jax.eval_shape(functools.partial(_init_fn, model, tx), 0)
+  param_shardings = sharding.state_shardings(boxed_abs, mesh)
+  repl = sharding.replicated(mesh)
+  opt_shardings = optax.tree_utils.tree_map_params(
+      tx, lambda _, s: s, state_abs.opt_state, param_shardings,
+      transform_non_params=lambda _: repl,
+      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings,
+                               rng=repl)
+  batch_sharding = sharding.batch_sharding(mesh)
+
+  init = jax.jit(lambda seed: _init_fn(model, tx, seed)[1], out_shardings=state_shardings)
+
+  def init_state(seed: int) -> TrainState:
+    # No logical-rules context here: `out_shardings` places the state, and DenseGeneral's
+    # init reshapes kernels in a way a constraint on the boxed value would reject.
+    return init(jnp.asarray(seed, jnp.uint32))
+
+  step_fn = functools.partial(_train_step, model=model, tx=tx, schedule=schedule, mesh=mesh,
+                              microbatches=config.train.microbatches,
+                              pair_mode=config.data.pair_mode,
+                              inject_nan_at_step=config.train.get("inject_nan_at_step", -1))
+  jit_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
+                     out_shardings=(state_shardings, repl), donate_argnums=0)
+  eval_fn = functools.partial(_eval_step, model=model, pair_mode=config.data.pair_mode)
+  jit_eval = jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding),
+                     out_shardings=repl)
+
+  train_step, eval_step = _InMesh(jit_step, mesh), _InMesh(jit_eval, mesh)
+
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          state_abs, state_shardings)
+  return Setup(config=config, bert_config=bert_config, model=model, mesh=mesh, tx=tx,
+               schedule=schedule, abstract_state=abstract, state_shardings=state_shardings,
+               batch_sharding=batch_sharding, init_state=init_state, train_step=train_step,
+               eval_step=eval_step)
+
+
+class _InMesh:
+  """A jitted step traced under the mesh and the logical-axis rules, so that the model's
+  activation constraints (`nn.with_logical_constraint`) take effect; `.lower` for AOT."""
+
+  def __init__(self, jitted, mesh: jax.sharding.Mesh):
+    self.jitted, self.mesh = jitted, mesh
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
+      return self.jitted.lower(*args)
+
+
+def _forward(params, batch, model, dropout_key, deterministic: bool):
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
+                     deterministic=deterministic, rngs={"dropout": dropout_key})
+
+
+def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
+  out = _forward(params, batch, model, dropout_key, deterministic)
+  return losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
+
+
+def _split_microbatches(batch: dict, m: int, mesh) -> dict:
+  """[B, ...] -> [M, B/M, ...] taking rows m, m+M, ...: each microbatch spans every shard."""
+  def split(x):
+    x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+    spec = jax.sharding.PartitionSpec(None, *sharding.logical_to_spec(("batch",)))
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+  return jax.tree.map(split, batch)
+
+
+def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, microbatches: int,
+                pair_mode: str, inject_nan_at_step: int):
+  batch = {k: v for k, v in batch.items() if k in MODEL_INPUTS + (
+      "masked_ids", "masked_weights", "nsp_labels")}
+  # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
+  mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
+  nsp_count = jnp.asarray(0.0 if pair_mode == "none" else batch["nsp_labels"].shape[0],
+                          jnp.float32)
+  step_key = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params, mb, key):
+    sums = _forward_sums(params, mb, model, pair_mode, key, deterministic=False)
+    return losses.total_loss(sums, mlm_count, nsp_count), sums
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if microbatches == 1:
+    (_, sums), grads = grad_fn(state.params, batch, step_key)
+  else:
+    def body(carry, xs):
+      grads_acc, sums_acc = carry
+      i, mb = xs
+      (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(step_key, i))
+      return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s)), None
+    zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+    zeros_s = {k: jnp.zeros((), jnp.float32) for k in (
+        "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")}
+    (grads, sums), _ = jax.lax.scan(
+        body, (zeros_g, zeros_s),
+        (jnp.arange(microbatches), _split_microbatches(batch, microbatches, mesh)))
+
+  metrics = losses.finalize(sums)
+  loss = metrics["loss"]
+  if inject_nan_at_step >= 0:  # testing the guard: poison one step's loss and gradients
+    poison = jnp.where(state.step == inject_nan_at_step, jnp.nan, 1.0)
+    loss = loss * poison
+    grads = jax.tree.map(lambda g: g * poison, grads)
+  grad_norm = optax.tree.norm(grads)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  # Non-finite step: keep the old params and optimizer state (never applied, never saved).
+  # A conditional rather than an elementwise select of new vs old: the select would read and
+  # write the parameters and both Adam moments once more every step.
+  def apply(params_and_opt):
+    params, opt_state = params_and_opt
+    updates, new_opt = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_opt
+
+  new_params, new_opt = jax.lax.cond(ok, apply, lambda po: po, (state.params, state.opt_state))
+  new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt)
+  metrics.update(loss=loss, grad_norm=grad_norm, finite=ok.astype(jnp.float32),
+                 learning_rate=schedule(state.step), param_norm=optax.tree.norm(new_params))
+  return new_state, metrics
+
+
+def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
+  """Summed MLM/NSP loss and accuracy counts on one batch (dropout off).
+
+  Also `mask_correct`/`mask_count` at `batch["at_mask"]` ([B, P], `losses.at_mask_token` with
+  the data's [MASK] id): the predicted positions whose input is [MASK] (80% of them). There the
+  model cannot copy the token it is given, so this is the accuracy that shows whether it uses
+  context (`bertjax.training.loop.evaluate` sets it beside the best constant guess).
+  """
+  out = _forward(params, batch, model, jax.random.PRNGKey(0), deterministic=True)
+  sums = losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
+  at_mask_BxP = batch["at_mask"]
+  sums.update(mask_correct=jnp.sum(out.mlm_correct * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
+  return sums
