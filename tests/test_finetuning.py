@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import flax.linen as nn
 
 from bertjax.tasks import finetuning
 
@@ -59,7 +60,7 @@ def test_batch_sizes_must_divide_over_the_devices_and_errors_name_the_command():
 def test_restored_encoder_is_checked_against_the_config():
   pre = model_lib.BertForPreTraining(CFG)
   d = model_lib.dummy_inputs(1, 8, 2)
-  bert = model_lib.nn.unbox(pre.init(jax.random.key(0), d["input_ids"], d["token_type_ids"],
+  bert = nn.unbox(pre.init(jax.random.key(0), d["input_ids"], d["token_type_ids"],
                                      d["attention_mask"], d["masked_positions"])["params"])["bert"]
   state = _trainer(bert_params=bert).init_state(seed=1, learning_rate=1e-3)
   for got, want in zip(jax.tree.leaves(state.params["bert"]), jax.tree.leaves(bert)):

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import flax.linen as nn
 
 from bertjax.tasks.glue import submission, tasks
 
@@ -63,8 +64,8 @@ def _save_checkpoint_from_8_devices(path):
   init = lambda k: model.init(k, d["input_ids"], d["token_type_ids"], d["attention_mask"],
                               d["masked_positions"])["params"]
   shardings = sharding.state_shardings(jax.eval_shape(init, jax.random.key(1)), mesh)
-  params = jax.jit(lambda k: model_lib.nn.unbox(init(k)),
-                   out_shardings=model_lib.nn.unbox(shardings))(jax.random.key(1))
+  params = jax.jit(lambda k: nn.unbox(init(k)),
+                   out_shardings=nn.unbox(shardings))(jax.random.key(1))
   emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert len({str(s.index) for s in emb.addressable_shards}) == 8  # really split 8 ways
   checkpoint.save_pretrained(str(path), cfg, params, tokenizer_path=TOKENIZER, step=7)
@@ -126,7 +127,7 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
 
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
-  params = model_lib.nn.unbox(model_lib.BertForPreTraining(cfg).init(
+  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(
       jax.random.key(3), d["input_ids"], d["token_type_ids"], d["attention_mask"],
       d["masked_positions"])["params"])
   convert.save_hf(params, cfg, tmp_path / "hf")

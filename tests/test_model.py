@@ -9,6 +9,8 @@ import flax.linen as nn
 
 from bertjax.interop import convert
 from bertjax import model as model_lib
+from bertjax.model import ops
+from bertjax.training import losses
 
 B, L, P = 3, 16, 4
 
@@ -109,17 +111,6 @@ def test_padding_tokens_change_no_real_output():
                              np.asarray(b.sequence_output)[real], atol=1e-6)
   np.testing.assert_allclose(a.mlm_logits, b.mlm_logits, atol=1e-5)
   np.testing.assert_allclose(a.nsp_logits, b.nsp_logits, atol=1e-6)
-
-
-def test_dot_product_attention_equals_einsum_reference():
-  rng = np.random.default_rng(1)
-  q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
-  mask = np.ones((2, 6), np.int32)
-  mask[0, 4:] = 0
-  m = model_lib.attention_mask_bias(jnp.asarray(mask))
-  fused = jax.nn.dot_product_attention(q, k, v, mask=m)
-  ref = model_lib.einsum_attention(q, k, v, m)
-  np.testing.assert_allclose(fused, ref, atol=1e-6)
 
 
 @pytest.mark.parametrize("remat,scan", [("full", False), ("none", True), ("dots", True)])
@@ -235,78 +226,17 @@ def test_applies_under_a_mesh_with_logical_rules():
   np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
 
 
-def test_pretraining_with_labels_returns_the_fused_loss():
+def test_pretraining_output_feeds_the_fused_mlm_loss():
+  # the train step scores the vocabulary fused with the loss; it equals the logits' loss
   cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=100)
-  params = _init(cfg)
-  batch = _batch(cfg.vocab_size)
+  out = _apply(cfg, _init(cfg), _batch(cfg.vocab_size))
   labels = np.random.default_rng(1).integers(0, cfg.vocab_size, (B, P)).astype(np.int32)
-  plain = _apply(cfg, params, batch)
-  fused = _apply(cfg, params, batch, masked_ids_BxP=labels)
-  assert fused.mlm_logits is None and plain.mlm_nll is None
-  from bertjax.training import losses
-  nll, correct = losses.cross_entropy(plain.mlm_logits, labels)
-  np.testing.assert_allclose(fused.mlm_nll, nll, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(fused.mlm_correct, correct)
-  np.testing.assert_allclose(fused.nsp_logits, plain.nsp_logits)
-
-
-@pytest.mark.parametrize("rate", [0.1, 0.5])
-def test_dropout_rate_and_scale(rate):
-  x = jnp.ones((64, 128, 257), jnp.float32)  # odd last axis: the bit halves are trimmed
-  y = model_lib.Dropout(rate).apply({}, x, deterministic=False,
-                                    rngs={"dropout": jax.random.key(0)})
-  dropped = float(jnp.mean(y == 0))
-  n = x.size
-  assert abs(dropped - rate) < 5 * np.sqrt(rate * (1 - rate) / n), dropped
-  assert abs(float(jnp.mean(y)) - 1.0) < 0.01  # unbiased: kept values are scaled up
-  kept = y[y != 0]
-  np.testing.assert_allclose(kept, kept[0])
-  # both halves of each random word are used: no column pattern in the mask
-  per_column = jnp.mean(y == 0, axis=(0, 1))
-  assert abs(float(jnp.mean(per_column[:128])) - float(jnp.mean(per_column[128:256]))) < 0.01
-  other = model_lib.Dropout(rate).apply({}, x, deterministic=False,
-                                        rngs={"dropout": jax.random.key(1)})
-  assert float(jnp.mean((y == 0) != (other == 0))) > rate  # another key, another mask
-
-
-@pytest.mark.parametrize("key", [jax.random.key(3), jax.random.PRNGKey(7),
-                                 jax.random.fold_in(jax.random.key(1), 5)],
-                         ids=["typed", "raw", "folded"])
-@pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 4, 16, 64)])
-def test_random_bits_match_jax_random_bits(key, shape):
-  # the written-out threefry must give JAX's own stream, jitted or not
-  expected = np.asarray(jax.random.bits(key, shape, jnp.uint32))
-  np.testing.assert_array_equal(model_lib.random_bits(key, shape), expected)
-  jitted = jax.jit(model_lib.random_bits, static_argnums=1)
-  np.testing.assert_array_equal(jitted(key, shape), expected)
-
-
-def test_random_bits_are_computed_per_shard():
-  # sharded along the batch, each device hashes only its own rows (no full-size array)
-  mesh = jax.make_mesh((jax.device_count(),), ("data",))
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-  key = jax.random.key(0)
-  shape = (2 * jax.device_count(), 16, 8)
-  f = jax.jit(lambda k: model_lib.random_bits(k, shape), out_shardings=sharding)
-  hlo = f.lower(key).compile().as_text()
-  assert "u32[%d,16,8]" % shape[0] not in hlo and "u32[2,16,8]" in hlo
-  np.testing.assert_array_equal(f(key), jax.random.bits(key, shape, jnp.uint32))
-
-
-def test_random_bits_other_key_impl_goes_to_jax():
-  key = jax.random.key(0, impl="rbg")
-  np.testing.assert_array_equal(model_lib.random_bits(key, (4, 3)),
-                                jax.random.bits(key, (4, 3), jnp.uint32))
-
-
-def test_dropout_identity_cases_and_dtype():
-  x = jax.random.normal(jax.random.key(0), (4, 8), jnp.bfloat16)
-  d = model_lib.Dropout(0.1)
-  np.testing.assert_array_equal(d.apply({}, x, deterministic=True), x)
-  np.testing.assert_array_equal(model_lib.Dropout(0.0).apply({}, x, deterministic=False), x)
-  assert float(jnp.abs(model_lib.Dropout(1.0).apply({}, x, deterministic=False)).sum()) == 0
-  y = d.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
-  assert y.dtype == jnp.bfloat16
+  fused_nll, fused_correct = losses.mlm_cross_entropy(out.mlm_hidden, out.mlm_table,
+                                                      out.mlm_bias, labels)
+  nll, correct = losses.cross_entropy(out.mlm_logits, labels)
+  assert out.mlm_logits.shape == (B, P, cfg.vocab_size)
+  np.testing.assert_allclose(fused_nll, nll, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(fused_correct, correct)
 
 
 def _batch6(vocab):
@@ -319,8 +249,7 @@ def test_attention_batch_chunks_compute_the_same_function():
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   params = _init(cfg)
   ids, types, mask, pos = _batch6(cfg.vocab_size)
-  assert model_lib.attention_chunks(cfg.replace(attention_batch_chunks=4), 6) == 1
-  assert model_lib.attention_chunks(cfg.replace(attention_batch_chunks=3), 6) == 3
+  assert ops.attention_chunks(4, 6) == 1 and ops.attention_chunks(3, 6) == 3
 
   def run(chunks, deterministic):
     m = model_lib.BertForPreTraining(cfg.replace(attention_batch_chunks=chunks))
@@ -342,34 +271,9 @@ def test_attention_batch_chunks_compute_the_same_function():
   assert not np.allclose(run(2, False)[0].sequence_output, run(2, True)[0].sequence_output)
 
 
-def test_over_batch_chunks_keeps_row_order():
-  x = jnp.arange(12.0).reshape(6, 2)
-  seen = []
-  def fn(a, b):
-    seen.append(np.asarray(a[:, 0]))
-    return a * 10 + b
-  out = model_lib.over_batch_chunks(fn, 3, x, x)
-  np.testing.assert_array_equal(out, x * 11)
-  # interleaved slices: rows 0 and 3, 1 and 4, 2 and 5
-  np.testing.assert_array_equal(np.stack(seen), [[0, 6], [2, 8], [4, 10]])
-
-
 def test_attention_batch_chunks_must_not_be_negative():
   with pytest.raises(ValueError, match="attention_batch_chunks=-1"):
     model_lib.BertConfig(attention_batch_chunks=-1)
-
-
-def test_flat_dot_general_equals_dot_general():
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(3, 5, 8)), jnp.float32)
-  w = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
-  dn = (((2,), (0,)), ((), ()))
-  ref = lambda x, w: jnp.sum(jnp.sin(jax.lax.dot_general(x, w, dn)))
-  flat = lambda x, w: jnp.sum(jnp.sin(model_lib.flat_dot_general(x, w, dn)))
-  assert model_lib.flat_dot_general(x, w, dn).shape == (3, 5, 4)
-  np.testing.assert_allclose(flat(x, w), ref(x, w), rtol=1e-6)
-  for g, g_ref in zip(jax.grad(flat, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
-    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-6)
 
 
 def test_init_is_berts_truncated_normal():

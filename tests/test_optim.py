@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import flax.linen as nn
 
 from bertjax.tasks import finetuning
 
@@ -140,7 +141,7 @@ def test_lamb_is_the_papers_algorithm_2():
 def _tiny_params(scale_layer_1=3.0):
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
-  params = model_lib.nn.unbox(jax.jit(model_lib.BertForPreTraining(cfg).init)(
+  params = nn.unbox(jax.jit(model_lib.BertForPreTraining(cfg).init)(
       jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
       d["masked_positions"])["params"])
   # Layers of different norms: one ratio over the stack would not give each its own.

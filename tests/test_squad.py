@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+import flax.linen as nn
 
 from bertjax.tasks.squad import data, decode, evaluate, features
 
@@ -283,7 +284,7 @@ def test_heads_share_the_pretrained_bert_subtree():
 
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=16)
   d = model_lib.dummy_inputs(2, 8, 2)
-  shapes = lambda m, *a: jax.tree.map(lambda x: x.shape, model_lib.nn.unbox(jax.eval_shape(
+  shapes = lambda m, *a: jax.tree.map(lambda x: x.shape, nn.unbox(jax.eval_shape(
       lambda k: m.init(k, *a)["params"], jax.random.key(0))))
   pre = shapes(model_lib.BertForPreTraining(cfg), d["input_ids"], d["token_type_ids"],
                d["attention_mask"], d["masked_positions"])

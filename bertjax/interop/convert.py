@@ -199,6 +199,7 @@ def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, np.ndarray]:
 
 
 def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
+  import flax.linen as nn
   import jax
 
   from bertjax import model as model_lib
@@ -207,7 +208,7 @@ def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
   want = jax.eval_shape(lambda: model_lib.BertForPreTraining(cfg).init(
       jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
       d["masked_positions"]))["params"]
-  want = jax.tree_util.tree_leaves_with_path(model_lib.nn.unbox(want))
+  want = jax.tree_util.tree_leaves_with_path(nn.unbox(want))
   got = dict(jax.tree_util.tree_leaves_with_path(params))
   for path, w in want:
     name = "/".join(str(getattr(p, "key", p)) for p in path)

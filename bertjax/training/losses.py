@@ -91,8 +91,8 @@ def pretraining_sums(mlm_nll_BxP: Array, mlm_correct_BxP: Array, nsp_logits_Bx2:
                      batch: dict[str, Array], pair_mode: str) -> dict[str, Array]:
   """Summed losses and counts of one (micro)batch; `finalize` turns them into means.
 
-  `mlm_nll_BxP` / `mlm_correct_BxP` come from `mlm_cross_entropy` (what the model returns when
-  given the labels) or from `cross_entropy` on logits.
+  `mlm_nll_BxP` / `mlm_correct_BxP` come from `mlm_cross_entropy` on the model's
+  `PretrainingOutput` (what the train step does) or from `cross_entropy` on logits.
   """
   w_BxP = batch["masked_weights"].astype(jnp.float32)  # 0 on padded prediction slots
   sums = dict(mlm_loss=jnp.sum(mlm_nll_BxP * w_BxP), mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),

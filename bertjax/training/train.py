@@ -146,13 +146,18 @@ class _InMesh:
 
 
 def _forward(params, batch, model, dropout_key, deterministic: bool):
-  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), batch["masked_ids"],
-                     deterministic=deterministic, rngs={"dropout": dropout_key})
+  """The model's outputs and the MLM loss fused with its tied decoder: ([B, P] nll, [B, P]
+  correct, the outputs)."""
+  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
+                    deterministic=deterministic, rngs={"dropout": dropout_key})
+  nll_BxP, correct_BxP = losses.mlm_cross_entropy(out.mlm_hidden, out.mlm_table, out.mlm_bias,
+                                                  batch["masked_ids"])
+  return nll_BxP, correct_BxP, out
 
 
 def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
-  out = _forward(params, batch, model, dropout_key, deterministic)
-  return losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
+  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic)
+  return losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
 
 
 def _split_microbatches(batch: dict, m: int, mesh) -> dict:
@@ -225,8 +230,9 @@ def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
   model cannot copy the token it is given, so this is the accuracy that shows whether it uses
   context (`bertjax.training.loop.evaluate` sets it beside the best constant guess).
   """
-  out = _forward(params, batch, model, jax.random.PRNGKey(0), deterministic=True)
-  sums = losses.pretraining_sums(out.mlm_nll, out.mlm_correct, out.nsp_logits, batch, pair_mode)
+  nll_BxP, correct_BxP, out = _forward(params, batch, model, jax.random.PRNGKey(0),
+                                       deterministic=True)
+  sums = losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
   at_mask_BxP = batch["at_mask"]
-  sums.update(mask_correct=jnp.sum(out.mlm_correct * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
+  sums.update(mask_correct=jnp.sum(correct_BxP * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
   return sums
