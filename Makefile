@@ -1,7 +1,8 @@
 # bertjax: the two Quick start commands.
 #   make demo   -- create .venv, install bertjax, run the main job on the bundled corpus
 #   make test   -- create .venv, install bertjax with its test extras (and libtpu, for the TPU
-#                  compiler tests of `bertjax compile`), run the test suite
+#                  compiler tests of `bertjax compile`), check the formatting, run the test suite
+#   make test-fast -- the unit tests only (no subprocess, multi-host or end-to-end test)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ DEMO_DIR ?= runs/demo
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test bench install install-test clean
+.PHONY: demo test test-fast lint format bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +32,19 @@ install-test: $(VENV)/.installed-test
 demo: $(VENV)/.installed
 	$(BIN)/bertjax demo --workdir $(DEMO_DIR)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+# The unit tier: no subprocess, multi-host or end-to-end test (those are marked slow/multihost).
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost" tests
+
+FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py
+lint: $(VENV)/.installed-test
+	$(BIN)/pyink --check $(FORMATTED)
+
+format: $(VENV)/.installed-test
+	$(BIN)/pyink $(FORMATTED)
 
 # The Flax peer of `bertjax bench --compare hf-flax` needs transformers 4.x (5.x has no Flax
 # models), in a venv of its own.

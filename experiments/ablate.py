@@ -59,27 +59,43 @@ def variants(sweep: str, scale: str) -> list[Variant]:
   """The variants of one sweep, in table order."""
   exp = "experiments"
   if sweep == "nsp":
-    return [Variant("nsp", f"{exp}/pretrain.py:{scale}", {"pair_task": "NSP"}, "MLM + NSP"),
-            Variant("no_nsp", f"{exp}/no_nsp.py:{scale}", {"pair_task": "none"}, "No NSP"),
-            Variant("sop", f"{exp}/sop.py:{scale}", {"pair_task": "SOP"}, "MLM + SOP")]
+    return [
+        Variant("nsp", f"{exp}/pretrain.py:{scale}", {"pair_task": "NSP"}, "MLM + NSP"),
+        Variant("no_nsp", f"{exp}/no_nsp.py:{scale}", {"pair_task": "none"}, "No NSP"),
+        Variant("sop", f"{exp}/sop.py:{scale}", {"pair_task": "SOP"}, "MLM + SOP"),
+    ]
   if sweep == "layers":
-    return [Variant(f"layers{n}", f"{exp}/layers.py:{scale},layers={n}", {"layers": n}, str(n))
-            for n in layers_exp.LAYERS]
+    return [
+        Variant(f"layers{n}", f"{exp}/layers.py:{scale},layers={n}", {"layers": n}, str(n))
+        for n in layers_exp.LAYERS
+    ]
   if sweep == "size":
-    return [Variant(f"L{l}_H{h}_A{a}", f"{exp}/size.py:{scale},L={l},H={h},A={a}",
-                    {"L": l, "H": h, "A": a}, f"{l}/{h}/{a}") for l, h, a in size_exp.GRID[scale]]
+    return [
+        Variant(
+            f"L{l}_H{h}_A{a}",
+            f"{exp}/size.py:{scale},L={l},H={h},A={a}",
+            {"L": l, "H": h, "A": a},
+            f"{l}/{h}/{a}",
+        )
+        for l, h, a in size_exp.GRID[scale]
+    ]
   raise ValueError(f"--sweep {sweep!r}; valid: {', '.join(SWEEPS)}")
 
 
 # ----------------------------------------------------------------------------- running
+
 
 def run_bertjax(argv: list[str], log: str, isolate: bool) -> int:
   """`bertjax ARGV...`, in this process (fast: one import of jax/TF) or in a child process."""
   print(f"\n$ bertjax {shlex.join(argv)}", flush=True)
   if isolate:
     with open(log, "a") as f:
-      proc = subprocess.Popen([sys.executable, "-m", "bertjax.cli", *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      proc = subprocess.Popen(
+          [sys.executable, "-m", "bertjax.cli", *argv],
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+      )
       for line in proc.stdout:  # echo and keep: the log explains a failure after the fact
         sys.stdout.write(line)
         f.write(line)
@@ -113,14 +129,20 @@ def read_jsonl(path: str) -> list[dict]:
 
 def final_eval(workdir: str, steps: int) -> dict | None:
   """The held-out metrics at step `steps`, or None while pretraining is unfinished."""
-  rows = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-          if r.get("step") == steps and "eval_mlm_loss" in r]
+  rows = [
+      r
+      for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+      if r.get("step") == steps and "eval_mlm_loss" in r
+  ]
   if not rows:
     return None
   r = rows[-1]
   ppl = r.get("eval_mlm_perplexity", math.exp(r["eval_mlm_loss"]))
-  return {"mlm_perplexity": ppl, "mlm_accuracy": r.get("eval_mlm_accuracy"),
-          "nsp_accuracy": r.get("eval_nsp_accuracy")}
+  return {
+      "mlm_perplexity": ppl,
+      "mlm_accuracy": r.get("eval_mlm_accuracy"),
+      "nsp_accuracy": r.get("eval_nsp_accuracy"),
+  }
 
 
 def task_results(glue_dir: str, task: str) -> dict | None:
@@ -136,28 +158,49 @@ def task_results(glue_dir: str, task: str) -> dict | None:
 
 def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[str]:
   # The config file by absolute path: the sweep may be started from any directory.
-  argv = ["pretrain", "--config", os.path.join(REPO, v.config), "--workdir", workdir,
-          f"--config.train.steps={args.steps}", f"--config.seed={seed}",
-          f"--config.data.path={data}",
-          f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
-          # resumable mid-variant, without saving every few steps of a short run
-          f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
-          f"--config.log_every_steps={max(1, min(50, args.steps // 4))}"]
+  argv = [
+      "pretrain",
+      "--config",
+      os.path.join(REPO, v.config),
+      "--workdir",
+      workdir,
+      f"--config.train.steps={args.steps}",
+      f"--config.seed={seed}",
+      f"--config.data.path={data}",
+      f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
+      # resumable mid-variant, without saving every few steps of a short run
+      f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
+      f"--config.log_every_steps={max(1, min(50, args.steps // 4))}",
+  ]
   if args.seq_len:
     # The config's masking rate (BERT's 15%; the demo's 30%), rounded up: 0.15 * 128 -> 20.
     from experiments import pretrain as pretrain_exp
 
     rate = pretrain_exp.get_config(args.scale).data.mask_prob
-    argv += [f"--config.data.seq_len={args.seq_len}",
-             f"--config.data.max_predictions_per_seq={math.ceil(rate * args.seq_len - 1e-9)}"]
+    argv += [
+        f"--config.data.seq_len={args.seq_len}",
+        f"--config.data.max_predictions_per_seq={math.ceil(rate * args.seq_len - 1e-9)}",
+    ]
   if args.batch_size:
     argv.append(f"--config.train.batch_size={args.batch_size}")
   return argv + [f"--config.{kv}" for kv in args.set]
 
 
 def glue_argv(task: str, args, init: str, out: str, seed: int) -> list[str]:
-  return (["glue", "--task", task, "--init", init, "--data", args.glue_data, "--workdir", out,
-           "--seed", str(seed), "--no-progress"] + shlex.split(args.glue_flags))
+  return [
+      "glue",
+      "--task",
+      task,
+      "--init",
+      init,
+      "--data",
+      args.glue_data,
+      "--workdir",
+      out,
+      "--seed",
+      str(seed),
+      "--no-progress",
+  ] + shlex.split(args.glue_flags)
 
 
 def run_variant(v: Variant, args, data: str, seed: int) -> dict:
@@ -170,19 +213,31 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
     state = "resuming" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "starting"
     print(f"ablate: {v.name}: {state} pretraining ({args.steps} steps)", flush=True)
     t = time.time()
-    rc = run_bertjax(pretrain_argv(v, args, workdir, data, seed),
-                     os.path.join(vdir, "pretrain.log"), args.isolate)
+    rc = run_bertjax(
+        pretrain_argv(v, args, workdir, data, seed),
+        os.path.join(vdir, "pretrain.log"),
+        args.isolate,
+    )
     ev = final_eval(workdir, args.steps)
     if rc != 0 or ev is None:
-      raise RuntimeError(f"ablate: {v.name}: pretraining failed (exit {rc}); see "
-                         f"{workdir}/metrics.jsonl and the output above. Rerun the same "
-                         "command to resume.")
+      raise RuntimeError(
+          f"ablate: {v.name}: pretraining failed (exit {rc}); see "
+          f"{workdir}/metrics.jsonl and the output above. Rerun the same "
+          "command to resume."
+      )
     print(f"ablate: {v.name}: pretrained in {time.time() - t:.0f}s", flush=True)
   else:
     print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
-  row = {"variant": v.name, **v.settings, "scale": args.scale, "steps": args.steps,
-         "batch_size": args.batch_size or "", "seq_len": args.seq_len or "", "seed": seed,
-         **{k: val for k, val in ev.items() if val is not None}}
+  row = {
+      "variant": v.name,
+      **v.settings,
+      "scale": args.scale,
+      "steps": args.steps,
+      "batch_size": args.batch_size or "",
+      "seq_len": args.seq_len or "",
+      "seed": seed,
+      **{k: val for k, val in ev.items() if val is not None},
+  }
   if v.settings.get("pair_task") == "none":
     row.pop("nsp_accuracy", None)  # no pair task: its "accuracy" is a placeholder
   # The final checkpoint, by its step: what fine-tuning starts from is unambiguous.
@@ -191,12 +246,17 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
   for task in args.tasks:
     res = task_results(glue_dir, task)
     if res is None:
-      rc = run_bertjax(glue_argv(task, args, init, os.path.join(glue_dir, task), seed),
-                       os.path.join(vdir, f"glue_{task}.log"), args.isolate)
+      rc = run_bertjax(
+          glue_argv(task, args, init, os.path.join(glue_dir, task), seed),
+          os.path.join(vdir, f"glue_{task}.log"),
+          args.isolate,
+      )
       res = task_results(glue_dir, task)
       if rc != 0 or res is None:
-        raise RuntimeError(f"ablate: {v.name}: fine-tuning on {task} failed (exit {rc}); "
-                           f"see {os.path.join(glue_dir, task)}")
+        raise RuntimeError(
+            f"ablate: {v.name}: fine-tuning on {task} failed (exit {rc}); "
+            f"see {os.path.join(glue_dir, task)}"
+        )
     row.update(res)
   return row
 
@@ -210,16 +270,14 @@ def prepare_bundled(out: str) -> str:
 
 # ----------------------------------------------------------------------------- reporting
 
-METRIC_NAMES = {"mlm_perplexity": "MLM ppl", "mlm_accuracy": "MLM acc",
-                "nsp_accuracy": "pair acc"}
+METRIC_NAMES = {"mlm_perplexity": "MLM ppl", "mlm_accuracy": "MLM acc", "nsp_accuracy": "pair acc"}
 SETTING_NAMES = {"pair_task": "Pair task", "layers": "#L", "L": "#L", "H": "#H", "A": "#A"}
 
 
 def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[str], list[str]]:
   """(setting, pretraining metric, task metric) columns, in a stable order."""
   settings = list(v_list[0].settings)
-  fixed = {"variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed",
-           *METRIC_NAMES}
+  fixed = {"variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed", *METRIC_NAMES}
   metrics = [m for m in METRIC_NAMES if any(m in r for r in rows)]
   tasks = sorted({k for r in rows for k in r if k not in fixed})
   return settings, metrics, tasks
@@ -227,8 +285,17 @@ def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[st
 
 def write_csv(path: str, rows: list[dict], v_list: list[Variant]) -> None:
   settings, metrics, tasks = columns(rows, v_list)
-  fields = ["variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed",
-            *metrics, *tasks]
+  fields = [
+      "variant",
+      *settings,
+      "scale",
+      "steps",
+      "batch_size",
+      "seq_len",
+      "seed",
+      *metrics,
+      *tasks,
+  ]
   with open(path + ".tmp", "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=fields)
     w.writeheader()
@@ -270,26 +337,40 @@ def _fmt_spread(sp) -> str:
 
 def write_md(path: str, rows: list[dict], v_list: list[Variant], args, command: str) -> None:
   settings, metrics, tasks = columns(rows, v_list)
-  head = ([SETTING_NAMES.get(s, s) for s in settings] + ["seeds"]
-          + [METRIC_NAMES[m] for m in metrics] + tasks)
-  lines = [f"# Ablation `{args.sweep}` at scale `{args.scale}`", "",
-           f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
-           f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
-           "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
-           "std over seeds; task columns: dev metrics after fine-tuning.", "",
-           f"Command: `{command}`", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  head = (
+      [SETTING_NAMES.get(s, s) for s in settings]
+      + ["seeds"]
+      + [METRIC_NAMES[m] for m in metrics]
+      + tasks
+  )
+  lines = [
+      f"# Ablation `{args.sweep}` at scale `{args.scale}`",
+      "",
+      f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
+      f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
+      "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
+      "std over seeds; task columns: dev metrics after fine-tuning.",
+      "",
+      f"Command: `{command}`",
+      "",
+      "| " + " | ".join(head) + " |",
+      "|" + "---|" * len(head),
+  ]
   for v, rs in by_variant(rows, v_list):
-    cells = ([_fmt(rs[0].get(s)) for s in settings] + [str(len(rs))]
-             + [_fmt_spread(spread(rs, k)) for k in metrics + tasks])
+    cells = (
+        [_fmt(rs[0].get(s)) for s in settings]
+        + [str(len(rs))]
+        + [_fmt_spread(spread(rs, k)) for k in metrics + tasks]
+    )
     lines.append("| " + " | ".join(cells) + " |")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
 
 
 def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
-  """MLM perplexity (left) and task scores (right) against the swept setting: mean ± std
-  over seeds, every seed as a dot; both y axes start at 0, so a gap reads at its true size."""
+  """MLM perplexity (left) and task scores (right; the held-out pair-task accuracy when no
+  task was fine-tuned) against the swept setting: mean ± std over seeds, every seed as a dot;
+  both y axes start at 0, so a gap reads at its true size."""
   import matplotlib
 
   matplotlib.use("Agg")  # files only; no display on servers
@@ -298,8 +379,7 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
   _, _, tasks = columns(rows, v_list)
   groups = by_variant(rows, v_list)
   x = list(range(len(groups)))
-  xlabel = {"nsp": "pretraining tasks", "layers": "layers L",
-            "size": "L / H / A"}[args.sweep]
+  xlabel = {"nsp": "pretraining tasks", "layers": "layers L", "size": "L / H / A"}[args.sweep]
   line = "-" if args.sweep != "nsp" else "none"  # no line between unordered settings
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
 
@@ -319,20 +399,26 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
   top = draw(ax1, "mlm_perplexity")
   ax1.set_ylim(0, top * 1.1 if top else 1)
   ax1.set_ylabel("held-out MLM perplexity (lower is better)")
-  for t in tasks:
-    draw(ax2, t, t)
-  ax2.set_ylim(0, 1)
-  ax2.set_ylabel("dev score")
   if tasks:
+    for t in tasks:
+      draw(ax2, t, t)
+    ax2.set_ylabel("dev score")
     ax2.legend(fontsize=8)
+  else:  # no fine-tuning: the pretraining pair task (NSP or SOP) on the held-out split
+    draw(ax2, "nsp_accuracy")
+    ax2.axhline(0.5, color="gray", linestyle="--", linewidth=1)
+    ax2.set_ylabel("held-out pair-task accuracy (chance 0.5)")
+  ax2.set_ylim(0, 1)
   for ax in (ax1, ax2):
     ax.set_xticks(x, [v.label for v, _ in groups], rotation=20)
     ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
   seeds = ",".join(map(str, args.seeds))
-  fig.suptitle(f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps, seeds {seeds} "
-               "(mean ± std)")
+  fig.suptitle(
+      f"{args.sweep} ablation, {args.scale} scale, {args.steps} steps, seeds {seeds} "
+      "(mean ± std)"
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -340,9 +426,13 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
 
 # ----------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m experiments.ablate", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+      prog="python -m experiments.ablate",
+      description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("--sweep", required=True, choices=SWEEPS)
   p.add_argument("--scale", default="tiny", choices=SCALES, help="experiments/pretrain.py variant")
   p.add_argument("--steps", type=int, required=True, help="pretraining steps per variant")
@@ -352,15 +442,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--tasks", default="", help="comma list of GLUE tasks, e.g. sst2,mrpc,qnli")
   p.add_argument("--glue-flags", default="", help="extra `bertjax glue` flags, e.g. '--epochs 1'")
   p.add_argument("--only", default="", help="comma list of variant names to run (default all)")
-  p.add_argument("--seeds", default="0", help="comma list of seeds; every variant runs with "
-                 "each (>= 2 give error bars)")
+  p.add_argument(
+      "--seeds",
+      default="0",
+      help="comma list of seeds; every variant runs with " "each (>= 2 give error bars)",
+  )
   p.add_argument("--batch-size", type=int, default=0, help="global batch (default: config's)")
-  p.add_argument("--seq-len", type=int, default=0,
-                 help="pretraining sequence length (default: the config's)")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="config override for every variant, e.g. train.learning_rate=1e-3")
-  p.add_argument("--isolate", action="store_true",
-                 help="run each pretrain/glue in its own process (logs in DIR/VARIANT/*.log)")
+  p.add_argument(
+      "--seq-len", type=int, default=0, help="pretraining sequence length (default: the config's)"
+  )
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      metavar="KEY=VALUE",
+      help="config override for every variant, e.g. train.learning_rate=1e-3",
+  )
+  p.add_argument(
+      "--isolate",
+      action="store_true",
+      help="run each pretrain/glue in its own process (logs in DIR/VARIANT/*.log)",
+  )
   args = p.parse_args(argv)
   args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
   try:
@@ -380,8 +482,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def check_resume(args, data: str) -> None:
   """Refuse to mix runs with different settings in one table."""
-  settings = {k: getattr(args, k) for k in ("sweep", "scale", "steps", "seeds", "batch_size",
-                                            "seq_len", "set", "glue_data", "glue_flags")}
+  settings = {
+      k: getattr(args, k)
+      for k in (
+          "sweep",
+          "scale",
+          "steps",
+          "seeds",
+          "batch_size",
+          "seq_len",
+          "set",
+          "glue_data",
+          "glue_flags",
+      )
+  }
   settings["data"] = data
   path = os.path.join(args.out, "sweep.json")
   if os.path.exists(path):
@@ -389,8 +503,10 @@ def check_resume(args, data: str) -> None:
       old = json.load(f)
     diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
     if diff:
-      raise SystemExit(f"ablate: {path}: this directory holds a sweep with other settings "
-                       f"(was, now): {diff}; use another --out, or the same arguments to resume")
+      raise SystemExit(
+          f"ablate: {path}: this directory holds a sweep with other settings "
+          f"(was, now): {diff}; use another --out, or the same arguments to resume"
+      )
   with open(path, "w") as f:
     json.dump(settings, f, indent=2)
 
@@ -403,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(names) - {v.name for v in v_list})
     if unknown:
-      raise SystemExit(f"ablate: --only {unknown}: not in sweep {args.sweep}; valid: "
-                       f"{', '.join(v.name for v in v_list)}")
+      raise SystemExit(
+          f"ablate: --only {unknown}: not in sweep {args.sweep}; valid: "
+          f"{', '.join(v.name for v in v_list)}"
+      )
     v_list = [v for v in v_list if v.name in names]
   os.makedirs(args.out, exist_ok=True)
   if args.data:
@@ -424,8 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(os.path.join(args.out, "results.csv"), rows, v_list)
     write_md(os.path.join(args.out, "results.md"), rows, v_list, args, command)
     plot(os.path.join(args.out, f"{args.sweep}.png"), rows, v_list, args)
-  print(f"ablate: {len(rows)} runs ({len(v_list)} variants x {len(args.seeds)} seeds); results in {args.out}/results.csv, results.md and "
-        f"{args.sweep}.png")
+  print(
+      f"ablate: {len(rows)} runs ({len(v_list)} variants x {len(args.seeds)} seeds); results in {args.out}/results.csv, results.md and "
+      f"{args.sweep}.png"
+  )
   with open(os.path.join(args.out, "results.md")) as f:
     print(f.read())
   return 0

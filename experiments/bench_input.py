@@ -23,4 +23,4 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bertjax.bench.input import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

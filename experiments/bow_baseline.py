@@ -59,13 +59,16 @@ class Counts:
 
   def matmul(self, w: np.ndarray) -> np.ndarray:
     """X @ w for w [V, K] -> [N, K]."""
-    return np.stack([np.bincount(self.rows, self.vals * w[self.cols, k], self.n)
-                     for k in range(w.shape[1])], axis=1)
+    return np.stack(
+        [np.bincount(self.rows, self.vals * w[self.cols, k], self.n) for k in range(w.shape[1])],
+        axis=1,
+    )
 
   def rmatmul(self, g: np.ndarray, v: int) -> np.ndarray:
     """X.T @ g for g [N, K] -> [V, K]."""
-    return np.stack([np.bincount(self.cols, self.vals * g[self.rows, k], v)
-                     for k in range(g.shape[1])], axis=1)
+    return np.stack(
+        [np.bincount(self.cols, self.vals * g[self.rows, k], v) for k in range(g.shape[1])], axis=1
+    )
 
 
 class Vocab:
@@ -76,8 +79,7 @@ class Vocab:
     for t in texts:
       for g in ngrams(t):
         freq[g] = freq.get(g, 0) + 1
-    self.index = {g: i for i, g in enumerate(sorted(g for g, c in freq.items()
-                                                    if c >= min_count))}
+    self.index = {g: i for i, g in enumerate(sorted(g for g, c in freq.items() if c >= min_count))}
 
   def __len__(self) -> int:
     return len(self.index)
@@ -85,12 +87,11 @@ class Vocab:
   def counts(self, texts: Sequence[str]) -> Counts:
     rows, cols, vals = [], [], []
     for r, t in enumerate(texts):
-      ids, c = np.unique([self.index[g] for g in ngrams(t) if g in self.index],
-                         return_counts=True)
+      ids, c = np.unique([self.index[g] for g in ngrams(t) if g in self.index], return_counts=True)
       rows.append(np.full(len(ids), r, np.int64))
       cols.append(ids.astype(np.int64))
       vals.append(c.astype(np.float64))
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
     return Counts(cat(rows, np.int64), cat(cols, np.int64), cat(vals, np.float64), len(texts))
 
 
@@ -139,7 +140,7 @@ class LogisticRegression:
       grad = np.vstack([x.rmatmul(g_logits, v) + self.l2 * w, g_logits.sum(axis=0)])
       m = b1 * m + (1 - b1) * grad
       s = b2 * s + (1 - b2) * grad * grad
-      step = self.lr * (m / (1 - b1 ** t)) / (np.sqrt(s / (1 - b2 ** t)) + eps)
+      step = self.lr * (m / (1 - b1**t)) / (np.sqrt(s / (1 - b2**t)) + eps)
       w, b = w - step[:-1], b - step[-1]
     self.w, self.b = w, b
     return self
@@ -148,12 +149,21 @@ class LogisticRegression:
     return np.argmax(self._features(x).matmul(self.w) + self.b, axis=1)
 
 
-MODELS = {"naive_bayes": (NaiveBayes, "alpha", NB_ALPHAS),
-          "logistic_regression": (LogisticRegression, "l2", LR_L2)}
+MODELS = {
+    "naive_bayes": (NaiveBayes, "alpha", NB_ALPHAS),
+    "logistic_regression": (LogisticRegression, "l2", LR_L2),
+}
 
 
-def run(train_texts: Sequence[str], train_y: np.ndarray, dev_texts: Sequence[str],
-        dev_y: np.ndarray, num_labels: int, holdout: float = 0.1, seed: int = 0) -> dict:
+def run(
+    train_texts: Sequence[str],
+    train_y: np.ndarray,
+    dev_texts: Sequence[str],
+    dev_y: np.ndarray,
+    num_labels: int,
+    holdout: float = 0.1,
+    seed: int = 0,
+) -> dict:
   """Pick each model's hyperparameter on a held-out slice of train, refit on train, score dev."""
   train_y, dev_y = np.asarray(train_y, np.int64), np.asarray(dev_y, np.int64)
   n = len(train_texts)
@@ -168,10 +178,16 @@ def run(train_texts: Sequence[str], train_y: np.ndarray, dev_texts: Sequence[str
   x_train, x_dev = vocab.counts(train_texts), vocab.counts(dev_texts)
 
   majority = int(np.argmax(np.bincount(train_y, minlength=num_labels)))
-  out = {"train_examples": n, "dev_examples": len(dev_texts), "vocab_size": len(vocab),
-         "holdout_examples": int(n_held), "seed": seed,
-         "majority_class": majority,
-         "majority_dev_accuracy": float(np.mean(dev_y == majority)), "models": {}}
+  out = {
+      "train_examples": n,
+      "dev_examples": len(dev_texts),
+      "vocab_size": len(vocab),
+      "holdout_examples": int(n_held),
+      "seed": seed,
+      "majority_class": majority,
+      "majority_dev_accuracy": float(np.mean(dev_y == majority)),
+      "models": {},
+  }
   for name, (cls, param, grid) in MODELS.items():
     t0 = time.time()
     held_acc = {}
@@ -181,15 +197,16 @@ def run(train_texts: Sequence[str], train_y: np.ndarray, dev_texts: Sequence[str
     best = max(grid, key=lambda v: (held_acc[v], -grid.index(v)))  # ties: the first in grid
     model = cls(best).fit(x_train, train_y, num_labels, len(vocab))
     out["models"][name] = {
-        param: best, "holdout_accuracy": {str(k): v for k, v in held_acc.items()},
+        param: best,
+        "holdout_accuracy": {str(k): v for k, v in held_acc.items()},
         "dev_accuracy": float(np.mean(model.predict(x_dev) == dev_y)),
-        "seconds": round(time.time() - t0, 2)}
+        "seconds": round(time.time() - t0, 2),
+    }
   out["mean_dev_accuracy"] = float(np.mean([m["dev_accuracy"] for m in out["models"].values()]))
   return out
 
 
-def load(path: str, text_column: str, label_column: str
-         ) -> tuple[list[str], list[str], list[str]]:
+def load(path: str, text_column: str, label_column: str) -> tuple[list[str], list[str], list[str]]:
   """Texts, raw labels and skipped-row reasons of one TSV, as `bertjax glue` reads it."""
   rows, skipped = tsv.read_rows(path, tsv.Columns((text_column,), label_column))
   return [r[1][0] for r in rows], [r[2] for r in rows], skipped
@@ -201,8 +218,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
   p.add_argument("--dev", required=True, help="dev TSV (same columns)")
   p.add_argument("--text-column", default="sentence")
   p.add_argument("--label-column", default="label")
-  p.add_argument("--holdout", type=float, default=0.1,
-                 help="fraction of train held out to pick alpha / l2")
+  p.add_argument(
+      "--holdout", type=float, default=0.1, help="fraction of train held out to pick alpha / l2"
+  )
   p.add_argument("--seed", type=int, default=0, help="seed of the held-out slice")
   p.add_argument("--json", help="also write the results here")
   args = p.parse_args(argv)
@@ -214,23 +232,37 @@ def main(argv: Sequence[str] | None = None) -> dict:
   unknown = sum(l not in lookup for l in dev_raw)
   keep = [i for i, l in enumerate(dev_raw) if l in lookup]
   dev_x, dev_y = [dev_x[i] for i in keep], [lookup[dev_raw[i]] for i in keep]
-  for what, n in (("train", len(skipped)), ("dev", len(dev_skipped)), ("dev (unknown label)",
-                                                                           unknown)):
+  for what, n in (
+      ("train", len(skipped)),
+      ("dev", len(dev_skipped)),
+      ("dev (unknown label)", unknown),
+  ):
     if n:
       print(f"bow_baseline: skipped {n} {what} rows", file=sys.stderr)
 
-  res = run(train_x, [lookup[l] for l in train_raw], dev_x, dev_y, len(labels),
-            holdout=args.holdout, seed=args.seed)
+  res = run(
+      train_x,
+      [lookup[l] for l in train_raw],
+      dev_x,
+      dev_y,
+      len(labels),
+      holdout=args.holdout,
+      seed=args.seed,
+  )
   res.update(train=args.train, dev=args.dev, labels=labels)
-  print(f"train {res['train_examples']} rows, dev {res['dev_examples']} rows, "
-        f"{len(labels)} labels, {res['vocab_size']} unigram+bigram features")
+  print(
+      f"train {res['train_examples']} rows, dev {res['dev_examples']} rows, "
+      f"{len(labels)} labels, {res['vocab_size']} unigram+bigram features"
+  )
   for name, m in res["models"].items():
     setting = f"alpha={m['alpha']:g}" if "alpha" in m else f"l2={m['l2']:g}"
     print(f"{name:20s} {setting:12s} dev accuracy {100 * m['dev_accuracy']:.2f}")
   print(f"{'mean of the two':20s} {'':12s} dev accuracy {100 * res['mean_dev_accuracy']:.2f}")
   majority = "label " + labels[res["majority_class"]]
-  print(f"{'majority class':20s} {majority:12s} dev accuracy "
-        f"{100 * res['majority_dev_accuracy']:.2f}")
+  print(
+      f"{'majority class':20s} {majority:12s} dev accuracy "
+      f"{100 * res['majority_dev_accuracy']:.2f}"
+  )
   if args.json:
     pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.json).write_text(json.dumps(res, indent=2) + "\n")

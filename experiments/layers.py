@@ -34,8 +34,10 @@ def get_config(arg: str = "tiny,layers=2") -> ml_collections.ConfigDict:
   for opt in opts:
     key, _, value = opt.partition("=")
     if key != "layers" or not value.isdigit() or int(value) < 1:
-      raise ValueError(f"experiments/layers.py: bad option {opt!r} in {arg!r}; expected "
-                       "VARIANT,layers=L with L >= 1, e.g. tiny,layers=4")
+      raise ValueError(
+          f"experiments/layers.py: bad option {opt!r} in {arg!r}; expected "
+          "VARIANT,layers=L with L >= 1, e.g. tiny,layers=4"
+      )
     layers = int(value)
   c = pretrain.get_config(variant)
   c.variant = f"layers/{c.variant},layers={layers}"

@@ -51,10 +51,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   """The config of one variant; see the module docstring for the list."""
   variant = arg or "tiny"
   lamb = variant.endswith("_lamb")
-  scale = variant[:-len("_lamb")] if lamb else variant
+  scale = variant[: -len("_lamb")] if lamb else variant
   if scale not in _SCALES:
-    raise ValueError(f"experiments/pretrain.py: unknown variant {arg!r}; valid: "
-                     f"{', '.join(VARIANTS)}")
+    raise ValueError(
+        f"experiments/pretrain.py: unknown variant {arg!r}; valid: " f"{', '.join(VARIANTS)}"
+    )
   preset, batch, steps, lr, warmup = _SCALES[scale]
   paper = scale in ("base", "large")
 
@@ -76,7 +77,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.source = "prepared"  # prepared (TFRecord shards) | synthetic (random tokens, no TF)
   c.data.path = ml_collections.FieldReference(None, field_type=str)  # None: bundled corpus
-  c.data.tokenizer = ml_collections.FieldReference(None, field_type=str)  # None: data/tokenizer.model
+  c.data.tokenizer = ml_collections.FieldReference(
+      None, field_type=str
+  )  # None: data/tokenizer.model
   c.data.seq_len = 128  # tokens per example incl. [CLS]/[SEP]
   c.data.max_predictions_per_seq = 20  # masked positions per example (0.15 * 128, rounded)
   c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)
@@ -103,7 +106,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.train.clip_norm = 1.0  # global gradient norm clip, as BERT
   c.train.microbatches = 1  # gradient accumulation: the batch is split into this many
   c.train.max_bad_steps = 0  # non-finite steps to skip before stopping (0: stop at the first)
-  c.train.init_from = ml_collections.FieldReference(None, field_type=str)  # save_pretrained dir / workdir to continue from
+  c.train.init_from = ml_collections.FieldReference(
+      None, field_type=str
+  )  # save_pretrained dir / workdir to continue from
   c.train.inject_nan_at_step = -1  # testing only: poison this step's loss to exercise the guard
 
   # Second phase (BERT: last 10% of steps at seq 512). fraction 0 = one phase.
@@ -128,7 +133,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 500 if not paper else 5000  # async save interval
   c.checkpoint.max_to_keep = 3  # newest checkpoints kept
-  c.checkpoint.keep_period = ml_collections.FieldReference(None, field_type=int)  # also keep every N-th step forever
+  c.checkpoint.keep_period = ml_collections.FieldReference(
+      None, field_type=int
+  )  # also keep every N-th step forever
   c.checkpoint.async_save = True  # write in the background while training continues
 
   c.eval = ml_collections.ConfigDict()
@@ -138,7 +145,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   c.log_every_steps = 50 if not paper else 100  # progress line / metrics.jsonl interval
   c.tensorboard = True  # also write TensorBoard event files (needs TensorFlow)
-  c.peak_flops_per_device = ml_collections.FieldReference(None, field_type=float)  # MFU; None: from device kind
+  c.peak_flops_per_device = ml_collections.FieldReference(
+      None, field_type=float
+  )  # MFU; None: from device kind
 
   if variant == "demo":  # minutes on CPU, a model that uses context (docs/training.md)
     # Short sequences first, as BERT's 128 -> 512: at seq 128 the tiny model stays on the

@@ -28,8 +28,14 @@ from experiments import pretrain  # noqa: E402
 
 # scale -> rows (L, H, A), in the paper's order (experiments/ablate.py --sweep size)
 GRID = {
-    "base": ((3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16),
-             (24, 1024, 16)),
+    "base": (
+        (3, 768, 12),
+        (6, 768, 3),
+        (6, 768, 12),
+        (12, 768, 12),
+        (12, 1024, 16),
+        (24, 1024, 16),
+    ),
     "mini": ((1, 256, 4), (2, 256, 1), (2, 256, 4), (4, 256, 4), (4, 320, 5), (8, 320, 5)),
     "tiny": ((1, 128, 2), (2, 128, 1), (2, 128, 2), (4, 128, 2), (4, 192, 3), (8, 192, 3)),
 }
@@ -43,12 +49,15 @@ def get_config(arg: str = "tiny,L=2,H=128,A=2") -> ml_collections.ConfigDict:
   for opt in opts:
     key, _, value = opt.partition("=")
     if key not in ("L", "H", "A") or not value.isdigit():
-      raise ValueError(f"experiments/size.py: bad option {opt!r} in {arg!r}; expected "
-                       "VARIANT,L=..,H=..,A=.. e.g. tiny,L=4,H=128,A=2")
+      raise ValueError(
+          f"experiments/size.py: bad option {opt!r} in {arg!r}; expected "
+          "VARIANT,L=..,H=..,A=.. e.g. tiny,L=4,H=128,A=2"
+      )
     size[key] = int(value)
   if set(size) != {"L", "H", "A"} or size["H"] % size["A"]:
-    raise ValueError(f"experiments/size.py: {arg!r}: give all of L, H and A, with H divisible "
-                     "by A")
+    raise ValueError(
+        f"experiments/size.py: {arg!r}: give all of L, H and A, with H divisible " "by A"
+    )
   c = pretrain.get_config(variant)
   c.variant = f"size/{c.variant},L={size['L']},H={size['H']},A={size['A']}"
   c.model.num_layers = size["L"]  # encoder layers

@@ -34,11 +34,31 @@ def _glue(init_args: list[str], args, workdir: pathlib.Path) -> dict:
   """One `bertjax glue --sweep` run; its results entry."""
   from bertjax.commands import glue
 
-  argv = ["--task", "custom", "--name", "task", "--train", str(args.task / "train.tsv"),
-          "--dev", str(args.task / "dev.tsv"), "--text-columns", args.text_column,
-          "--label-column", args.label_column, *init_args, "--workdir", str(workdir),
-          "--sweep", "--seeds", str(args.seeds), "--learning-rates", args.learning_rates,
-          "--epochs", str(args.epochs), "--no-progress"]
+  argv = [
+      "--task",
+      "custom",
+      "--name",
+      "task",
+      "--train",
+      str(args.task / "train.tsv"),
+      "--dev",
+      str(args.task / "dev.tsv"),
+      "--text-columns",
+      args.text_column,
+      "--label-column",
+      args.label_column,
+      *init_args,
+      "--workdir",
+      str(workdir),
+      "--sweep",
+      "--seeds",
+      str(args.seeds),
+      "--learning-rates",
+      args.learning_rates,
+      "--epochs",
+      str(args.epochs),
+      "--no-progress",
+  ]
   print("transfer: bertjax glue " + " ".join(argv), flush=True)
   t0 = time.perf_counter()
   if glue.main(argv) != 0:
@@ -49,18 +69,27 @@ def _glue(init_args: list[str], args, workdir: pathlib.Path) -> dict:
   for row in sweep:
     by_lr.setdefault(row["learning_rate"], []).append(row["accuracy"])
   best_lr = max(by_lr, key=lambda lr: sum(by_lr[lr]) / len(by_lr[lr]))
-  return dict(accuracy_mean=entry["accuracy_mean"], accuracy_std=entry["accuracy_std"],
-              seeds=int(entry["accuracy_runs"]), learning_rate=best_lr,
-              per_learning_rate={f"{lr:g}": v for lr, v in sorted(by_lr.items())},
-              minutes=round((time.perf_counter() - t0) / 60, 1))
+  return dict(
+      accuracy_mean=entry["accuracy_mean"],
+      accuracy_std=entry["accuracy_std"],
+      seeds=int(entry["accuracy_runs"]),
+      learning_rate=best_lr,
+      per_learning_rate={f"{lr:g}": v for lr, v in sorted(by_lr.items())},
+      minutes=round((time.perf_counter() - t0) / 60, 1),
+  )
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--init", required=True, help="the pretrained checkpoint (a pretrain workdir)")
-  p.add_argument("--task", type=pathlib.Path, default=_TASK,
-                 help="directory with train.tsv and dev.tsv (GLUE layout, header row)")
+  p.add_argument(
+      "--task",
+      type=pathlib.Path,
+      default=_TASK,
+      help="directory with train.tsv and dev.tsv (GLUE layout, header row)",
+  )
   p.add_argument("--text-column", default="sentence")
   p.add_argument("--label-column", default="label")
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/transfer"))
@@ -75,28 +104,47 @@ def main(argv: list[str] | None = None) -> int:
   layers, hidden = pre.config.num_layers, pre.config.hidden_size
   preset = next((n for n, shape in _presets().items() if shape == (layers, hidden)), None)
   if preset is None:
-    raise SystemExit(f"transfer: {args.init}: {layers} layers x {hidden} is no preset; the "
-                     "random-init row needs one (bertjax.model.PRESETS)")
+    raise SystemExit(
+        f"transfer: {args.init}: {layers} layers x {hidden} is no preset; the "
+        "random-init row needs one (bertjax.model.PRESETS)"
+    )
   args.out.mkdir(parents=True, exist_ok=True)
-  bow = bow_baseline.main(["--train", str(args.task / "train.tsv"), "--dev",
-                           str(args.task / "dev.tsv"), "--text-column", args.text_column,
-                           "--label-column", args.label_column,
-                           "--json", str(args.out / "bow.json")])
+  bow = bow_baseline.main(
+      [
+          "--train",
+          str(args.task / "train.tsv"),
+          "--dev",
+          str(args.task / "dev.tsv"),
+          "--text-column",
+          args.text_column,
+          "--label-column",
+          args.label_column,
+          "--json",
+          str(args.out / "bow.json"),
+      ]
+  )
   rows = {
-      "random": _glue(["--init", "random", "--preset", preset, "--tokenizer",
-                       pre.tokenizer_path], args, args.out / "random"),
+      "random": _glue(
+          ["--init", "random", "--preset", preset, "--tokenizer", pre.tokenizer_path],
+          args,
+          args.out / "random",
+      ),
       "pretrained": _glue(["--init", args.init], args, args.out / "pretrained"),
   }
   results = dict(task=str(args.task), init=args.init, preset=preset, bag_of_words=bow, **rows)
   (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
   md = ["| model | dev accuracy | learning rate (best of grid) |", "|---|---|---|"]
   nb, lr = (bow["models"][k]["dev_accuracy"] for k in ("naive_bayes", "logistic_regression"))
-  md.append(f"| bag of words: naive Bayes {nb:.4f}, logistic regression {lr:.4f} | "
-            f"{max(nb, lr):.4f} (the better one) | – |")
+  md.append(
+      f"| bag of words: naive Bayes {nb:.4f}, logistic regression {lr:.4f} | "
+      f"{max(nb, lr):.4f} (the better one) | – |"
+  )
   md.append(f"| majority class | {bow['majority_dev_accuracy']:.4f} | – |")
   for name, r in rows.items():
-    md.append(f"| {preset}, {name} init | {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} "
-              f"({r['seeds']} seeds) | {r['learning_rate']:g} |")
+    md.append(
+        f"| {preset}, {name} init | {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} "
+        f"({r['seeds']} seeds) | {r['learning_rate']:g} |"
+    )
   (args.out / "results.md").write_text("\n".join(md) + "\n")
   print("\n".join(md))
   print(f"transfer: wrote {args.out / 'results.json'} and results.md")

@@ -48,24 +48,37 @@ ACCELERATORS = {
 CHIPS_PER_HOST = 4  # every multi-host TPU VM of these generations has 4 chips
 
 
-def manifest(name: str, image: str, accelerator: str, topology: str, slices: int,
-             max_restarts: int, args: list[str]) -> dict:
+def manifest(
+    name: str,
+    image: str,
+    accelerator: str,
+    topology: str,
+    slices: int,
+    max_restarts: int,
+    args: list[str],
+) -> dict:
   """The JobSet as plain data: one replicated job per slice, one pod per host."""
   label, rank = ACCELERATORS[accelerator]
   dims = [int(d) for d in topology.split("x")]
   chips = math.prod(dims)
   if len(dims) != rank or chips % CHIPS_PER_HOST:
-    raise ValueError(f"--topology {topology}: {accelerator} needs {rank} dimensions "
-                     f"(e.g. {'2x2x4' if rank == 3 else '4x4'}) and a multiple of "
-                     f"{CHIPS_PER_HOST} chips")
+    raise ValueError(
+        f"--topology {topology}: {accelerator} needs {rank} dimensions "
+        f"(e.g. {'2x2x4' if rank == 3 else '4x4'}) and a multiple of "
+        f"{CHIPS_PER_HOST} chips"
+    )
   hosts = chips // CHIPS_PER_HOST
   env = [{"name": "TF_CPP_MIN_LOG_LEVEL", "value": "1"}]
   if slices > 1:  # multislice: the slices find each other through the first pod of slice 0
     env += [
         {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": f"{name}-slice-0-0.{name}"},
         {"name": "MEGASCALE_NUM_SLICES", "value": str(slices)},
-        {"name": "MEGASCALE_SLICE_ID", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-index']"}}},
+        {
+            "name": "MEGASCALE_SLICE_ID",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-index']"}
+            },
+        },
     ]
   container = {
       "name": "bertjax",
@@ -79,25 +92,38 @@ def manifest(name: str, image: str, accelerator: str, topology: str, slices: int
   pod = {
       "hostNetwork": True,
       "dnsPolicy": "ClusterFirstWithHostNet",
-      "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": label,
-                       "cloud.google.com/gke-tpu-topology": topology},
+      "nodeSelector": {
+          "cloud.google.com/gke-tpu-accelerator": label,
+          "cloud.google.com/gke-tpu-topology": topology,
+      },
       "containers": [container],
   }
   return {
       "apiVersion": "jobset.x-k8s.io/v1alpha2",
       "kind": "JobSet",
-      "metadata": {"name": name, "annotations": {
-          # one slice per node pool: two jobs never share a slice
-          "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
+      "metadata": {
+          "name": name,
+          "annotations": {
+              # one slice per node pool: two jobs never share a slice
+              "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+          },
+      },
       "spec": {
           "failurePolicy": {"maxRestarts": max_restarts},
-          "replicatedJobs": [{
-              "name": "slice",
-              "replicas": slices,
-              "template": {"spec": {
-                  "parallelism": hosts, "completions": hosts, "backoffLimit": 0,
-                  "template": {"spec": pod}}},
-          }],
+          "replicatedJobs": [
+              {
+                  "name": "slice",
+                  "replicas": slices,
+                  "template": {
+                      "spec": {
+                          "parallelism": hosts,
+                          "completions": hosts,
+                          "backoffLimit": 0,
+                          "template": {"spec": pod},
+                      }
+                  },
+              }
+          ],
       },
   }
 
@@ -123,16 +149,21 @@ def to_yaml(x, indent: int = 0) -> str:
     return "true" if x else "false"
   if isinstance(x, int):
     return str(x)
-  if isinstance(x, str) and re.fullmatch(r"[A-Za-z0-9_./:@-]+", x) and not re.fullmatch(
-      r"(true|false|yes|no|on|off|null|~|[-+.0-9e]+)", x, re.I):
+  if (
+      isinstance(x, str)
+      and re.fullmatch(r"[A-Za-z0-9_./:@-]+", x)
+      and not re.fullmatch(r"(true|false|yes|no|on|off|null|~|[-+.0-9e]+)", x, re.I)
+  ):
     return x
   return json.dumps(x)
 
 
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(
-      prog="launch/gke_jobset.py", description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+      prog="launch/gke_jobset.py",
+      description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument("--name", required=True)
   parser.add_argument("--image", required=True)
   parser.add_argument("--accelerator", required=True, choices=sorted(ACCELERATORS))
@@ -147,18 +178,22 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)  # --help, or a clear error for a bad option
     parser.error("the bertjax arguments go after --, e.g. -- pretrain --config ...")
   split = argv.index("--")
-  opts, args = parser.parse_args(argv[:split]), argv[split + 1:]
+  opts, args = parser.parse_args(argv[:split]), argv[split + 1 :]
   if not args:
     parser.error("no bertjax arguments after --")
   if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", opts.name):
     parser.error(f"--name {opts.name!r}: use lowercase letters, digits and '-' (a DNS label)")
   try:
-    doc = manifest(opts.name, opts.image, opts.accelerator, opts.topology, opts.slices,
-                   opts.max_restarts, args)
+    doc = manifest(
+        opts.name, opts.image, opts.accelerator, opts.topology, opts.slices, opts.max_restarts, args
+    )
   except ValueError as e:
     parser.error(str(e))
-  header = "# Generated by: python launch/gke_jobset.py " + shlex.join(
-      [a for a in argv if a not in ("--apply", "--dry-run")]) + "\n"
+  header = (
+      "# Generated by: python launch/gke_jobset.py "
+      + shlex.join([a for a in argv if a not in ("--apply", "--dry-run")])
+      + "\n"
+  )
   text = header + to_yaml(doc) + "\n"
   if opts.output:
     with open(opts.output, "w") as f:
@@ -168,8 +203,15 @@ def main(argv: list[str]) -> int:
   path = opts.output or "-"
   commands = [
       ["kubectl", "apply", "-f", path],
-      ["kubectl", "logs", "-f", "--prefix", "--max-log-requests=1000",
-       "-l", f"jobset.sigs.k8s.io/jobset-name={opts.name}"],
+      [
+          "kubectl",
+          "logs",
+          "-f",
+          "--prefix",
+          "--max-log-requests=1000",
+          "-l",
+          f"jobset.sigs.k8s.io/jobset-name={opts.name}",
+      ],
       ["kubectl", "delete", "jobset", opts.name],  # when done (or to stop it)
   ]
   if opts.dry_run:

@@ -5,14 +5,19 @@ XLA reads the flag when jax initialises its backend, so it is set before anythin
 
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow must never grab an accelerator or all host threads in tests.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Hermetic runs: no compiled program is read from or written to the user's cache (one test
+# turns it on for itself).
+os.environ["BERTJAX_COMPILE_CACHE"] = "off"
 
-import pathlib  # noqa: E402  (after the environment above, which must come first)
+import json  # noqa: E402  (after the environment above, which must come first)
+import pathlib  # noqa: E402
 import socket  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -31,10 +36,17 @@ def prepare_austen():
     docs = (REPO / "data" / "austen.txt").read_text().split("\n\n")
     sizes = np.cumsum([len(d) for d in docs])
     corpus = out / "corpus.txt"
-    corpus.write_text("\n\n".join(docs[:int(np.searchsorted(sizes, max_chars))]) + "\n")
-    prepare_lib.prepare(prepare_lib.PrepareConfig(
-        output=str(out), tokenizer=str(REPO / "data" / "tokenizer.model"),
-        inputs=(str(corpus),), processes=1, progress=False, **kw))
+    corpus.write_text("\n\n".join(docs[: int(np.searchsorted(sizes, max_chars))]) + "\n")
+    prepare_lib.prepare(
+        prepare_lib.PrepareConfig(
+            output=str(out),
+            tokenizer=str(REPO / "data" / "tokenizer.model"),
+            inputs=(str(corpus),),
+            processes=1,
+            progress=False,
+            **kw,
+        )
+    )
     return str(out)
 
   return make
@@ -43,10 +55,12 @@ def prepare_austen():
 @pytest.fixture
 def free_port():
   """free_port() -> int: a localhost TCP port that nothing is bound to right now."""
+
   def pick() -> int:
     with socket.socket() as s:
       s.bind(("localhost", 0))
       return s.getsockname()[1]
+
   return pick
 
 
@@ -69,6 +83,7 @@ def bert_reference():
   from unittest import mock
 
   from absl import flags as absl_flags
+
   tf = pytest.importorskip("tensorflow")
   pytest.importorskip("bert.optimization", reason="pip install bert-tensorflow")
   tf_flags = tf.compat.v1.flags
@@ -85,10 +100,17 @@ def bert_reference():
       for module in (absl_flags, tf_flags):
         stack.enter_context(mock.patch.object(module, "FLAGS", values))
         for attr, define in defines.items():
-          stack.enter_context(mock.patch.object(
-              module, attr, lambda *a, _define=define, **k: _define(*a, flag_values=values, **k)))
-      stack.enter_context(mock.patch.dict(sys.modules, {
-          "tensorflow.contrib": contrib, "tensorflow.contrib.layers": contrib.layers}))
+          stack.enter_context(
+              mock.patch.object(
+                  module, attr, lambda *a, _define=define, **k: _define(*a, flag_values=values, **k)
+              )
+          )
+      stack.enter_context(
+          mock.patch.dict(
+              sys.modules,
+              {"tensorflow.contrib": contrib, "tensorflow.contrib.layers": contrib.layers},
+          )
+      )
       for key in [k for k in sys.modules if k == "bert" or k.startswith("bert.")]:
         del sys.modules[key]
       module = importlib.import_module(f"bert.{name}")
@@ -99,3 +121,231 @@ def bert_reference():
     return module
 
   return load
+
+
+# ------------------------------------------------------------------ helpers shared by test files
+# Test modules import these (`from conftest import tiny_config`); no test module imports another.
+# TensorFlow, torch and transformers are imported inside the helpers that need them, so the
+# suite still collects without them.
+
+HF_CONFIG = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    hidden_act="gelu",
+    type_vocab_size=2,
+)
+
+
+def tiny_config(**train_overrides):
+  """The tiny recipe on the synthetic source, small enough for a step in a test."""
+  from experiments import pretrain
+
+  c = pretrain.get_config("tiny")
+  c.model.vocab_size = 1000
+  c.data.source = "synthetic"
+  c.data.seq_len, c.data.max_predictions_per_seq = 32, 5
+  c.train.batch_size = 16
+  for k, v in train_overrides.items():
+    c.train[k] = v
+  return c
+
+
+def loop_config(steps, **kw):
+  """`tiny_config` for a whole loop: log every step, checkpoint/eval every 3; `kw` sets
+  dotted fields ("eval.every_steps": 0)."""
+  c = tiny_config(steps=steps, warmup_steps=2)
+  c.log_every_steps = 1
+  c.tensorboard = False
+  c.checkpoint.every_steps = 3
+  c.eval.every_steps, c.eval.steps, c.eval.batch_size = 3, 1, 16
+  for k, v in kw.items():
+    node, _, leaf = k.rpartition(".")
+    (c[node] if node else c)[leaf] = v
+  return c
+
+
+def metrics_rows(workdir):
+  """metrics.jsonl of a run: ({step: train row}, [eval rows])."""
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r for r in rows if "loss" in r}, [r for r in rows if "eval_loss" in r]
+
+
+def run_until(c, workdir, stop_step):
+  """Run `c` but stop (as a preemption would) right after `stop_step`."""
+  from bertjax.runtime import distributed
+  from bertjax.training import loop
+
+  orig = distributed.PreemptionWatcher.should_stop
+  distributed.PreemptionWatcher.should_stop = lambda self, step: step >= stop_step
+  try:
+    assert loop.train_and_evaluate(c, str(workdir)) == 0
+  finally:
+    distributed.PreemptionWatcher.should_stop = orig
+  assert (workdir / "checkpoints" / str(stop_step)).exists()
+
+
+def pretrain_cmd(workdir, steps):
+  """`bertjax pretrain` of the tiny recipe on synthetic data, as a subprocess argv."""
+  import sys
+
+  return [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "pretrain",
+      "--config",
+      str(REPO / "experiments" / "pretrain.py") + ":tiny",
+      "--workdir",
+      str(workdir),
+      "--config.data.source=synthetic",
+      "--config.model.vocab_size=1000",
+      "--config.data.seq_len=32",
+      "--config.data.max_predictions_per_seq=5",
+      "--config.train.batch_size=16",
+      f"--config.train.steps={steps}",
+      "--config.train.warmup_steps=2",
+      "--config.log_every_steps=1",
+      "--config.checkpoint.every_steps=4",
+      "--config.eval.every_steps=0",
+      "--config.tensorboard=false",
+  ]
+
+
+WORDS = (
+    "the quick brown fox jump ##s ##ed over lazy dog . , ! un ##aff ##able caf ##e " "我 爱 北 京"
+).split()
+
+
+def write_vocab(path, size):
+  """A WordPiece vocab.txt of `size` lines: BERT's specials, WORDS, then [unusedN]."""
+  pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(WORDS)
+  pieces += [f"[unused{i}]" for i in range(size - len(pieces))]
+  path.write_text("\n".join(pieces) + "\n", encoding="utf-8")
+  return path
+
+
+def google_variables(sd: dict, num_layers: int) -> dict[str, np.ndarray]:
+  """Google's variable names and layouts ([in, out] kernels) for a torch state dict."""
+  t = lambda name: sd[name].numpy().T  # torch Linear [out, in] -> TF dense kernel [in, out]
+  v = lambda name: sd[name].numpy()
+  out = {
+      "bert/embeddings/word_embeddings": v("bert.embeddings.word_embeddings.weight"),
+      "bert/embeddings/position_embeddings": v("bert.embeddings.position_embeddings.weight"),
+      "bert/embeddings/token_type_embeddings": v("bert.embeddings.token_type_embeddings.weight"),
+      "bert/embeddings/LayerNorm/gamma": v("bert.embeddings.LayerNorm.weight"),
+      "bert/embeddings/LayerNorm/beta": v("bert.embeddings.LayerNorm.bias"),
+      "bert/pooler/dense/kernel": t("bert.pooler.dense.weight"),
+      "bert/pooler/dense/bias": v("bert.pooler.dense.bias"),
+      "cls/predictions/transform/dense/kernel": t("cls.predictions.transform.dense.weight"),
+      "cls/predictions/transform/dense/bias": v("cls.predictions.transform.dense.bias"),
+      "cls/predictions/transform/LayerNorm/gamma": v("cls.predictions.transform.LayerNorm.weight"),
+      "cls/predictions/transform/LayerNorm/beta": v("cls.predictions.transform.LayerNorm.bias"),
+      "cls/predictions/output_bias": v("cls.predictions.bias"),
+      "cls/seq_relationship/output_weights": v("cls.seq_relationship.weight"),  # [2, H]
+      "cls/seq_relationship/output_bias": v("cls.seq_relationship.bias"),
+  }
+  for i in range(num_layers):
+    g, h = f"bert/encoder/layer_{i}", f"bert.encoder.layer.{i}"
+    for m in ("query", "key", "value"):
+      out[f"{g}/attention/self/{m}/kernel"] = t(f"{h}.attention.self.{m}.weight")
+      out[f"{g}/attention/self/{m}/bias"] = v(f"{h}.attention.self.{m}.bias")
+    for gm, hm in (
+        ("attention/output/dense", "attention.output.dense"),
+        ("intermediate/dense", "intermediate.dense"),
+        ("output/dense", "output.dense"),
+    ):
+      out[f"{g}/{gm}/kernel"] = t(f"{h}.{hm}.weight")
+      out[f"{g}/{gm}/bias"] = v(f"{h}.{hm}.bias")
+    for gm, hm in (
+        ("attention/output/LayerNorm", "attention.output.LayerNorm"),
+        ("output/LayerNorm", "output.LayerNorm"),
+    ):
+      out[f"{g}/{gm}/gamma"] = v(f"{h}.{hm}.weight")
+      out[f"{g}/{gm}/beta"] = v(f"{h}.{hm}.bias")
+  return out
+
+
+def write_google_checkpoint(
+    directory,
+    variables: dict[str, np.ndarray],
+    hf_config: dict,
+    extra: dict[str, np.ndarray] | None = None,
+) -> str:
+  """A checkpoint as google-research/bert's Estimator wrote it: tf.compat.v1 Saver."""
+  import tensorflow as tf
+
+  directory.mkdir(parents=True, exist_ok=True)
+  prefix = str(directory / "bert_model.ckpt")
+  with tf.Graph().as_default():
+    tf_vars = [
+        tf.compat.v1.get_variable(name, initializer=tf.constant(value))
+        for name, value in {**variables, **(extra or {})}.items()
+    ]
+    saver = tf.compat.v1.train.Saver(tf_vars)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      saver.save(sess, prefix, write_meta_graph=False)
+  bert_config = {
+      k: hf_config[k]
+      for k in (
+          "vocab_size",
+          "hidden_size",
+          "num_hidden_layers",
+          "num_attention_heads",
+          "intermediate_size",
+          "max_position_embeddings",
+          "hidden_act",
+          "type_vocab_size",
+      )
+  }
+  bert_config.update(
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02
+  )
+  (directory / "bert_config.json").write_text(json.dumps(bert_config))
+  return prefix
+
+
+def random_torch_model(seed: int = 0):
+  """A transformers BertForPreTraining of HF_CONFIG with every weight moved off its init."""
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  m = transformers.BertForPreTraining(transformers.BertConfig(**HF_CONFIG)).eval()
+  with torch.no_grad():  # move every weight off its init value (LayerNorm 1/0, zero biases)
+    for p in m.parameters():
+      p.add_(torch.randn_like(p) * 0.05)
+  return m
+
+
+def hf_batch(vocab: int, seed: int = 0):
+  """ids, segment ids, mask and masked positions of a [3, 12] batch (4 positions), one row
+  padded."""
+  B, L, P = 3, 12, 4
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, vocab, size=(B, L)).astype(np.int32)
+  mask = np.ones((B, L), np.int32)
+  mask[1, 8:] = 0
+  ids[mask == 0] = 0
+  types = np.zeros((B, L), np.int32)
+  types[:, 5:] = 1
+  types[mask == 0] = 0
+  pos = np.stack([rng.choice(int(m.sum()), size=P, replace=False) for m in mask]).astype(np.int32)
+  return ids, types, mask, pos
+
+
+def torch_logits(m, ids, types, mask, pos):
+  import torch
+
+  with torch.no_grad():
+    out = m(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        token_type_ids=torch.tensor(types, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+    )
+  mlm = np.take_along_axis(out.prediction_logits.numpy(), pos[:, :, None], axis=1)
+  return mlm, out.seq_relationship_logits.numpy()

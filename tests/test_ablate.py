@@ -23,12 +23,19 @@ def write_jsonl(path, rows, tail=""):
 
 def test_final_eval_needs_the_last_steps_eval(tmp_path):
   m = tmp_path / "metrics.jsonl"
-  write_jsonl(m, [{"step": 5, "loss": 3.0},
-                  {"step": 5, "eval_mlm_loss": 2.0, "eval_mlm_perplexity": 7.4,
-                   "eval_nsp_accuracy": 0.6}])
+  write_jsonl(
+      m,
+      [
+          {"step": 5, "loss": 3.0},
+          {"step": 5, "eval_mlm_loss": 2.0, "eval_mlm_perplexity": 7.4, "eval_nsp_accuracy": 0.6},
+      ],
+  )
   assert ablate.final_eval(str(tmp_path), 10) is None  # stopped half way: not done
-  assert ablate.final_eval(str(tmp_path), 5) == {"mlm_perplexity": 7.4, "mlm_accuracy": None,
-                                                 "nsp_accuracy": 0.6}
+  assert ablate.final_eval(str(tmp_path), 5) == {
+      "mlm_perplexity": 7.4,
+      "mlm_accuracy": None,
+      "nsp_accuracy": 0.6,
+  }
   # A line cut short by a kill is skipped; perplexity falls back to exp(loss).
   write_jsonl(m, [{"step": 10, "eval_mlm_loss": 1.0}], tail='{"step": 11, "lo')
   assert ablate.final_eval(str(tmp_path), 10)["mlm_perplexity"] == pytest.approx(2.71828, 1e-4)
@@ -36,8 +43,9 @@ def test_final_eval_needs_the_last_steps_eval(tmp_path):
 
 def test_task_results_flattens_metrics(tmp_path):
   (tmp_path / "mrpc").mkdir()
-  (tmp_path / "mrpc" / "results.json").write_text(json.dumps(
-      {"mrpc": {"accuracy": 0.8, "f1": 0.85, "accuracy_runs": 5.0}}))
+  (tmp_path / "mrpc" / "results.json").write_text(
+      json.dumps({"mrpc": {"accuracy": 0.8, "f1": 0.85, "accuracy_runs": 5.0}})
+  )
   assert ablate.task_results(str(tmp_path), "mrpc") == {"mrpc_accuracy": 0.8, "mrpc_f1": 0.85}
   assert ablate.task_results(str(tmp_path), "sst2") is None
 
@@ -47,34 +55,70 @@ def args_for(out, *extra):
 
 
 def test_pretrain_argv_gives_every_variant_the_same_run(tmp_path):
-  args = args_for(tmp_path, "--seq-len", "64", "--batch-size", "32", "--set",
-                  "train.learning_rate=1e-3")
+  args = args_for(
+      tmp_path, "--seq-len", "64", "--batch-size", "32", "--set", "train.learning_rate=1e-3"
+  )
   argvs = [ablate.pretrain_argv(v, args, "WD", "DATA", 0) for v in ablate.variants("nsp", "tiny")]
   # Only --config differs between the variants.
-  assert [a[2] for a in argvs] == [str(REPO / "experiments" / f) for f in (
-      "pretrain.py:tiny", "no_nsp.py:tiny", "sop.py:tiny")]
+  assert [a[2] for a in argvs] == [
+      str(REPO / "experiments" / f) for f in ("pretrain.py:tiny", "no_nsp.py:tiny", "sop.py:tiny")
+  ]
   assert all(a[3:] == argvs[0][3:] for a in argvs)
   a = argvs[0]
-  for flag in ("--config.train.steps=10", "--config.seed=0", "--config.data.path=DATA",
-               "--config.data.seq_len=64", "--config.data.max_predictions_per_seq=10",
-               "--config.train.batch_size=32", "--config.train.learning_rate=1e-3"):
+  for flag in (
+      "--config.train.steps=10",
+      "--config.seed=0",
+      "--config.data.path=DATA",
+      "--config.data.seq_len=64",
+      "--config.data.max_predictions_per_seq=10",
+      "--config.train.batch_size=32",
+      "--config.train.learning_rate=1e-3",
+  ):
     assert flag in a
   # Without --seq-len the config's length and predictions stay; the seed is the run's.
   a = ablate.pretrain_argv(ablate.variants("nsp", "demo")[0], args_for(tmp_path), "WD", "D", 3)
   assert "--config.seed=3" in a and not any("seq_len" in f or "max_predictions" in f for f in a)
   # The demo masks 30%: 0.3 * 64 -> 20 predictions.
-  a = ablate.pretrain_argv(ablate.variants("nsp", "demo")[0],
-                           args_for(tmp_path, "--scale", "demo", "--seq-len", "64"), "WD", "D", 0)
+  a = ablate.pretrain_argv(
+      ablate.variants("nsp", "demo")[0],
+      args_for(tmp_path, "--scale", "demo", "--seq-len", "64"),
+      "WD",
+      "D",
+      0,
+  )
   assert "--config.data.max_predictions_per_seq=20" in a
 
 
 ROWS = [
-    {"variant": "nsp", "pair_task": "NSP", "scale": "tiny", "steps": 10, "batch_size": "",
-     "seq_len": 128, "seed": 0, "mlm_perplexity": 300.5, "mlm_accuracy": 0.1,
-     "nsp_accuracy": 0.6, "sst2_accuracy": 0.7, "mrpc_accuracy": 0.6, "mrpc_f1": 0.7},
-    {"variant": "no_nsp", "pair_task": "none", "scale": "tiny", "steps": 10, "batch_size": "",
-     "seq_len": 128, "seed": 0, "mlm_perplexity": 280.0, "mlm_accuracy": 0.12,
-     "sst2_accuracy": 0.72, "mrpc_accuracy": 0.55, "mrpc_f1": 0.65},
+    {
+        "variant": "nsp",
+        "pair_task": "NSP",
+        "scale": "tiny",
+        "steps": 10,
+        "batch_size": "",
+        "seq_len": 128,
+        "seed": 0,
+        "mlm_perplexity": 300.5,
+        "mlm_accuracy": 0.1,
+        "nsp_accuracy": 0.6,
+        "sst2_accuracy": 0.7,
+        "mrpc_accuracy": 0.6,
+        "mrpc_f1": 0.7,
+    },
+    {
+        "variant": "no_nsp",
+        "pair_task": "none",
+        "scale": "tiny",
+        "steps": 10,
+        "batch_size": "",
+        "seq_len": 128,
+        "seed": 0,
+        "mlm_perplexity": 280.0,
+        "mlm_accuracy": 0.12,
+        "sst2_accuracy": 0.72,
+        "mrpc_accuracy": 0.55,
+        "mrpc_f1": 0.65,
+    },
 ]
 
 
@@ -84,14 +128,28 @@ def test_csv_md_and_plot(tmp_path):
   ablate.write_csv(str(tmp_path / "results.csv"), ROWS, vs)
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
-  assert list(rows[0]) == ["variant", "pair_task", "scale", "steps", "batch_size", "seq_len",
-                           "seed", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy",
-                           "mrpc_accuracy", "mrpc_f1", "sst2_accuracy"]
+  assert list(rows[0]) == [
+      "variant",
+      "pair_task",
+      "scale",
+      "steps",
+      "batch_size",
+      "seq_len",
+      "seed",
+      "mlm_perplexity",
+      "mlm_accuracy",
+      "nsp_accuracy",
+      "mrpc_accuracy",
+      "mrpc_f1",
+      "sst2_accuracy",
+  ]
   assert rows[1]["nsp_accuracy"] == "" and float(rows[1]["sst2_accuracy"]) == 0.72
   ablate.write_md(str(tmp_path / "results.md"), ROWS, vs, args, "CMD")
   md = (tmp_path / "results.md").read_text().splitlines()
-  assert ("| Pair task | seeds | MLM ppl | MLM acc | pair acc | mrpc_accuracy | mrpc_f1 | "
-          "sst2_accuracy |") in md
+  assert (
+      "| Pair task | seeds | MLM ppl | MLM acc | pair acc | mrpc_accuracy | mrpc_f1 | "
+      "sst2_accuracy |"
+  ) in md
   assert "| none | 1 | 280.00 | 0.1200 | - | 0.5500 | 0.6500 | 0.7200 |" in md
   ablate.plot(str(tmp_path / "nsp.png"), ROWS, vs, args)
   png = (tmp_path / "nsp.png").read_bytes()
@@ -103,8 +161,12 @@ def test_seeds_give_mean_std_and_error_bars_from_zero(tmp_path, monkeypatch):
   of that size and starts its perplexity axis at 0."""
   import matplotlib.axes
 
-  rows = [dict(ROWS[0], seed=0, mlm_perplexity=300.0), dict(ROWS[0], seed=1, mlm_perplexity=310.0),
-          dict(ROWS[1], seed=0, mlm_perplexity=280.0), dict(ROWS[1], seed=1, mlm_perplexity=270.0)]
+  rows = [
+      dict(ROWS[0], seed=0, mlm_perplexity=300.0),
+      dict(ROWS[0], seed=1, mlm_perplexity=310.0),
+      dict(ROWS[1], seed=0, mlm_perplexity=280.0),
+      dict(ROWS[1], seed=1, mlm_perplexity=270.0),
+  ]
   vs = ablate.variants("nsp", "tiny")
   args = args_for(tmp_path, "--seeds", "0,1")
   ablate.write_md(str(tmp_path / "results.md"), rows, vs, args, "CMD")
@@ -112,13 +174,19 @@ def test_seeds_give_mean_std_and_error_bars_from_zero(tmp_path, monkeypatch):
   assert "| NSP | 2 | 305.00 ± 7.0711 |" in md and "| none | 2 | 275.00 ± 7.0711 |" in md
   calls = []
   real = matplotlib.axes.Axes.errorbar
-  monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
-                      lambda self, x, y, yerr=None, **k: calls.append((list(y), list(yerr)))
-                      or real(self, x, y, yerr=yerr, **k))
+  monkeypatch.setattr(
+      matplotlib.axes.Axes,
+      "errorbar",
+      lambda self, x, y, yerr=None, **k: calls.append((list(y), list(yerr)))
+      or real(self, x, y, yerr=yerr, **k),
+  )
   real_ylim = matplotlib.axes.Axes.set_ylim
   limits = []
-  monkeypatch.setattr(matplotlib.axes.Axes, "set_ylim",
-                      lambda self, *a, **k: limits.append(a) or real_ylim(self, *a, **k))
+  monkeypatch.setattr(
+      matplotlib.axes.Axes,
+      "set_ylim",
+      lambda self, *a, **k: limits.append(a) or real_ylim(self, *a, **k),
+  )
   ablate.plot(str(tmp_path / "nsp.png"), rows, vs, args)
   assert calls[0] == ([305.0, 275.0], [pytest.approx(7.0711, 1e-4)] * 2)
   ours = [a for a in limits if len(a) == 2]  # matplotlib's own calls pass one list
@@ -146,8 +214,18 @@ class FakeBertjax:
       with open(m, "a") as f:
         f.write(json.dumps({"step": stop, "loss": 1.0}) + "\n")
         if stop == steps:
-          f.write(json.dumps({"step": stop, "eval_mlm_loss": 2.0, "eval_mlm_perplexity": 7.0,
-                              "eval_mlm_accuracy": 0.3, "eval_nsp_accuracy": 0.8}) + "\n")
+          f.write(
+              json.dumps(
+                  {
+                      "step": stop,
+                      "eval_mlm_loss": 2.0,
+                      "eval_mlm_perplexity": 7.0,
+                      "eval_mlm_accuracy": 0.3,
+                      "eval_nsp_accuracy": 0.8,
+                  }
+              )
+              + "\n"
+          )
       self.stop_at = None
       return 0 if stop == steps else 1
     out = pathlib.Path(flag("--workdir"))
@@ -157,8 +235,19 @@ class FakeBertjax:
 
 
 def sweep(tmp_path, *extra):
-  return ["--sweep", "nsp", "--steps", "10", "--out", str(tmp_path / "out"), "--data",
-          str(tmp_path / "data"), "--glue-data", GLUE, *extra]
+  return [
+      "--sweep",
+      "nsp",
+      "--steps",
+      "10",
+      "--out",
+      str(tmp_path / "out"),
+      "--data",
+      str(tmp_path / "data"),
+      "--glue-data",
+      GLUE,
+      *extra,
+  ]
 
 
 def test_resume_half_finished_sweep(tmp_path, monkeypatch):
@@ -171,13 +260,18 @@ def test_resume_half_finished_sweep(tmp_path, monkeypatch):
   assert ablate.main(sweep(tmp_path, "--tasks", "sst2")) == 0
   exp = REPO / "experiments"
   assert [(c[0], c[2]) for c in fake.calls] == [
-      ("pretrain", f"{exp}/pretrain.py:tiny"), ("glue", "sst2"),
-      ("pretrain", f"{exp}/no_nsp.py:tiny"), ("glue", "sst2"),
-      ("pretrain", f"{exp}/sop.py:tiny"), ("glue", "sst2")]
+      ("pretrain", f"{exp}/pretrain.py:tiny"),
+      ("glue", "sst2"),
+      ("pretrain", f"{exp}/no_nsp.py:tiny"),
+      ("glue", "sst2"),
+      ("pretrain", f"{exp}/sop.py:tiny"),
+      ("glue", "sst2"),
+  ]
   # ... fine-tuning starts from the final checkpoint ...
   glue = fake.calls[1]
-  assert glue[glue.index("--init") + 1] == str(tmp_path / "out" / "nsp" / "seed0" / "pretrain" /
-                                               "checkpoints" / "10")
+  assert glue[glue.index("--init") + 1] == str(
+      tmp_path / "out" / "nsp" / "seed0" / "pretrain" / "checkpoints" / "10"
+  )
   # ... and a third run with one more task only fine-tunes on that task.
   fake.calls.clear()
   assert ablate.main(sweep(tmp_path, "--tasks", "sst2,mrpc")) == 0
@@ -201,17 +295,38 @@ def test_resume_refuses_other_settings(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
   """Real `bertjax pretrain` and `bertjax glue`, in this process, on the bundled corpus."""
-  argv = ["--sweep", "nsp", "--only", "nsp,no_nsp", "--scale", "tiny", "--steps", "3",
-          "--batch-size", "16", "--seq-len", "32", "--set", "eval.steps=1",
-          "--glue-data", GLUE, "--tasks", "sst2",
-          "--glue-flags", "--epochs 1 --batch-size 8 --eval-batch-size 8",
-          "--out", str(tmp_path / "out")]
+  argv = [
+      "--sweep",
+      "nsp",
+      "--only",
+      "nsp,no_nsp",
+      "--scale",
+      "tiny",
+      "--steps",
+      "3",
+      "--batch-size",
+      "16",
+      "--seq-len",
+      "32",
+      "--set",
+      "eval.steps=1",
+      "--glue-data",
+      GLUE,
+      "--tasks",
+      "sst2",
+      "--glue-flags",
+      "--epochs 1 --batch-size 8 --eval-batch-size 8",
+      "--out",
+      str(tmp_path / "out"),
+  ]
   assert ablate.main(argv) == 0
   out = tmp_path / "out"
   with open(out / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert [(r["variant"], r["pair_task"], r["steps"]) for r in rows] == [
-      ("nsp", "NSP", "3"), ("no_nsp", "none", "3")]
+      ("nsp", "NSP", "3"),
+      ("no_nsp", "none", "3"),
+  ]
   for r in rows:
     assert 1 < float(r["mlm_perplexity"]) < 1e5 and 0 <= float(r["sst2_accuracy"]) <= 1
   assert rows[0]["nsp_accuracy"] != "" and rows[1]["nsp_accuracy"] == ""

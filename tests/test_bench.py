@@ -14,14 +14,26 @@ import pytest
 
 import flax.linen as nn
 
-from bertjax.bench import pretraining as bench, peers as bench_peers
+from bertjax.bench import peers as bench_peers, pretraining as bench
 
-from bertjax.training import flops
 from bertjax import model as model_lib
 from bertjax.commands import bench as bench_cmd
+from bertjax.training import flops
 
-TINY = ["--preset", "tiny", "--vocab-size", "512", "--batch-size", "8", "--seq-len", "16",
-        "--warmup", "1", "--steps", "2"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--vocab-size",
+    "512",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "16",
+    "--warmup",
+    "1",
+    "--steps",
+    "2",
+]
 
 
 def test_flops_hand_count():
@@ -31,27 +43,40 @@ def test_flops_hand_count():
   #   attention 12 * 2 layers * 8 * 4 * (8 tokens)                  =  6,144
   #   MLM head 6 * (8*8 + 8*10) * (2*1 masked rows)                 =  1,728
   #   pooler + NSP 6 * (8*8 + 2*8) * 2                              =    960
-  cfg = model_lib.BertConfig(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2,
-                             intermediate_size=16)
+  cfg = model_lib.BertConfig(
+      vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=16
+  )
   assert flops.non_embedding_params(cfg) == 1200
   assert flops.pretraining_flops_per_step(cfg, 2, 4, 1) == 57_600 + 6_144 + 1_728 + 960
 
 
+@pytest.mark.slow
 def test_flops_param_count_matches_the_model():
   cfg = model_lib.from_preset("tiny", vocab_size=100)
   d = model_lib.dummy_inputs()
-  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(
-      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"])["params"])
+  params = nn.unbox(
+      model_lib.BertForPreTraining(cfg).init(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )["params"]
+  )
   assert flops.non_embedding_params(cfg) == model_lib.count_params(params["bert"]["encoder"])
 
 
 def test_synthetic_batch_layout():
   b = bench_peers.synthetic_batch(4, 32, 5, vocab_size=50, seed=1)
   assert {k: v.shape for k, v in b.items()} == {
-      "input_ids": (4, 32), "attention_mask": (4, 32), "token_type_ids": (4, 32),
-      "masked_positions": (4, 5), "masked_ids": (4, 5), "masked_weights": (4, 5),
-      "nsp_labels": (4,)}
+      "input_ids": (4, 32),
+      "attention_mask": (4, 32),
+      "token_type_ids": (4, 32),
+      "masked_positions": (4, 5),
+      "masked_ids": (4, 5),
+      "masked_weights": (4, 5),
+      "nsp_labels": (4,),
+  }
   pos = b["masked_positions"]
   assert pos.min() >= 1 and pos.max() < 32  # never [CLS]
   assert all(len(set(row)) == 5 for row in pos)
@@ -62,18 +87,29 @@ def test_synthetic_batch_layout():
   assert bench_peers.max_predictions(128) == 20  # BERT's max_predictions_per_seq at seq 128
 
 
+@pytest.mark.slow
 def test_json_report(capsys):
   assert bench_cmd.main(TINY + ["--json"]) == 0
   r = json.loads(capsys.readouterr().out)
-  for key in ("tokens_per_sec", "seq_per_sec", "step_ms", "mfu", "peak_flops", "compile_s",
-              "model_flops_per_step", "peak_memory_bytes", "peers"):
+  for key in (
+      "tokens_per_sec",
+      "seq_per_sec",
+      "step_ms",
+      "mfu",
+      "peak_flops",
+      "compile_s",
+      "model_flops_per_step",
+      "peak_memory_bytes",
+      "peers",
+  ):
     assert key in r, key
   assert r["step_ms"] > 0 and r["compile_s"] > 0 and r["peak_flops"] > 0
   assert r["step_ms_min"] <= r["step_ms"]
   np.testing.assert_allclose(r["seq_per_sec"], 8 * 1e3 / r["step_ms"])
   np.testing.assert_allclose(r["tokens_per_sec"], r["seq_per_sec"] * 16)
-  np.testing.assert_allclose(r["mfu"], r["model_flops_per_step"] * 1e3 / r["step_ms"]
-                             / r["peak_flops"])
+  np.testing.assert_allclose(
+      r["mfu"], r["model_flops_per_step"] * 1e3 / r["step_ms"] / r["peak_flops"]
+  )
   assert 0 < r["mfu"] < 1
   assert r["num_masked"] == 3  # ceil(0.15 * 16)
   assert r["devices"] == jax.device_count() == 8  # the real step ran on the whole mesh
@@ -81,6 +117,7 @@ def test_json_report(capsys):
   assert r["peers"] == {}
 
 
+@pytest.mark.slow
 def test_cpu_peak_is_the_best_of_before_and_after(capsys, monkeypatch):
   # a low first measurement (load from elsewhere) must not become the peak
   measured = iter([1e9, 3e9])
@@ -91,6 +128,7 @@ def test_cpu_peak_is_the_best_of_before_and_after(capsys, monkeypatch):
   np.testing.assert_allclose(r["mfu"], r["model_flops_per_sec"] / 3e9)
 
 
+@pytest.mark.slow
 def test_table_report_and_peer_unavailable(capsys, monkeypatch):
   monkeypatch.setenv("BERTJAX_HF4_PYTHON", "/nonexistent/python")
   assert bench_cmd.main(TINY + ["--compare", "hf-flax", "--peak-flops", "1e12"]) == 0
@@ -99,12 +137,26 @@ def test_table_report_and_peer_unavailable(capsys, monkeypatch):
   assert "hf-flax" in out and "unavailable" in out and "BERTJAX_HF4_PYTHON" in out
 
 
+@pytest.mark.slow
 def test_flax_peer_subprocess_reports_missing_flax_models():
   # This interpreter has transformers 5 (no Flax models) or none: the child must answer with
   # a JSON "unavailable", which the parent parses, rather than crash.
-  spec = dict(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-              max_position_embeddings=32, hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
-              batch_size=2, seq_len=8, num_masked=1, warmup=1, steps=1, threads=1)
+  spec = dict(
+      vocab_size=64,
+      hidden_size=16,
+      num_layers=1,
+      num_heads=2,
+      intermediate_size=32,
+      max_position_embeddings=32,
+      hidden_dropout_rate=0.1,
+      attention_dropout_rate=0.1,
+      batch_size=2,
+      seq_len=8,
+      num_masked=1,
+      warmup=1,
+      steps=1,
+      threads=1,
+  )
   os.environ["BERTJAX_HF4_PYTHON"] = sys.executable
   try:
     r = bench_peers.run_flax_subprocess(spec, repo_root=".", timeout_s=300)
@@ -112,6 +164,7 @@ def test_flax_peer_subprocess_reports_missing_flax_models():
     del os.environ["BERTJAX_HF4_PYTHON"]
   try:
     import transformers
+
     has_flax = hasattr(transformers, "FlaxBertForPreTraining")
   except ImportError:
     has_flax = False
@@ -119,25 +172,42 @@ def test_flax_peer_subprocess_reports_missing_flax_models():
   assert r["status"] == ("ok" if has_flax else "unavailable"), r
 
 
+@pytest.mark.slow
 def test_torch_peer_runs_and_matches_the_report_keys():
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
-  spec = dict(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-              max_position_embeddings=32, hidden_dropout_rate=0.1, attention_dropout_rate=0.1,
-              batch_size=2, seq_len=8, num_masked=1, warmup=1, steps=2, threads=1)
+  spec = dict(
+      vocab_size=64,
+      hidden_size=16,
+      num_layers=1,
+      num_heads=2,
+      intermediate_size=32,
+      max_position_embeddings=32,
+      hidden_dropout_rate=0.1,
+      attention_dropout_rate=0.1,
+      batch_size=2,
+      seq_len=8,
+      num_masked=1,
+      warmup=1,
+      steps=2,
+      threads=1,
+  )
   r = bench_peers.run_torch(spec, compiled=False)
   assert r["status"] == "ok", r
   assert r["step_ms"] > 0 and r["steps_timed"] == 2
   np.testing.assert_allclose(r["tokens_per_sec"], 2 * 8 * 1e3 / r["step_ms"])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--preset", "huge"], "valid presets"),
-    (["--seq-len", "1024"], "--seq-len=1024"),
-    (["--batch-size", "0"], "--batch-size=0"),
-    (["--num-masked", "16", "--seq-len", "16"], "--num-masked=16"),
-    (["--compare", "hf-torch,tensorflow"], "tensorflow: unknown peer; valid: hf-torch"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "huge"], "valid presets"),
+        (["--seq-len", "1024"], "--seq-len=1024"),
+        (["--batch-size", "0"], "--batch-size=0"),
+        (["--num-masked", "16", "--seq-len", "16"], "--num-masked=16"),
+        (["--compare", "hf-torch,tensorflow"], "tensorflow: unknown peer; valid: hf-torch"),
+    ],
+)
 def test_errors_name_the_flag(argv, message, capsys):
   assert bench_cmd.main(argv) == 2
   assert message in capsys.readouterr().err
@@ -152,7 +222,8 @@ def test_bf16_peers_are_reported_unavailable():
 def test_bench_input_dispatches_to_the_experiment(tmp_path, monkeypatch, capsys):
   (tmp_path / "experiments").mkdir()
   (tmp_path / "experiments" / "bench_input.py").write_text(
-      "def main(argv):\n  print('input bench', argv)\n  return 3\n")
+      "def main(argv):\n  print('input bench', argv)\n  return 3\n"
+  )
   monkeypatch.setattr(bench_cmd, "_REPO_ROOT", str(tmp_path))
   assert bench_cmd.main(["input", "--copies", "2"]) == 3
   assert "input bench ['--copies', '2']" in capsys.readouterr().out
@@ -160,15 +231,22 @@ def test_bench_input_dispatches_to_the_experiment(tmp_path, monkeypatch, capsys)
   assert bench_cmd.main(["input"]) == 2
 
 
+@pytest.mark.slow
 def test_profile_breaks_the_step_down_by_model_op(tmp_path, capsys):
-  assert bench_cmd.main(TINY + ["--peak-flops", "1e12", "--profile", str(tmp_path / "prof"),
-                                "--profile-top", "8"]) == 0
+  assert (
+      bench_cmd.main(
+          TINY + ["--peak-flops", "1e12", "--profile", str(tmp_path / "prof"), "--profile-top", "8"]
+      )
+      == 0
+  )
   out = capsys.readouterr().out
   assert "profile: 2 steps" in out and "untraced" in out
-  table = out[out.index("profile: 2 steps"):].splitlines()
+  table = out[out.index("profile: 2 steps") :].splitlines()
   assert len(table) == 2 + 8 + 2  # header, top 8 rows, the rest, untraced
-  p = bench.profile_bertjax(bench.BenchSpec(preset="tiny", batch_size=8, seq_len=16,
-                                            vocab_size=512), str(tmp_path / "prof2"))
+  p = bench.profile_bertjax(
+      bench.BenchSpec(preset="tiny", batch_size=8, seq_len=16, vocab_size=512),
+      str(tmp_path / "prof2"),
+  )
   assert os.path.exists(p["trace"]) and p["trace"].startswith(str(tmp_path / "prof2"))
   names = [r["op"] for r in p["ops"]]
   assert any("encoder/layer_N/intermediate/dot_general" in n for n in names), names[:10]
@@ -185,17 +263,28 @@ def _small_task(root, n_train=64, n_dev=32):
   os.makedirs(root, exist_ok=True)
   for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
     with open(os.path.join(src, name)) as f:
-      lines = f.readlines()[:n + 1]
+      lines = f.readlines()[: n + 1]
     with open(os.path.join(root, name), "w") as f:
       f.writelines(lines)
   return str(root)
 
 
+@pytest.mark.slow
 def test_bench_finetune_reports_both_runs(tmp_path, capsys):
   """A tiny `bench finetune`: one epoch on 64 rows beside the PyTorch peer (no timing checks)."""
   pytest.importorskip("torch")
-  argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--preset", "tiny",
-          "--max-seq-len", "32", "--length-bucket", "0", "--json"]
+  argv = [
+      "finetune",
+      "--task-dir",
+      _small_task(tmp_path / "task"),
+      "--preset",
+      "tiny",
+      "--max-seq-len",
+      "32",
+      "--length-bucket",
+      "0",
+      "--json",
+  ]
   assert bench_cmd.main(argv) == 0
   r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert r["train_rows"] == 64 and r["dev_rows"] == 32 and r["tokens_max"] <= 32

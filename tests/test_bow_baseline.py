@@ -37,8 +37,13 @@ def test_separable_task_is_learned():
   rng = np.random.default_rng(0)
   cue_words = {0: ["awful", "dull", "tedious", "bad"], 1: ["superb", "moving", "witty", "good"]}
   y_train, y_dev = rng.integers(0, 2, 400), rng.integers(0, 2, 200)
-  res = bow_baseline.run(_texts(rng, 400, cue_words, y_train), y_train,
-                         _texts(rng, 200, cue_words, y_dev), y_dev, num_labels=2)
+  res = bow_baseline.run(
+      _texts(rng, 400, cue_words, y_train),
+      y_train,
+      _texts(rng, 200, cue_words, y_dev),
+      y_dev,
+      num_labels=2,
+  )
   for name, m in res["models"].items():
     assert m["dev_accuracy"] >= 0.95, (name, m)
   assert res["majority_dev_accuracy"] < 0.6
@@ -60,9 +65,20 @@ def test_cli_reads_tsv_and_writes_json(tmp_path):
     rows = [f"{t}\t{'pos' if l else 'neg'}\n" for t, l in zip(_texts(rng, n, cue_words, y), y)]
     (tmp_path / f"{split}.tsv").write_text("text\tstars\n" + "".join(rows))
   out = tmp_path / "res" / "bow.json"
-  res = bow_baseline.main(["--train", str(tmp_path / "train.tsv"), "--dev",
-                           str(tmp_path / "dev.tsv"), "--text-column", "text",
-                           "--label-column", "stars", "--json", str(out)])
+  res = bow_baseline.main(
+      [
+          "--train",
+          str(tmp_path / "train.tsv"),
+          "--dev",
+          str(tmp_path / "dev.tsv"),
+          "--text-column",
+          "text",
+          "--label-column",
+          "stars",
+          "--json",
+          str(out),
+      ]
+  )
   saved = json.loads(out.read_text())
   assert saved["labels"] == ["neg", "pos"] and saved["dev_examples"] == 60
   assert saved["mean_dev_accuracy"] == pytest.approx(res["mean_dev_accuracy"])
@@ -72,16 +88,25 @@ def test_cli_reads_tsv_and_writes_json(tmp_path):
 
 def test_ngrams_are_unigrams_and_bigrams():
   assert bow_baseline.ngrams("Don't go!") == [
-      "don't", "go", "!", "<s> don't", "don't go", "go !", "! </s>"]
+      "don't",
+      "go",
+      "!",
+      "<s> don't",
+      "don't go",
+      "go !",
+      "! </s>",
+  ]
 
 
 # --- the bundled task -------------------------------------------------------------------------
 
+
 def _custom_task():
   p = {s: str(TASK_DIR / f"{s}.tsv") for s in SPLITS}
   labels = tsv.custom_labels(p["train"], ("sentence",), "label")
-  return tasks.custom("movie_snippets", p["train"], p["dev"], p["test"], ("sentence",),
-                      "label", labels)
+  return tasks.custom(
+      "movie_snippets", p["train"], p["dev"], p["test"], ("sentence",), "label", labels
+  )
 
 
 def test_bundled_task_header_and_rows_parse():
@@ -118,8 +143,14 @@ def test_bundled_task_splits_share_no_text():
 
 
 def test_make_script_band_dedup_and_split(monkeypatch):
-  lines = ["1\t2.5\tA fine film.", "2\t-0.5\tMeh, neutral.", "3\t-1.0\tA dull film.",
-           "4\t1.2\ta FINE   film.", "5\t3.0\tBoth ways.", "6\t-3.0\tboth ways."]
+  lines = [
+      "1\t2.5\tA fine film.",
+      "2\t-0.5\tMeh, neutral.",
+      "3\t-1.0\tA dull film.",
+      "4\t1.2\ta FINE   film.",
+      "5\t3.0\tBoth ways.",
+      "6\t-3.0\tboth ways.",
+  ]
   rows = make_movie_snippets.labelled("\r\n".join(lines).encode("utf-8"))
   # neutral band dropped; case/space duplicates kept once; a text seen with both labels dropped
   assert rows == [("A fine film.", "1"), ("A dull film.", "0")]

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax.training import checkpoint, loop, sharding, train
-from tests.test_sharding import tiny_config
-from tests.test_train import _loop_config, _rows, _run_until
+from conftest import loop_config, metrics_rows, pretrain_cmd, REPO, run_until, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -24,6 +23,7 @@ def _equal(a, b):
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
+@pytest.mark.slow
 def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
   c = tiny_config()
   s8 = train.setup(c, sharding.make_mesh(2, 2, 2))
@@ -33,8 +33,7 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
   mngr.save(7, state, [{"step": 1}], meta)
   mngr.wait()
   # 8 devices (data=2 x fsdp=2 x tensor=2) -> 1 device, and -> fsdp=4 x tensor=2.
-  for mesh in (sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
-               sharding.make_mesh(1, 4, 2)):
+  for mesh in (sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]), sharding.make_mesh(1, 4, 2)):
     s = train.setup(c, mesh)
     restored, data, _ = mngr.restore(7, s.abstract_state)
     _equal(restored, state)
@@ -47,32 +46,37 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
     _equal(pre.params, state.params)
   # save_pretrained -> load_pretrained onto given shardings, with the tokenizer copied.
   out = tmp_path / "export"
-  checkpoint.save_pretrained(str(out), s8.bert_config, state.params,
-                             str(REPO / "data" / "tokenizer.model"), step=7)
+  checkpoint.save_pretrained(
+      str(out), s8.bert_config, state.params, str(REPO / "data" / "tokenizer.model"), step=7
+  )
   one = train.setup(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
   pre = checkpoint.load_pretrained(str(out), shardings=one.state_shardings.params)
-  assert pathlib.Path(pre.tokenizer_path).read_bytes() == (
-      REPO / "data" / "tokenizer.model").read_bytes()
+  assert (
+      pathlib.Path(pre.tokenizer_path).read_bytes()
+      == (REPO / "data" / "tokenizer.model").read_bytes()
+  )
   _equal(pre.params, state.params)
   assert pre.params["mlm_bias"].sharding == one.state_shardings.params["mlm_bias"]
 
 
+@pytest.mark.slow
 def test_scanned_run_loads_unscanned(tmp_path):
-  c = _loop_config(2, **{"model.scan_layers": True, "eval.every_steps": 0})
+  c = loop_config(2, **{"model.scan_layers": True, "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path)) == 0
   pre = checkpoint.load_pretrained(str(tmp_path))
   enc = pre.params["bert"]["encoder"]
   assert set(enc) == {"layer_0", "layer_1"} and not pre.config.scan_layers
   # and continues pretraining from it (init_from) in a fresh unscanned run
-  c2 = _loop_config(1, **{"train.init_from": str(tmp_path), "eval.every_steps": 0})
+  c2 = loop_config(1, **{"train.init_from": str(tmp_path), "eval.every_steps": 0})
   assert loop.train_and_evaluate(c2, str(tmp_path / "continued")) == 0
 
 
+@pytest.mark.slow
 def test_config_mismatch_names_the_field(tmp_path):
-  _run_until(_loop_config(6, **{"eval.every_steps": 0}), tmp_path, 3)
+  run_until(loop_config(6, **{"eval.every_steps": 0}), tmp_path, 3)
   accepted = (tmp_path / "config.json").read_text()
   records = (tmp_path / "metrics.jsonl").read_text()
-  c = _loop_config(6, **{"model.hidden_size": 64, "model.intermediate_size": 256})
+  c = loop_config(6, **{"model.hidden_size": 64, "model.intermediate_size": 256})
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"config.model.hidden_size=128"):
     loop.train_and_evaluate(c, str(tmp_path))
   # The rejected config never replaces the run's own, and its metrics are untouched.
@@ -80,33 +84,34 @@ def test_config_mismatch_names_the_field(tmp_path):
   assert (tmp_path / "metrics.jsonl").read_text() == records
 
 
-def _pretrain_cmd(workdir, steps):
-  return [sys.executable, "-m", "bertjax.cli", "pretrain",
-          "--config", str(REPO / "experiments" / "pretrain.py") + ":tiny",
-          "--workdir", str(workdir), "--config.data.source=synthetic",
-          "--config.model.vocab_size=1000", "--config.data.seq_len=32",
-          "--config.data.max_predictions_per_seq=5", "--config.train.batch_size=16",
-          f"--config.train.steps={steps}", "--config.train.warmup_steps=2",
-          "--config.log_every_steps=1", "--config.checkpoint.every_steps=4",
-          "--config.eval.every_steps=0", "--config.tensorboard=false"]
-
-
 def _env():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=str(REPO),
+  )
   return env
 
 
 def _cached_env(tmp_path):
   """Subprocesses of one test share compiled programs through jax's persistent cache."""
-  return dict(_env(), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return dict(
+      _env(),
+      JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
 
 
 def _kill_when(workdir: pathlib.Path, ready, env, timeout=300) -> None:
-  proc = subprocess.Popen(_pretrain_cmd(workdir, 16), env=env, cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+      pretrain_cmd(workdir, 16),
+      env=env,
+      cwd=REPO,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+  )
   t0 = time.time()
   try:
     while proc.poll() is None and time.time() - t0 < timeout:
@@ -125,23 +130,25 @@ def _saving(ckpt_dir: pathlib.Path) -> bool:  # an orbax temporary step director
 
 def _saved(ckpt_dir: pathlib.Path) -> bool:  # the first step directory is complete
   return (ckpt_dir / "4" / "commit_success.txt").exists() or (
-      ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir()))
+      ckpt_dir.exists() and any(p.name.isdigit() for p in ckpt_dir.iterdir())
+  )
 
 
 @pytest.mark.slow
 def test_sigkill_during_and_after_async_save_then_exact_resume(tmp_path):
   ref, env = tmp_path / "ref", _cached_env(tmp_path)
-  subprocess.run(_pretrain_cmd(ref, 16), env=env, cwd=REPO, check=True,
-                 capture_output=True)
-  ref_rows, _ = _rows(ref)
+  subprocess.run(pretrain_cmd(ref, 16), env=env, cwd=REPO, check=True, capture_output=True)
+  ref_rows, _ = metrics_rows(ref)
   for name, when in (("during", _saving), ("after", _saved)):
     wd = tmp_path / name
     _kill_when(wd, when, env)
-    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) \
-        if (wd / "checkpoints").exists() else []
-    subprocess.run(_pretrain_cmd(wd, 16), env=env, cwd=REPO, check=True,
-                   capture_output=True)
-    rows, _ = _rows(wd)  # later rows (the resumed run) overwrite earlier ones per step
+    steps = (
+        sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+        if (wd / "checkpoints").exists()
+        else []
+    )
+    subprocess.run(pretrain_cmd(wd, 16), env=env, cwd=REPO, check=True, capture_output=True)
+    rows, _ = metrics_rows(wd)  # later rows (the resumed run) overwrite earlier ones per step
     resumed_from = steps[-1] if steps else 0
     later = [s for s in ref_rows if s > resumed_from + 1]
     assert later, (name, resumed_from)
@@ -165,10 +172,11 @@ def _damage(victim: pathlib.Path, how: str) -> None:
     victim.unlink()
 
 
+@pytest.mark.slow
 def test_digest_finds_a_flipped_bit_a_truncation_and_a_missing_file(tmp_path):
   import shutil
 
-  _run_until(_loop_config(3, **{"eval.every_steps": 0}), tmp_path / "run", 3)
+  run_until(loop_config(3, **{"eval.every_steps": 0}), tmp_path / "run", 3)
   step = tmp_path / "run" / "checkpoints" / "3"
   assert checkpoint.verify_digest(step) is None
   for how, says in (("flip", "contents changed"), ("truncate", "bytes,"), ("delete", "missing")):
@@ -180,6 +188,7 @@ def test_digest_finds_a_flipped_bit_a_truncation_and_a_missing_file(tmp_path):
     assert problem is not None and problem.startswith(str(victim)) and says in problem, problem
 
 
+@pytest.mark.slow
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys):
   """A damaged array file of the newest step is found by its digest, named by file and step,
   set aside (kept), and the run resumes from the step before: exactly where an uninterrupted
@@ -187,36 +196,40 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path,
   damage = "flip"
   kw = {"eval.every_steps": 0, "checkpoint.max_to_keep": 5}
   ref = tmp_path / "ref"
-  assert loop.train_and_evaluate(_loop_config(9, **kw), str(ref)) == 0
-  ref_rows, _ = _rows(ref)
+  assert loop.train_and_evaluate(loop_config(9, **kw), str(ref)) == 0
+  ref_rows, _ = metrics_rows(ref)
   wd = tmp_path / "run"
-  _run_until(_loop_config(9, **kw), wd, 6)
+  run_until(loop_config(9, **kw), wd, 6)
   assert (wd / "checkpoints" / "6" / checkpoint.DIGEST_NAME).exists()
   victim = _largest_file(wd / "checkpoints" / "6")
   _damage(victim, damage)
   capsys.readouterr()
-  assert loop.train_and_evaluate(_loop_config(9, **kw), str(wd)) == 0
+  assert loop.train_and_evaluate(loop_config(9, **kw), str(wd)) == 0
   out = capsys.readouterr().out
   assert f"step 6 is damaged ({victim}" in out and "resuming from step 3" in out
   assert (wd / "bad_checkpoints" / "6").is_dir()  # kept for inspection, not deleted
-  rows, _ = _rows(wd)
+  rows, _ = metrics_rows(wd)
   assert [rows[s]["loss"] for s in range(4, 10)] == [ref_rows[s]["loss"] for s in range(4, 10)]
 
 
+@pytest.mark.slow
 def test_no_good_checkpoint_is_one_error(tmp_path):
   kw = {"eval.every_steps": 0}
-  _run_until(_loop_config(9, **kw), tmp_path, 6)
+  run_until(loop_config(9, **kw), tmp_path, 6)
   for step in ("3", "6"):
     _largest_file(tmp_path / "checkpoints" / step).write_bytes(b"garbage")
-  with pytest.raises(checkpoint.NoGoodCheckpointError,
-                     match=r"no good checkpoint in .*step 6: .*step 3: "):
-    loop.train_and_evaluate(_loop_config(9, **kw), str(tmp_path))
+  with pytest.raises(
+      checkpoint.NoGoodCheckpointError, match=r"no good checkpoint in .*step 6: .*step 3: "
+  ):
+    loop.train_and_evaluate(loop_config(9, **kw), str(tmp_path))
   with pytest.raises(FileNotFoundError):  # both steps were set aside
     checkpoint.load_pretrained(str(tmp_path))
 
 
-def test_disk_full_during_a_save_is_one_line_and_removes_the_partial_step(tmp_path, capsys,
-                                                                          monkeypatch):
+@pytest.mark.slow
+def test_disk_full_during_a_save_is_one_line_and_removes_the_partial_step(
+    tmp_path, capsys, monkeypatch
+):
   """Orbax's out-of-space failure (as it raises it: a ValueError from tensorstore carrying
   ENOSPC) ends the run with exit 1 and one line naming the workdir and its free space; the
   partial step directory is gone and the previous step is intact."""
@@ -227,14 +240,20 @@ def test_disk_full_during_a_save_is_one_line_and_removes_the_partial_step(tmp_pa
   def save(self, step, *a, **k):
     if step == 6:
       (pathlib.Path(str(self.directory)) / "6.orbax-checkpoint-tmp").mkdir()
-      raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "x": Failed to write 844 '
-                       "bytes to file 12: No space left on device [os_error_code='28']")
+      raise ValueError(
+          'RESOURCE_EXHAUSTED: Error writing local file "x": Failed to write 844 '
+          "bytes to file 12: No space left on device [os_error_code='28']"
+      )
     return real_save(self, step, *a, **k)
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)
-  assert loop.train_and_evaluate(_loop_config(9, **{"eval.every_steps": 0}), str(tmp_path)) == 1
+  assert loop.train_and_evaluate(loop_config(9, **{"eval.every_steps": 0}), str(tmp_path)) == 1
   err = capsys.readouterr().err.strip().splitlines()
-  assert err[-1].startswith(f"bertjax pretrain: disk full while saving a checkpoint to {tmp_path} (")
-  assert "GiB free); removed the partial step (6.orbax-checkpoint-tmp); newest complete " \
-         "checkpoint: 3" in err[-1]
+  assert err[-1].startswith(
+      f"bertjax pretrain: disk full while saving a checkpoint to {tmp_path} ("
+  )
+  assert (
+      "GiB free); removed the partial step (6.orbax-checkpoint-tmp); newest complete "
+      "checkpoint: 3" in err[-1]
+  )
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3"]

@@ -19,8 +19,12 @@ CONFIG = "experiments/pretrain.py"
 
 
 def _env(**extra) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=str(REPO),
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  )
   env.update(extra)
   if "BERTJAX_DEBUG" not in extra:
     env.pop("BERTJAX_DEBUG", None)
@@ -28,8 +32,14 @@ def _env(**extra) -> dict:
 
 
 def _bertjax(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "bertjax.cli", *map(str, args)], cwd=REPO,
-                        env=env or _env(), capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", *map(str, args)],
+      cwd=REPO,
+      env=env or _env(),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def _assert_one_line(r: subprocess.CompletedProcess, command: str, *needles: str) -> str:
@@ -45,27 +55,37 @@ def _assert_one_line(r: subprocess.CompletedProcess, command: str, *needles: str
 
 # (overrides after `--config FILE:tiny --workdir W --config.data.source=synthetic`, needles)
 PRETRAIN_ERRORS = {
-    "typo_key": (["--config.train.stepz=100"],
-                 ["--config.train.stepz", "config.train.steps?", "valid keys of config.train",
-                  "batch_size"]),
+    "typo_key": (
+        ["--config.train.stepz=100"],
+        ["--config.train.stepz", "config.train.steps?", "valid keys of config.train", "batch_size"],
+    ),
     "typo_section": (["--config.trian.steps=3"], ["'trian'", "config.train?", "eval"]),
-    "steps_zero": (["--config.train.steps=0"], ["config.train.steps=0", ">= 1",
-                                                "--config.train.steps=N"]),
+    "steps_zero": (
+        ["--config.train.steps=0"],
+        ["config.train.steps=0", ">= 1", "--config.train.steps=N"],
+    ),
     "steps_zero_spaced": (["--config.train.steps", "0"], ["config.train.steps=0", ">= 1"]),
-    "steps_not_int": (["--config.train.steps=abc"], ["--config.train.steps=abc",
-                                                     "takes an integer", "2000"]),
+    "steps_not_int": (
+        ["--config.train.steps=abc"],
+        ["--config.train.steps=abc", "takes an integer", "2000"],
+    ),
     "batch_zero": (["--config.train.batch_size=0"], ["config.train.batch_size=0", ">= 1"]),
-    "batch_indivisible": (["--config.train.batch_size=33"],
-                          ["config.train.batch_size=33", "8 batch shards", "multiple of 8"]),
-    "eval_every_negative": (["--config.eval.every_steps=-1"],
-                            ["config.eval.every_steps=-1", ">= 0"]),
+    "batch_indivisible": (
+        ["--config.train.batch_size=33"],
+        ["config.train.batch_size=33", "8 batch shards", "multiple of 8"],
+    ),
+    "eval_every_negative": (
+        ["--config.eval.every_steps=-1"],
+        ["config.eval.every_steps=-1", ">= 0"],
+    ),
     "eval_steps_negative": (["--config.eval.steps=-2"], ["config.eval.steps=-2", ">= 0"]),
     "bad_bool": (["--config.tensorboard=maybe"], ["config.tensorboard", "true or false"]),
-    "bad_choice": (["--config.train.optimizer=sgd"], ["config.train.optimizer='sgd'",
-                                                      "adamw, lamb"]),
+    "bad_choice": (
+        ["--config.train.optimizer=sgd"],
+        ["config.train.optimizer='sgd'", "adamw, lamb"],
+    ),
     "bad_preset": (["--config.model.preset=huge"], ["config.model", "'huge'", "tiny"]),
-    "phase2_fraction": (["--config.phase2.fraction=1.0"], ["config.phase2.fraction=1.0",
-                                                          "[0, 1)"]),
+    "phase2_fraction": (["--config.phase2.fraction=1.0"], ["config.phase2.fraction=1.0", "[0, 1)"]),
     "unknown_flag": (["--workdirr=x"], ["workdirr", "workdir"]),
 }
 
@@ -74,19 +94,34 @@ PRETRAIN_ERRORS = {
 def test_pretrain_user_error_is_one_line_and_writes_nothing(case, tmp_path):
   overrides, needles = PRETRAIN_ERRORS[case]
   workdir = tmp_path / "run"
-  r = _bertjax("pretrain", "--config", f"{CONFIG}:tiny", "--workdir", workdir,
-               "--config.data.source=synthetic", *overrides)
+  r = _bertjax(
+      "pretrain",
+      "--config",
+      f"{CONFIG}:tiny",
+      "--workdir",
+      workdir,
+      "--config.data.source=synthetic",
+      *overrides,
+  )
   _assert_one_line(r, "pretrain", *needles)
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("args, needles", [
-    ([f"--config={CONFIG}:tinyy"], ["unknown variant 'tinyy'", "valid: demo, tiny, mini", "base_lamb, large_lamb"]),
-    (["--config", "experiments/nope.py:tiny"], ["experiments/nope.py", "no config file",
-                                                "experiments/pretrain.py:tiny"]),
-    ([], ["--config is required", "experiments/pretrain.py:tiny"]),
-    ([f"--config={CONFIG}:tiny"], ["--workdir is required"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (
+            [f"--config={CONFIG}:tinyy"],
+            ["unknown variant 'tinyy'", "valid: demo, tiny, mini", "base_lamb, large_lamb"],
+        ),
+        (
+            ["--config", "experiments/nope.py:tiny"],
+            ["experiments/nope.py", "no config file", "experiments/pretrain.py:tiny"],
+        ),
+        ([], ["--config is required", "experiments/pretrain.py:tiny"]),
+        ([f"--config={CONFIG}:tiny"], ["--workdir is required"]),
+    ],
+)
 def test_pretrain_config_and_workdir_errors(args, needles, tmp_path):
   workdir = tmp_path / "run"
   extra = ["--workdir", workdir] if "--workdir is required" not in needles else []
@@ -95,14 +130,20 @@ def test_pretrain_config_and_workdir_errors(args, needles, tmp_path):
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--config.train.stepz=1"], ["config.train.steps?"]),
-    (["--mesh", "data=x"], ["--mesh 'data=x'", "not an integer"]),
-    (["--mesh", "pipe=2"], ["unknown axis 'pipe'", "fsdp"]),
-    (["--devicez", "8"], ["devicez", "devices"]),
-    (["--config.train.batch_size=33", "--devices", "8"], ["config.train.batch_size=33",
-                                                          "multiple of 8"]),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--config.train.stepz=1"], ["config.train.steps?"]),
+        (["--mesh", "data=x"], ["--mesh 'data=x'", "not an integer"]),
+        (["--mesh", "pipe=2"], ["unknown axis 'pipe'", "fsdp"]),
+        (["--devicez", "8"], ["devicez", "devices"]),
+        (
+            ["--config.train.batch_size=33", "--devices", "8"],
+            ["config.train.batch_size=33", "multiple of 8"],
+        ),
+    ],
+)
 def test_compile_user_errors(args, needles):
   r = _bertjax("compile", "--config", f"{CONFIG}:tiny", *args)
   _assert_one_line(r, "compile", *needles)
@@ -110,8 +151,14 @@ def test_compile_user_errors(args, needles):
 
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_debug_shows_the_traceback(how, tmp_path):
-  args = ["pretrain", "--config", f"{CONFIG}:tiny", "--workdir", tmp_path / "run",
-          "--config.train.steps=0"]
+  args = [
+      "pretrain",
+      "--config",
+      f"{CONFIG}:tiny",
+      "--workdir",
+      tmp_path / "run",
+      "--config.train.steps=0",
+  ]
   if how == "env":
     r = _bertjax(*args, env=_env(BERTJAX_DEBUG="1"))
   else:
@@ -126,6 +173,7 @@ def test_debug_shows_the_traceback(how, tmp_path):
 
 
 class _Raises:
+
   def __init__(self, error: BaseException):
     self.error = error
 
@@ -138,14 +186,17 @@ def test_the_message_is_the_exceptions_own(monkeypatch, capsys):
   monkeypatch.setattr(cli, "_load", lambda name: _Raises(ValueError("config.x=1: bad\nset 2")))
   assert cli.main(["tokenizer"]) == 2
   assert capsys.readouterr().err == "bertjax tokenizer: config.x=1: bad set 2\n"
-  monkeypatch.setattr(cli, "_load",
-                      lambda name: _Raises(KeyError("'stepz'\nDid you mean \"steps\"?")))
+  monkeypatch.setattr(
+      cli, "_load", lambda name: _Raises(KeyError("'stepz'\nDid you mean \"steps\"?"))
+  )
   assert cli.main(["tokenizer"]) == 2
   assert capsys.readouterr().err == "bertjax tokenizer: 'stepz' Did you mean \"steps\"?\n"
 
 
-@pytest.mark.parametrize("error", [KeyError(0), KeyError("params"), RuntimeError("boom"),
-                                   TypeError("unsupported operand")])
+@pytest.mark.parametrize(
+    "error",
+    [KeyError(0), KeyError("params"), RuntimeError("boom"), TypeError("unsupported operand")],
+)
 def test_bugs_are_not_swallowed(monkeypatch, error):
   monkeypatch.delenv("BERTJAX_DEBUG", raising=False)
   monkeypatch.setattr(cli, "_load", lambda name: _Raises(error))
@@ -194,8 +245,9 @@ def _parsers(p: argparse.ArgumentParser, name: str):
         yield from _parsers(sp, f"{name} {sub}")
 
 
-@pytest.mark.parametrize("command", ["tokenizer", "prepare", "data", "convert", "extract",
-                                     "bench", "squad", "ner"])
+@pytest.mark.parametrize(
+    "command", ["tokenizer", "prepare", "data", "convert", "extract", "bench", "squad", "ner"]
+)
 def test_argparse_help_shows_defaults(command):
   mod = importlib.import_module(f"bertjax.commands.{command}")
   shown = 0
@@ -220,9 +272,20 @@ def test_argparse_help_shows_defaults(command):
 def test_tensorflow_cuda_lines_are_silenced(tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text((REPO / "data" / "austen.txt").read_text()[:20000])
-  r = _bertjax("prepare", "--input", corpus, "--tokenizer", REPO / "data" / "tokenizer.model",
-               "--output", tmp_path / "data", "--processes", 1, "--num-shards", 1,
-               "--no-progress")
+  r = _bertjax(
+      "prepare",
+      "--input",
+      corpus,
+      "--tokenizer",
+      REPO / "data" / "tokenizer.model",
+      "--output",
+      tmp_path / "data",
+      "--processes",
+      1,
+      "--num-shards",
+      1,
+      "--no-progress",
+  )
   assert r.returncode == 0, r.stderr
   stats = ["data", "stats", "--data", tmp_path / "data", "--n", 10, "--reader", "tf.data"]
   control = _bertjax(*stats, env=_env(TF_CPP_MIN_LOG_LEVEL="0"))  # the opt-out shows them
@@ -246,37 +309,70 @@ def trained_workdir(tmp_path_factory):
 
 
 def _small_run(workdir) -> list:
-  return ["pretrain", "--config", f"{CONFIG}:tiny", "--workdir", workdir,
-          "--config.data.source=synthetic", "--config.model.vocab_size=100",
-          "--config.data.seq_len=16", "--config.data.max_predictions_per_seq=2",
-          "--config.train.batch_size=8", "--config.train.steps=1", "--config.eval.every_steps=0",
-          "--config.tensorboard=false"]
+  return [
+      "pretrain",
+      "--config",
+      f"{CONFIG}:tiny",
+      "--workdir",
+      workdir,
+      "--config.data.source=synthetic",
+      "--config.model.vocab_size=100",
+      "--config.data.seq_len=16",
+      "--config.data.max_predictions_per_seq=2",
+      "--config.train.batch_size=8",
+      "--config.train.steps=1",
+      "--config.eval.every_steps=0",
+      "--config.tensorboard=false",
+  ]
 
 
 @pytest.mark.slow
 def test_resume_mismatch_is_one_line(trained_workdir):
   before = sorted(p.name for p in (trained_workdir / "checkpoints").iterdir())
-  r = _bertjax(*_small_run(trained_workdir), "--config.train.steps=2",
-               "--config.train.optimizer=lamb", env=_env(XLA_FLAGS=""))
-  _assert_one_line(r, "pretrain", "config.train.optimizer='adamw'", "'lamb'",
-                   "--config.train.init_from=")
-  r = _bertjax(*_small_run(trained_workdir), "--config.train.steps=2",
-               "--config.model.preset=mini", env=_env(XLA_FLAGS=""))
+  r = _bertjax(
+      *_small_run(trained_workdir),
+      "--config.train.steps=2",
+      "--config.train.optimizer=lamb",
+      env=_env(XLA_FLAGS=""),
+  )
+  _assert_one_line(
+      r, "pretrain", "config.train.optimizer='adamw'", "'lamb'", "--config.train.init_from="
+  )
+  r = _bertjax(
+      *_small_run(trained_workdir),
+      "--config.train.steps=2",
+      "--config.model.preset=mini",
+      env=_env(XLA_FLAGS=""),
+  )
   _assert_one_line(r, "pretrain", "config.model.hidden_size=128", "256", "new --workdir")
   assert sorted(p.name for p in (trained_workdir / "checkpoints").iterdir()) == before
 
 
 @pytest.mark.slow
 def test_checkpoint_load_has_no_orbax_metadata_warning(trained_workdir, tmp_path):
-  code = ("from bertjax import checkpoint; import sys; "
-          f"checkpoint.load_pretrained(sys.argv[1])")
-  control = subprocess.run([sys.executable, "-c", code, str(trained_workdir)], cwd=REPO,
-                           env=_env(XLA_FLAGS=""), capture_output=True, text=True, timeout=300)
+  code = "from bertjax.training import checkpoint; import sys; "
+  code += "checkpoint.load_pretrained(sys.argv[1])"
+  control = subprocess.run(
+      [sys.executable, "-c", code, str(trained_workdir)],
+      cwd=REPO,
+      env=_env(XLA_FLAGS=""),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert control.returncode == 0, control.stderr
   if "_CHECKPOINT_METADATA" not in control.stderr:
     pytest.skip("this orbax does not warn about the step metadata: nothing to silence")
-  r = _bertjax("convert", "--from", "bertjax", trained_workdir, "--to", "bertjax",
-               tmp_path / "out", env=_env(XLA_FLAGS=""))
+  r = _bertjax(
+      "convert",
+      "--from",
+      "bertjax",
+      trained_workdir,
+      "--to",
+      "bertjax",
+      tmp_path / "out",
+      env=_env(XLA_FLAGS=""),
+  )
   assert r.returncode == 0, r.stderr
   assert (tmp_path / "out" / "pretrained.json").exists()
   assert "_CHECKPOINT_METADATA" not in r.stderr, r.stderr

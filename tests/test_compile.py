@@ -12,19 +12,26 @@ import sys
 
 import pytest
 
-from bertjax.training import tpu
 from bertjax.commands import compile as compile_cmd
-from tests.test_checkpoint import REPO
+from bertjax.training import tpu
+from conftest import REPO
 
-ARGS = ["--config", str(REPO / "experiments" / "pretrain.py") + ":tiny",
-        "--config.data.source=synthetic", "--config.model.vocab_size=1000",
-        "--config.data.seq_len=32", "--config.data.max_predictions_per_seq=5",
-        "--config.train.batch_size=16"]
+ARGS = [
+    "--config",
+    str(REPO / "experiments" / "pretrain.py") + ":tiny",
+    "--config.data.source=synthetic",
+    "--config.model.vocab_size=1000",
+    "--config.data.seq_len=32",
+    "--config.data.max_predictions_per_seq=5",
+    "--config.train.batch_size=16",
+]
 PRETRAIN = str(REPO / "experiments" / "pretrain.py")
-needs_libtpu = pytest.mark.skipif(tpu.libtpu_missing() is not None,
-                                  reason=tpu.libtpu_missing() or "")
+needs_libtpu = pytest.mark.skipif(
+    tpu.libtpu_missing() is not None, reason=tpu.libtpu_missing() or ""
+)
 
 
+@pytest.mark.slow
 def test_compile_reports_memory_and_fails_when_too_big(capsys):
   assert compile_cmd.main(ARGS + ["--mesh", "data=1,fsdp=4,tensor=2", "--devices", "8"]) == 0
   out = capsys.readouterr().out
@@ -93,8 +100,11 @@ ENTRY %main (a: f32[16]) -> f32[16] {
 
 def test_collectives_counted_with_loop_trip_counts():
   got = {(c.op, c.dtype, c.shape, c.runs) for c in tpu.collectives(HLO)}
-  assert got == {("all-gather", "bf16", (8, 4), 12), ("all-reduce", "f32", (16,), 1),
-                 ("reduce-scatter", "f32", (4,), 1)}
+  assert got == {
+      ("all-gather", "bf16", (8, 4), 12),
+      ("all-reduce", "f32", (16,), 1),
+      ("reduce-scatter", "f32", (4,), 1),
+  }
 
 
 # ------------------------------------------------------------------ the real TPU compiler
@@ -136,6 +146,7 @@ def large_v6e_16():
   return _compile("large", "v6e-16", "--config.mesh.data=1", "--config.mesh.fsdp=16")
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_base_fits_on_v4_32_both_phases(base_v4_32):
   rs, limit = base_v4_32
@@ -150,6 +161,7 @@ def test_base_fits_on_v4_32_both_phases(base_v4_32):
     assert not [c for c in r.collectives if c.op == "all-gather" and c.dtype in ("f32", "bf16")]
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_large_fits_on_v6e_16_with_fsdp_and_its_collectives(large_v6e_16):
   rs, limit = large_v6e_16
@@ -168,21 +180,43 @@ def test_large_fits_on_v6e_16_with_fsdp_and_its_collectives(large_v6e_16):
     # No per-token activation is gathered: nothing of batch x seq; the one batch-sized float
     # gather is the [CLS] rows (B x H) for the pooler's weight gradient.
     tokens = r.batch * r.seq_len
-    assert not [c for c in gathers if (r.batch in c.shape and r.seq_len in c.shape)
-                or (c.shape and c.shape[0] % tokens == 0)], [c.shape for c in gathers]
+    assert not [
+        c
+        for c in gathers
+        if (r.batch in c.shape and r.seq_len in c.shape) or (c.shape and c.shape[0] % tokens == 0)
+    ], [c.shape for c in gathers]
     assert [c.shape for c in gathers if r.batch in c.shape] == [(r.batch, 1024)]
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_too_big_is_one_line_and_exit_1():
   p = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "compile", "--config", f"{PRETRAIN}:large",
-       "--config.model.vocab_size=30522", "--accelerator", "v5litepod-4", "--phase", "1",
-       "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600)
+      [
+          sys.executable,
+          "-m",
+          "bertjax.cli",
+          "compile",
+          "--config",
+          f"{PRETRAIN}:large",
+          "--config.model.vocab_size=30522",
+          "--accelerator",
+          "v5litepod-4",
+          "--phase",
+          "1",
+          "--quick",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=600,
+  )
   assert p.returncode == 1, p.stderr[-2000:]
   assert "Traceback" not in p.stderr + p.stdout
   lines = [l for l in p.stderr.splitlines() if "DOES NOT FIT" in l]
   assert len(lines) == 1, p.stderr[-2000:]
   assert lines[0].startswith("DOES NOT FIT on v5litepod-4: phase 1 needs ")
-  assert "per chip of 15.75 usable (16 GiB HBM); try config.model.remat=full, " \
-         "config.mesh.fsdp=4" in lines[0]
+  assert (
+      "per chip of 15.75 usable (16 GiB HBM); try config.model.remat=full, "
+      "config.mesh.fsdp=4" in lines[0]
+  )

@@ -8,20 +8,17 @@ import pytest
 from bertjax import cli
 from bertjax.interop import convert
 
-from test_google_ckpt import (HF_CONFIG, batch, google_variables, random_torch_model,
-                              torch_logits, write_google_checkpoint)
+from conftest import (
+    HF_CONFIG,
+    google_variables,
+    hf_batch,
+    random_torch_model,
+    torch_logits,
+    write_google_checkpoint,
+    write_vocab,
+)
 
 transformers = pytest.importorskip("transformers")
-
-WORDS = ("the quick brown fox jump ##s ##ed over lazy dog . , ! un ##aff ##able caf ##e "
-         "我 爱 北 京").split()
-
-
-def _vocab(path, size):
-  pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(WORDS)
-  pieces += [f"[unused{i}]" for i in range(size - len(pieces))]
-  path.write_text("\n".join(pieces) + "\n", encoding="utf-8")
-  return path
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +26,7 @@ def google_dir(tmp_path_factory):
   m = random_torch_model(seed=3)
   d = tmp_path_factory.mktemp("cli") / "uncased_L-2_H-32_A-4"
   write_google_checkpoint(d, google_variables(m.state_dict(), 2), HF_CONFIG)
-  _vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
+  write_vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
   return m, d
 
 
@@ -39,11 +36,12 @@ def _run(*argv) -> int:
 
 def _assert_same_logits(m_ref, hf_dir, seed=0):
   m = transformers.BertForPreTraining.from_pretrained(hf_dir).eval()
-  b = batch(HF_CONFIG["vocab_size"], seed)
+  b = hf_batch(HF_CONFIG["vocab_size"], seed)
   for got, want in zip(torch_logits(m, *b), torch_logits(m_ref, *b)):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_google_to_hf_with_tokenizer(google_dir, tmp_path, capsys):
   m, d = google_dir
   assert _run("--from", "google", d, "--to", "hf", tmp_path / "hf") == 0
@@ -53,6 +51,7 @@ def test_google_to_hf_with_tokenizer(google_dir, tmp_path, capsys):
   assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["do_lower_case"]
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
   from bertjax.data import wordpiece
+
   ours = wordpiece.WordPieceTokenizer(d / "vocab.txt")
   text = "The quick brown fox jumped over the LAZY dog! Unaffable café 我爱北京"
   assert hf_tok.encode(text, add_special_tokens=False) == ours.encode(text)
@@ -63,8 +62,10 @@ def test_google_roundtrip_through_cli(google_dir, tmp_path):
   m, d = google_dir
   assert _run("--from", "google", d, "--to", "google", tmp_path / "g") == 0
   assert (tmp_path / "g" / "vocab.txt").read_text() == (d / "vocab.txt").read_text()
-  assert _run("--from", "google", tmp_path / "g" / "bert_model.ckpt", "--to", "hf",
-              tmp_path / "hf") == 0
+  assert (
+      _run("--from", "google", tmp_path / "g" / "bert_model.ckpt", "--to", "hf", tmp_path / "hf")
+      == 0
+  )
   _assert_same_logits(m, tmp_path / "hf", seed=2)
 
 
@@ -96,7 +97,7 @@ def test_help_and_errors(google_dir, tmp_path, capsys):
   assert _run("--from", "google", tmp_path, "--to", "hf", tmp_path / "x") == 1
   assert "no bert_model.ckpt.index" in capsys.readouterr().err
   _, d = google_dir
-  small = _vocab(tmp_path / "big_vocab.txt", HF_CONFIG["vocab_size"] + 5)
+  small = write_vocab(tmp_path / "big_vocab.txt", HF_CONFIG["vocab_size"] + 5)
   assert _run("--from", "google", d, "--to", "hf", tmp_path / "x", "--vocab", small) == 1
   assert "big_vocab.txt: 104 pieces but the model's vocab_size is 99" in capsys.readouterr().err
   assert _run("--from", "hf", tmp_path, "--to", "hf", tmp_path / "x") == 1
@@ -123,8 +124,9 @@ def test_sentencepiece_tokenizer_for_transformers(tmp_path):
   torch.manual_seed(0)
   hf_cfg = transformers.BertConfig(**{**HF_CONFIG, "vocab_size": sp.get_piece_size()})
   transformers.BertForPreTraining(hf_cfg).save_pretrained(tmp_path / "src")
-  assert _run("--from", "hf", tmp_path / "src", "--vocab", sp_path, "--to", "hf",
-              tmp_path / "hf") == 0
+  assert (
+      _run("--from", "hf", tmp_path / "src", "--vocab", sp_path, "--to", "hf", tmp_path / "hf") == 0
+  )
   hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
   lines = [l for l in (root / "data" / "austen.txt").read_text().splitlines() if l.strip()][:300]
   lines += ["Numbers 1,234.50 and 1st; café naïve ﬁ  double  spaces", "中文 😀"]

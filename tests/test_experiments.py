@@ -16,8 +16,13 @@ from bertjax import model as model_lib
 from bertjax.training import train  # noqa: E402
 
 SCALES = ("tiny", "mini", "small", "medium", "base", "large")
-MODULES = {"pretrain.py": pretrain, "no_nsp.py": no_nsp, "sop.py": sop, "layers.py": layers,
-           "size.py": size}
+MODULES = {
+    "pretrain.py": pretrain,
+    "no_nsp.py": no_nsp,
+    "sop.py": sop,
+    "layers.py": layers,
+    "size.py": size,
+}
 
 
 def bert_config(c) -> model_lib.BertConfig:
@@ -34,8 +39,11 @@ def test_pair_mode_ablations_build_and_lock(scale):
     c.lock()
     assert c.data.pair_mode == mode
     # Only the pair task and the name differ from the base config.
-    diff = {k for k in base.to_dict()
-            if k not in ("data", "variant") and base.to_dict()[k] != c.to_dict()[k]}
+    diff = {
+        k
+        for k in base.to_dict()
+        if k not in ("data", "variant") and base.to_dict()[k] != c.to_dict()[k]
+    }
     assert not diff
     assert bert_config(c) == bert_config(base)
 
@@ -47,7 +55,10 @@ def test_layers_changes_depth_only(n):
   cfg, base = bert_config(c), bert_config(pretrain.get_config("tiny"))
   assert cfg.num_layers == n
   assert (cfg.hidden_size, cfg.num_heads, cfg.intermediate_size) == (
-      base.hidden_size, base.num_heads, base.intermediate_size)
+      base.hidden_size,
+      base.num_heads,
+      base.intermediate_size,
+  )
   assert c.data.pair_mode == "nsp"
 
 
@@ -65,18 +76,25 @@ def test_size_grid_rows(scale):
     c.lock()
     cfg = bert_config(c)
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size) == (
-        l, h, a, 4 * h)
+        l,
+        h,
+        a,
+        4 * h,
+    )
   if scale == "base":  # the paper's Table 6 rows, in its order
     assert size.GRID["base"][0] == (3, 768, 12) and size.GRID["base"][-1] == (24, 1024, 16)
 
 
-@pytest.mark.parametrize("mod,arg,message", [
-    (layers, "tiny,depth=2", "layers.py: bad option 'depth=2'"),
-    (layers, "tiny,layers=0", "layers=L with L >= 1"),
-    (size, "tiny,L=2,H=128", "give all of L, H and A"),
-    (size, "tiny,L=2,H=100,A=3", "H divisible by A"),
-    (no_nsp, "huge", "unknown variant 'huge'"),
-])
+@pytest.mark.parametrize(
+    "mod,arg,message",
+    [
+        (layers, "tiny,depth=2", "layers.py: bad option 'depth=2'"),
+        (layers, "tiny,layers=0", "layers=L with L >= 1"),
+        (size, "tiny,L=2,H=128", "give all of L, H and A"),
+        (size, "tiny,L=2,H=100,A=3", "H divisible by A"),
+        (no_nsp, "huge", "unknown variant 'huge'"),
+    ],
+)
 def test_bad_args_name_the_file_and_fix(mod, arg, message):
   with pytest.raises(ValueError, match=message):
     mod.get_config(arg)
@@ -98,14 +116,22 @@ def test_runner_config_strings_load(sweep, scale):
 def test_config_files_load_by_path_from_anywhere(tmp_path):
   """`bertjax pretrain --config experiments/no_nsp.py` loads the file by path, with the repo
   root not on sys.path: the base config import must still resolve."""
-  code = ("from ml_collections.config_flags import config_flags as cf\n"
-          "import sys\n"
-          "for name in ('no_nsp', 'sop', 'layers', 'size'):\n"
-          f"  m = cf._LoadConfigModule(name, {str(REPO)!r} + f'/experiments/{{name}}.py')\n"
-          "  print(m.get_config().variant)\n")
+  code = (
+      "from ml_collections.config_flags import config_flags as cf\n"
+      "import sys\n"
+      "for name in ('no_nsp', 'sop', 'layers', 'size'):\n"
+      f"  m = cf._LoadConfigModule(name, {str(REPO)!r} + f'/experiments/{{name}}.py')\n"
+      "  print(m.get_config().variant)\n"
+  )
   env = dict(os.environ, PYTHONPATH="")
-  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, check=True).stdout.split()
+  out = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout.split()
   assert out == ["no_nsp/tiny", "sop/tiny", "layers/tiny,layers=2", "size/tiny,L=2,H=128,A=2"]
 
 

@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 from bertjax import cli
-from bertjax.tasks import encoder as encoder_lib
-from bertjax.tasks import extract as features
+from bertjax.tasks import encoder as encoder_lib, extract as features
 
-from test_convert_cli import _vocab
-from test_google_ckpt import HF_CONFIG, random_torch_model
+from conftest import HF_CONFIG, random_torch_model, write_vocab
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-LINES = ["The quick brown fox jumped over the lazy dog!",
-         "un ##aff café",
-         "我爱北京 ||| the dog jumps",  # a sentence pair: segment B gets token type 1
-         "fox"]
+LINES = [
+    "The quick brown fox jumped over the lazy dog!",
+    "un ##aff café",
+    "我爱北京 ||| the dog jumps",  # a sentence pair: segment B gets token type 1
+    "fox",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def hf_dir(tmp_path_factory):
   m = random_torch_model(seed=5)
   d = tmp_path_factory.mktemp("extract") / "hf"
   m.save_pretrained(d)
-  _vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
+  write_vocab(d / "vocab.txt", HF_CONFIG["vocab_size"])
   (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
   return m, d
 
@@ -61,8 +61,21 @@ HIDDEN = {0: 1, 1: 2, -1: 2, -2: 1, "embeddings": 0}
 def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   out = tmp_path / "f.jsonl"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,0,1,embeddings",
-                  "--output", out, "--batch-size", 3) == 0
+  assert (
+      _extract(
+          "--init",
+          d,
+          "--input",
+          input_file,
+          "--layers",
+          "-1,-2,0,1,embeddings",
+          "--output",
+          out,
+          "--batch-size",
+          3,
+      )
+      == 0
+  )
   records = [json.loads(l) for l in out.read_text().splitlines()]
   assert [r["linex_index"] for r in records] == list(range(len(LINES)))
   for line, rec in zip(LINES, records):
@@ -74,20 +87,62 @@ def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
         np.testing.assert_allclose(e["values"], hidden[HIDDEN[e["index"]], j], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   h = HF_CONFIG["hidden_size"]
   out = tmp_path / "mean.npy"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2,embeddings", "--concat",
-                  "--pooling", "mean", "--output", out) == 0
+  assert (
+      _extract(
+          "--init",
+          d,
+          "--input",
+          input_file,
+          "--layers",
+          "-1,-2,embeddings",
+          "--concat",
+          "--pooling",
+          "mean",
+          "--output",
+          out,
+      )
+      == 0
+  )
   got = np.load(out)
   assert got.shape == (len(LINES), 3 * h)  # 2 layers + embeddings
   cls_out = tmp_path / "cls.npy"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1", "--pooling", "cls",
-                  "--output", cls_out) == 0
+  assert (
+      _extract(
+          "--init",
+          d,
+          "--input",
+          input_file,
+          "--layers",
+          "-1",
+          "--pooling",
+          "cls",
+          "--output",
+          cls_out,
+      )
+      == 0
+  )
   per_tok = tmp_path / "tok.npy"
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,-2", "--concat",
-                  "--output", per_tok, "--max-seq-len", 24) == 0
+  assert (
+      _extract(
+          "--init",
+          d,
+          "--input",
+          input_file,
+          "--layers",
+          "-1,-2",
+          "--concat",
+          "--output",
+          per_tok,
+          "--max-seq-len",
+          24,
+      )
+      == 0
+  )
   cls_feats, tok_feats = np.load(cls_out), np.load(per_tok)
   assert cls_feats.shape == (len(LINES), 1, h) and tok_feats.shape == (len(LINES), 24, 2 * h)
   listed = [json.loads(l) for l in per_tok.with_suffix(".tokens.jsonl").read_text().splitlines()]
@@ -98,8 +153,9 @@ def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
     np.testing.assert_allclose(got[i], three.mean(0), atol=2e-5)
     np.testing.assert_allclose(cls_feats[i, 0], hidden[-1, 0], atol=2e-5)
     n = len(tokens)
-    np.testing.assert_allclose(tok_feats[i, :n], np.concatenate([hidden[-1], hidden[-2]], -1),
-                               atol=2e-5)
+    np.testing.assert_allclose(
+        tok_feats[i, :n], np.concatenate([hidden[-1], hidden[-2]], -1), atol=2e-5
+    )
     assert not tok_feats[i, n:].any()
 
 
@@ -114,7 +170,12 @@ def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file,
   assert features.default_layers(12) == [-1, -2, -3, -4]
   assert features.parse_layers("0, -1,embeddings", 12) == [0, -1, "embeddings"]
   assert [features.hidden_state_index(i, 12) for i in (0, 11, -1, -12, "embeddings")] == [
-      1, 12, 12, 1, 0]
+      1,
+      12,
+      12,
+      1,
+      0,
+  ]
 
 
 def test_features_do_not_depend_on_batching(hf_dir):
@@ -131,6 +192,7 @@ def test_features_do_not_depend_on_batching(hf_dir):
 def test_truncation_and_pairs(hf_dir):
   _, d = hf_dir
   from bertjax.data import wordpiece
+
   tok = wordpiece.load_tokenizer(d / "vocab.txt")
   e = features.make_example(0, "the quick brown fox ||| the lazy dog", tok, 8)
   # google's _truncate_seq_pair: pop from the longer side, segment B on ties.
@@ -143,11 +205,23 @@ def test_truncation_and_pairs(hf_dir):
 def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
   pytest.importorskip("bertjax.training.checkpoint")
   m, d = hf_dir
-  assert cli.main(["convert", "--from", "hf", str(d), "--to", "bertjax",
-                   str(tmp_path / "bj")]) == 0
+  assert cli.main(["convert", "--from", "hf", str(d), "--to", "bertjax", str(tmp_path / "bj")]) == 0
   out = tmp_path / "bj.npy"
-  assert _extract("--init", tmp_path / "bj", "--input", input_file, "--layers", "-1",
-                  "--pooling", "cls", "--output", out) == 0
+  assert (
+      _extract(
+          "--init",
+          tmp_path / "bj",
+          "--input",
+          input_file,
+          "--layers",
+          "-1",
+          "--pooling",
+          "cls",
+          "--output",
+          out,
+      )
+      == 0
+  )
   for i, line in enumerate(LINES):
     _, hidden = _reference(m, d, line)
     np.testing.assert_allclose(np.load(out)[i, 0], hidden[-1, 0], atol=2e-5)
@@ -155,20 +229,40 @@ def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
 
 def test_errors(hf_dir, input_file, tmp_path, capsys):
   _, d = hf_dir
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,5",
-                  "--output", tmp_path / "x.npy") == 1
+  assert (
+      _extract(
+          "--init", d, "--input", input_file, "--layers", "-1,5", "--output", tmp_path / "x.npy"
+      )
+      == 1
+  )
   assert "--layers: 5 is out of range for a 2-layer model" in capsys.readouterr().err
   for bad in ("2", "-3"):  # hidden_states indexes before; google's have L, not L + 1
-    assert _extract("--init", d, "--input", input_file, "--layers", bad,
-                    "--output", tmp_path / "x.npy") == 1
+    assert (
+        _extract(
+            "--init", d, "--input", input_file, "--layers", bad, "--output", tmp_path / "x.npy"
+        )
+        == 1
+    )
     assert f"--layers: {bad} is out of range" in capsys.readouterr().err
-  assert _extract("--init", d, "--input", input_file, "--layers", "-1,embedding",
-                  "--output", tmp_path / "x.npy") == 1
+  assert (
+      _extract(
+          "--init",
+          d,
+          "--input",
+          input_file,
+          "--layers",
+          "-1,embedding",
+          "--output",
+          tmp_path / "x.npy",
+      )
+      == 1
+  )
   assert "'embedding' is not a layer index or 'embeddings'" in capsys.readouterr().err
   assert _extract("--init", d, "--input", input_file, "--output", tmp_path / "x.txt") == 1
   assert "use a .jsonl or .npy" in capsys.readouterr().err
-  assert _extract("--init", d, "--input", tmp_path / "none.txt", "--output",
-                  tmp_path / "x.npy") == 1
+  assert (
+      _extract("--init", d, "--input", tmp_path / "none.txt", "--output", tmp_path / "x.npy") == 1
+  )
   assert "none.txt: no such file" in capsys.readouterr().err
   with pytest.raises(SystemExit) as e:
     _extract("--help")

@@ -15,11 +15,17 @@ from bertjax.tasks import finetuning
 
 from bertjax import model as model_lib
 
-from bertjax.training import sharding
 from bertjax.tasks import encoder as encoder_lib
+from bertjax.training import sharding
 
-CFG = model_lib.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
-                           intermediate_size=32, max_position_embeddings=16)
+CFG = model_lib.BertConfig(
+    vocab_size=64,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+)
 
 
 def _encoder(bert_params=None) -> encoder_lib.Encoder:
@@ -29,10 +35,13 @@ def _encoder(bert_params=None) -> encoder_lib.Encoder:
 def _arrays(n: int, seq_len: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
   r = np.random.default_rng(seed)
   mask_NxL = np.ones((n, seq_len), np.int32)
-  mask_NxL[:, seq_len // 2:] = r.integers(0, 2, (n, seq_len - seq_len // 2))
-  return dict(input_ids=r.integers(5, CFG.vocab_size, (n, seq_len)).astype(np.int32),
-              token_type_ids=np.zeros((n, seq_len), np.int32), attention_mask=mask_NxL,
-              labels=r.integers(0, 3, n).astype(np.int32))
+  mask_NxL[:, seq_len // 2 :] = r.integers(0, 2, (n, seq_len - seq_len // 2))
+  return dict(
+      input_ids=r.integers(5, CFG.vocab_size, (n, seq_len)).astype(np.int32),
+      token_type_ids=np.zeros((n, seq_len), np.int32),
+      attention_mask=mask_NxL,
+      labels=r.integers(0, 3, n).astype(np.int32),
+  )
 
 
 def _cls_loss(logits_BxC, batch):
@@ -40,11 +49,14 @@ def _cls_loss(logits_BxC, batch):
   return finetuning.masked_mean(per_example_B, batch["weights"])
 
 
-def _trainer(recipe=finetuning.Recipe(batch_size=8, eval_batch_size=8), bert_params=None,
-             name="ner", mesh=None):
+def _trainer(
+    recipe=finetuning.Recipe(batch_size=8, eval_batch_size=8),
+    bert_params=None,
+    name="ner",
+    mesh=None,
+):
   make_model = functools.partial(model_lib.BertForSequenceClassification, num_labels=3)
-  return finetuning.Trainer(make_model, _encoder(bert_params), recipe, 10, _cls_loss, name,
-                            mesh)
+  return finetuning.Trainer(make_model, _encoder(bert_params), recipe, 10, _cls_loss, name, mesh)
 
 
 def _one_device():
@@ -57,11 +69,19 @@ def test_batch_sizes_must_divide_over_the_devices_and_errors_name_the_command():
     _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=12), name="squad")
 
 
+@pytest.mark.slow
 def test_restored_encoder_is_checked_against_the_config():
   pre = model_lib.BertForPreTraining(CFG)
   d = model_lib.dummy_inputs(1, 8, 2)
-  bert = nn.unbox(pre.init(jax.random.key(0), d["input_ids"], d["token_type_ids"],
-                                     d["attention_mask"], d["masked_positions"])["params"])["bert"]
+  bert = nn.unbox(
+      pre.init(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )["params"]
+  )["bert"]
   state = _trainer(bert_params=bert).init_state(seed=1, learning_rate=1e-3)
   for got, want in zip(jax.tree.leaves(state.params["bert"]), jax.tree.leaves(bert)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -74,22 +94,29 @@ def test_restored_encoder_is_checked_against_the_config():
     _trainer(bert_params=wrong)
 
 
+@pytest.mark.slow
 def test_predict_pads_the_last_batch_and_drops_the_padding():
   trainer = _trainer()
   state = trainer.init_state(seed=0, learning_rate=0.0)
   arrays = _arrays(11)
   logits_NxC = trainer.predict(state.params, arrays, batch_size=8)
-  want_NxC = trainer.model.apply({"params": state.params}, arrays["input_ids"],
-                                 arrays["token_type_ids"], arrays["attention_mask"])
+  want_NxC = trainer.model.apply(
+      {"params": state.params},
+      arrays["input_ids"],
+      arrays["token_type_ids"],
+      arrays["attention_mask"],
+  )
   assert logits_NxC.shape == (11, 3)
   np.testing.assert_allclose(logits_NxC, np.asarray(want_NxC), atol=1e-5)
   empty = trainer.predict(state.params, {k: v[:0] for k, v in arrays.items()}, batch_size=8)
   assert empty.shape == (0, 3) and empty.dtype == np.float32
 
 
+@pytest.mark.slow
 def test_fit_trains_logs_every_epoch_and_keeps_the_best(tmp_path):
-  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, epochs=3, learning_rate=1e-2,
-                             dropout=0.0)
+  recipe = finetuning.Recipe(
+      batch_size=8, eval_batch_size=8, epochs=3, learning_rate=1e-2, dropout=0.0
+  )
   trainer = _trainer(recipe)
   train = _arrays(20, seed=1)
   scores = iter([0.9, 0.4, 0.7, 0.2])  # untrained (never kept), then epochs 1-3: 2 is best
@@ -99,8 +126,9 @@ def test_fit_trains_logs_every_epoch_and_keeps_the_best(tmp_path):
     seen.append(jax.tree.map(np.asarray, params))
     return {"f1": next(scores)}
 
-  result = finetuning.fit(trainer, train, recipe, evaluate, "f1", str(tmp_path),
-                          eval_untrained=True, progress=False)
+  result = finetuning.fit(
+      trainer, train, recipe, evaluate, "f1", str(tmp_path), eval_untrained=True, progress=False
+  )
   assert result.best_epoch == 2 and result.best == {"f1": 0.7}
   for got, want in zip(jax.tree.leaves(result.best_params), jax.tree.leaves(seen[2])):
     np.testing.assert_array_equal(np.asarray(got), want)
@@ -114,6 +142,7 @@ def test_fit_trains_logs_every_epoch_and_keeps_the_best(tmp_path):
   assert all(np.isfinite(l["train_loss"]) for l in lines[1:])
 
 
+@pytest.mark.slow
 def test_padding_rows_do_not_change_the_step():
   """A batch whose padding rows differ gives the same update: their weight is 0."""
   recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0)
@@ -152,9 +181,12 @@ def _varied_lengths(n: int, seq_len: int = 16, seed: int = 0) -> dict[str, np.nd
   r = np.random.default_rng(seed)
   len_N = r.integers(2, seq_len + 1, n)
   mask_NxL = (np.arange(seq_len)[None, :] < len_N[:, None]).astype(np.int32)
-  return dict(input_ids=r.integers(5, CFG.vocab_size, (n, seq_len)).astype(np.int32) * mask_NxL,
-              token_type_ids=np.zeros((n, seq_len), np.int32), attention_mask=mask_NxL,
-              labels=r.integers(0, 3, n).astype(np.int32))
+  return dict(
+      input_ids=r.integers(5, CFG.vocab_size, (n, seq_len)).astype(np.int32) * mask_NxL,
+      token_type_ids=np.zeros((n, seq_len), np.int32),
+      attention_mask=mask_NxL,
+      labels=r.integers(0, 3, n).astype(np.int32),
+  )
 
 
 def test_epoch_batches_group_lengths_shuffle_and_repeat_with_the_seed():
@@ -171,6 +203,7 @@ def test_epoch_batches_group_lengths_shuffle_and_repeat_with_the_seed():
   assert set(finetuning.padded_lengths(_varied_lengths(5)["attention_mask"], 0)) == {16}
 
 
+@pytest.mark.slow
 def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
   """Dropout off, the same rows per step: cutting batches to their bucket changes the loss only
   by float noise, and predictions come back in the input's order."""
@@ -183,7 +216,8 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
   full = jax.tree.map(jnp.copy, full)  # the step donates its state
   for idx in plan:
     bucketed, loss_b = trainer.train_step(
-        bucketed, finetuning.train_batch(train, idx, int(padded_N[idx].max()), 8))
+        bucketed, finetuning.train_batch(train, idx, int(padded_N[idx].max()), 8)
+    )
     full, loss_f = trainer.train_step(full, finetuning.train_batch(train, idx, 16, 8))
     assert float(loss_b) == pytest.approx(float(loss_f), rel=1e-5, abs=1e-6)
   assert trainer.compiled_shapes()[0] == 2  # lengths 8 and 16
@@ -197,13 +231,19 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
   assert no_buckets.compiled_shapes()[1] == 1
   # A sweep's next runs (another learning rate and seed) reuse the compiled steps.
   for lr, seed in ((1e-2, 0), (3e-3, 1)):
-    finetuning.fit(trainer, train, dataclasses.replace(recipe, learning_rate=lr, seed=seed,
-                                                       epochs=1),
-                   lambda params: {"f1": 0.0}, "f1", str(tmp_path / f"{lr}-{seed}"),
-                   progress=False)
+    finetuning.fit(
+        trainer,
+        train,
+        dataclasses.replace(recipe, learning_rate=lr, seed=seed, epochs=1),
+        lambda params: {"f1": 0.0},
+        "f1",
+        str(tmp_path / f"{lr}-{seed}"),
+        progress=False,
+    )
     assert trainer.compiled_shapes()[0] == 2
 
 
+@pytest.mark.slow
 def test_fsdp_on_8_devices_matches_1_device():
   """--mesh 2,4,1 splits the encoder's weights over fsdp as pretraining does; the steps match
   one device's."""
@@ -215,8 +255,9 @@ def test_fsdp_on_8_devices_matches_1_device():
   states = [t.init_state(seed=0, learning_rate=1e-2) for t in (fsdp, one)]
   for idx in (np.arange(8), np.arange(8, 16)):
     batch = finetuning.train_batch(train, idx, 16, 8)
-    (states[0], loss_a), (states[1], loss_b) = (t.train_step(s, batch)
-                                                for t, s in zip((fsdp, one), states))
+    (states[0], loss_a), (states[1], loss_b) = (
+        t.train_step(s, batch) for t, s in zip((fsdp, one), states)
+    )
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)
   for a, b in zip(jax.tree.leaves(states[0].params), jax.tree.leaves(states[1].params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
@@ -228,7 +269,7 @@ def test_mesh_flag_errors_name_the_flag():
 
 
 def test_rare_lengths_join_the_next_longer_one():
-  mask_NxL = (np.arange(16)[None, :] < np.array([3] * 10 + [7] * 2 + [16] * 3)[:, None])
+  mask_NxL = np.arange(16)[None, :] < np.array([3] * 10 + [7] * 2 + [16] * 3)[:, None]
   assert list(finetuning.padded_lengths(mask_NxL, 4)) == [4] * 10 + [8] * 2 + [16] * 3
   assert list(finetuning.padded_lengths(mask_NxL, 4, 3)) == [4] * 10 + [16] * 5
   assert list(finetuning.padded_lengths(mask_NxL, 4, 4)) == [4] * 10 + [16] * 5

@@ -15,22 +15,44 @@ TOKENIZER = os.path.join(os.path.dirname(__file__), "..", "data", "tokenizer.mod
 
 # task -> split -> (rows kept, labels or None, skipped "file:line" prefixes)
 EXPECTED = {
-    "cola": {"train": (5, [1, 1, 0, 1, 0], ["CoLA/train.tsv:5"]), "dev": (3, [1, 0, 1], []),
-             "test": (2, None, [])},
-    "sst2": {"train": (5, [0, 0, 1, 1, 1], ["SST-2/train.tsv:6", "SST-2/train.tsv:7"]),
-             "dev": (3, [1, 0, 1], []), "test": (3, None, [])},
-    "mrpc": {"train": (3, [1, 0, 1], ["MRPC/train.tsv:5"]), "dev": (2, [1, 0], []),
-             "test": (2, None, [])},
-    "stsb": {"train": (3, [5.0, 3.8, 3.8], ["STS-B/train.tsv:5"]),
-             "dev": (4, [5.0, 4.75, 5.0, 2.4], []), "test": (2, None, [])},
-    "qqp": {"train": (4, [0, 1, 1, 0], ["QQP/train.tsv:4"]), "dev": (3, [0, 0, 1], []),
-            "test": (2, None, [])},
-    "mnli": {"train": (6, [1, 0, 0, 0, 1, 2], []),
-             "dev_matched": (2, [1, 2], ["MNLI/dev_matched.tsv:4"]),
-             "dev_mismatched": (2, [2, 0], []), "test_matched": (2, None, []),
-             "test_mismatched": (1, None, []), "ax": (3, None, [])},
-    "qnli": {"train": (3, [1, 1, 0], ["QNLI/train.tsv:5"]), "dev": (2, [0, 1], []),
-             "test": (1, None, [])},
+    "cola": {
+        "train": (5, [1, 1, 0, 1, 0], ["CoLA/train.tsv:5"]),
+        "dev": (3, [1, 0, 1], []),
+        "test": (2, None, []),
+    },
+    "sst2": {
+        "train": (5, [0, 0, 1, 1, 1], ["SST-2/train.tsv:6", "SST-2/train.tsv:7"]),
+        "dev": (3, [1, 0, 1], []),
+        "test": (3, None, []),
+    },
+    "mrpc": {
+        "train": (3, [1, 0, 1], ["MRPC/train.tsv:5"]),
+        "dev": (2, [1, 0], []),
+        "test": (2, None, []),
+    },
+    "stsb": {
+        "train": (3, [5.0, 3.8, 3.8], ["STS-B/train.tsv:5"]),
+        "dev": (4, [5.0, 4.75, 5.0, 2.4], []),
+        "test": (2, None, []),
+    },
+    "qqp": {
+        "train": (4, [0, 1, 1, 0], ["QQP/train.tsv:4"]),
+        "dev": (3, [0, 0, 1], []),
+        "test": (2, None, []),
+    },
+    "mnli": {
+        "train": (6, [1, 0, 0, 0, 1, 2], []),
+        "dev_matched": (2, [1, 2], ["MNLI/dev_matched.tsv:4"]),
+        "dev_mismatched": (2, [2, 0], []),
+        "test_matched": (2, None, []),
+        "test_mismatched": (1, None, []),
+        "ax": (3, None, []),
+    },
+    "qnli": {
+        "train": (3, [1, 1, 0], ["QNLI/train.tsv:5"]),
+        "dev": (2, [0, 1], []),
+        "test": (1, None, []),
+    },
     "rte": {"train": (3, [1, 0, 0], []), "dev": (2, [1, 0], []), "test": (2, None, [])},
     "wnli": {"train": (4, [1, 1, 1, 0], []), "dev": (2, [0, 1], []), "test": (1, None, [])},
 }
@@ -69,8 +91,10 @@ def test_tsv_quirks():
 def test_tsv_crlf_and_errors(tmp_path):
   d = tmp_path / "RTE"
   d.mkdir()
-  (d / "train.tsv").write_bytes(b"index\tsentence1\tsentence2\tlabel\r\n"
-                                b"0\ta\tb\tentailment\r\n1\tc\td\tnot_entailment\r\n\r\n")
+  (d / "train.tsv").write_bytes(
+      b"index\tsentence1\tsentence2\tlabel\r\n"
+      b"0\ta\tb\tentailment\r\n1\tc\td\tnot_entailment\r\n\r\n"
+  )
   (d / "dev.tsv").write_text("index\tsentence1\tlabel\n0\ta\tentailment\n")
   task = tasks.TASKS["rte"]
   train = tsv.load_split(task, task.train, str(tmp_path), labelled=True)
@@ -89,8 +113,9 @@ def test_mrpc_header_with_a_byte_order_mark(tmp_path):
   rows = "1\t1\t2\tHe said so .\tHe did say so .\n0\t3\t4\tA cat .\tA dog .\n"
   for name in ("train.tsv", "dev.tsv"):
     (d / name).write_bytes(("\ufeff" + header + rows).encode("utf-8"))
-  (d / "test.tsv").write_bytes(("\ufeffindex" + header[len("Quality"):]
-                                + "0\t5\t6\tx .\ty .\n").encode("utf-8"))
+  (d / "test.tsv").write_bytes(
+      ("\ufeffindex" + header[len("Quality") :] + "0\t5\t6\tx .\ty .\n").encode("utf-8")
+  )
   data = tsv.load_task(tasks.TASKS["mrpc"], str(tmp_path))
   assert data["train"].labels.tolist() == [1, 0] and not data["train"].skipped
   assert data["train"].text_a == ["He said so .", "A cat ."]
@@ -101,20 +126,25 @@ def test_mrpc_header_with_a_byte_order_mark(tmp_path):
 def test_a_tab_inside_a_train_sentence_skips_the_row_and_counts_it(tmp_path):
   d = tmp_path / "CoLA"
   d.mkdir()
-  (d / "train.tsv").write_text("gj04\t1\t\tOur friends\twon't buy this.\n"
-                               "gj04\t0\t*\tThey drank the pub.\n"
-                               "gj04\t1\t\tA trailing empty field is harmless.\t\n")
+  (d / "train.tsv").write_text(
+      "gj04\t1\t\tOur friends\twon't buy this.\n"
+      "gj04\t0\t*\tThey drank the pub.\n"
+      "gj04\t1\t\tA trailing empty field is harmless.\t\n"
+  )
   task = tasks.TASKS["cola"]
   train = tsv.load_split(task, task.train, str(tmp_path), labelled=True)
   assert train.text_a == ["They drank the pub.", "A trailing empty field is harmless."]
   assert train.skipped == ["CoLA/train.tsv:1: 5 fields, expected 4"]
 
 
-@pytest.mark.parametrize("glue_dir,name,header,bad", [
-    ("MRPC", "mrpc", "index\t#1 ID\t#2 ID\t#1 String\t#2 String", "{i}\t1\t2\tone string"),
-    ("SST-2", "sst2", "index\tsentence", "{i}\ta\ttab inside"),
-    ("CoLA", "cola", "index\tsentence", "{i}"),
-])
+@pytest.mark.parametrize(
+    "glue_dir,name,header,bad",
+    [
+        ("MRPC", "mrpc", "index\t#1 ID\t#2 ID\t#1 String\t#2 String", "{i}\t1\t2\tone string"),
+        ("SST-2", "sst2", "index\tsentence", "{i}\ta\ttab inside"),
+        ("CoLA", "cola", "index\tsentence", "{i}"),
+    ],
+)
 def test_a_test_row_that_cannot_be_read_is_an_error(tmp_path, glue_dir, name, header, bad):
   # MRPC: 23 rows, 2 malformed (the loader used to keep 21); SST-2/CoLA: 20 rows, 1 malformed.
   task = tasks.TASKS[name]
@@ -130,8 +160,9 @@ def test_a_test_row_that_cannot_be_read_is_an_error(tmp_path, glue_dir, name, he
   want = f"{d / 'test.tsv'}:{first}: {got} fields, expected {width}; every test row needs"
   with pytest.raises(ValueError, match="^" + re.escape(want)):
     tsv.load_tests(task, str(tmp_path))
-  (d / "test.tsv").write_text("\n".join(l for k, l in enumerate(lines) if k - 1 not in broken)
-                              + "\n\n")
+  (d / "test.tsv").write_text(
+      "\n".join(l for k, l in enumerate(lines) if k - 1 not in broken) + "\n\n"
+  )
   assert len(tsv.load_tests(task, str(tmp_path))["test"]) == n - len(broken)
 
 
@@ -158,12 +189,18 @@ def test_custom_task(tmp_path):
   (tmp_path / "test.tsv").write_text("review\nsuper\n")
   labels = tsv.custom_labels(str(tmp_path / "train.tsv"), ("review",), "stars")
   assert labels == ("high", "low", "mid")
-  task = tasks.custom("reviews", str(tmp_path / "train.tsv"), str(tmp_path / "dev.tsv"),
-                      str(tmp_path / "test.tsv"), ("review",), "stars", labels)
+  task = tasks.custom(
+      "reviews",
+      str(tmp_path / "train.tsv"),
+      str(tmp_path / "dev.tsv"),
+      str(tmp_path / "test.tsv"),
+      ("review",),
+      "stars",
+      labels,
+  )
   data = tsv.load_task(task, "")
   assert data["train"].labels.tolist() == [0, 1, 2]
-  assert data["train"].skipped == ["tmp/train.tsv:5: empty label".replace(
-      "tmp", tmp_path.name)]
+  assert data["train"].skipped == ["tmp/train.tsv:5: empty label".replace("tmp", tmp_path.name)]
   assert data["dev"].labels.tolist() == [0] and "label 'unseen'" in data["dev"].skipped[0]
   assert data["test"].text_a == ["super"] and data["test"].index == ["0"]
   assert task.metrics == ("accuracy",)
@@ -171,6 +208,7 @@ def test_custom_task(tmp_path):
   assert reg.is_regression and reg.is_pair and reg.test == ()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", tasks.ALL)
 def test_tfds_mock_every_task(name):
   tfds = pytest.importorskip("tensorflow_datasets")
@@ -242,5 +280,5 @@ def test_encode_with_the_sentencepiece_tokenizer():
   assert row[0] == tokenizer_lib.CLS_ID and row[-1] == tokenizer_lib.SEP_ID  # truncated: full
   assert (row == tokenizer_lib.SEP_ID).sum() == 2
   sep_a = int(np.argmax(row == tokenizer_lib.SEP_ID))
-  assert (f.token_type_ids_NxL[0, :sep_a + 1] == 0).all()
-  assert (f.token_type_ids_NxL[0, sep_a + 1:] == 1).all()
+  assert (f.token_type_ids_NxL[0, : sep_a + 1] == 0).all()
+  assert (f.token_type_ids_NxL[0, sep_a + 1 :] == 1).all()

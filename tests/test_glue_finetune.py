@@ -61,11 +61,13 @@ def _save_checkpoint_from_8_devices(path):
   mesh = sharding.make_mesh(data=1, fsdp=8)
   model = model_lib.BertForPreTraining(cfg)
   d = model_lib.dummy_inputs(1, 8, 2)
-  init = lambda k: model.init(k, d["input_ids"], d["token_type_ids"], d["attention_mask"],
-                              d["masked_positions"])["params"]
+  init = lambda k: model.init(
+      k, d["input_ids"], d["token_type_ids"], d["attention_mask"], d["masked_positions"]
+  )["params"]
   shardings = sharding.state_shardings(jax.eval_shape(init, jax.random.key(1)), mesh)
-  params = jax.jit(lambda k: nn.unbox(init(k)),
-                   out_shardings=nn.unbox(shardings))(jax.random.key(1))
+  params = jax.jit(lambda k: nn.unbox(init(k)), out_shardings=nn.unbox(shardings))(
+      jax.random.key(1)
+  )
   emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert len({str(s.index) for s in emb.addressable_shards}) == 8  # really split 8 ways
   checkpoint.save_pretrained(str(path), cfg, params, tokenizer_path=TOKENIZER, step=7)
@@ -73,8 +75,11 @@ def _save_checkpoint_from_8_devices(path):
 
 def _one_device_env():
   env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags = [
+      f
+      for f in env.get("XLA_FLAGS", "").split()
+      if not f.startswith("--xla_force_host_platform_device_count")
+  ]
   env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=1"])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
@@ -87,12 +92,30 @@ def test_checkpoint_from_8_devices_finetuned_on_1_beats_majority(tmp_path):
   majority = _sentiment_glue_dir(str(tmp_path / "glue"))
   _save_checkpoint_from_8_devices(tmp_path / "ckpt")
   out = tmp_path / "out"
-  cmd = [sys.executable, "-m", "bertjax.cli", "glue", "--task", "sst2",
-         "--init", str(tmp_path / "ckpt"), "--data", str(tmp_path / "glue"),
-         "--workdir", str(out), "--max-seq-len", "16", "--epochs", "6",
-         "--learning-rate", "1e-3", "--no-progress"]
-  proc = subprocess.run(cmd, env=_one_device_env(), capture_output=True, text=True, timeout=600,
-                        cwd=str(tmp_path))
+  cmd = [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "glue",
+      "--task",
+      "sst2",
+      "--init",
+      str(tmp_path / "ckpt"),
+      "--data",
+      str(tmp_path / "glue"),
+      "--workdir",
+      str(out),
+      "--max-seq-len",
+      "16",
+      "--epochs",
+      "6",
+      "--learning-rate",
+      "1e-3",
+      "--no-progress",
+  ]
+  proc = subprocess.run(
+      cmd, env=_one_device_env(), capture_output=True, text=True, timeout=600, cwd=str(tmp_path)
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert f"bertjax:{tmp_path / 'ckpt'}" in proc.stdout  # restored, not random
   results = json.loads((out / "results.json").read_text())
@@ -112,6 +135,7 @@ def test_checkpoint_from_8_devices_finetuned_on_1_beats_majority(tmp_path):
   assert "| sst2 | accuracy |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
   import shutil
 
@@ -127,17 +151,24 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
 
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
-  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(
-      jax.random.key(3), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"])["params"])
+  params = nn.unbox(
+      model_lib.BertForPreTraining(cfg).init(
+          jax.random.key(3),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )["params"]
+  )
   convert.save_hf(params, cfg, tmp_path / "hf")
   shutil.copy(TOKENIZER, tmp_path / "hf" / "tokenizer.model")
   enc = encoder_lib.load_encoder(str(tmp_path / "hf"))
   assert enc.source.startswith("hf:") and enc.tokenizer.vocab_size == 8000
   trainer = finetune.make_trainer(tasks.TASKS["mnli"], enc, finetuning.Recipe(), total_steps=10)
   state = trainer.init_state(seed=0, learning_rate=2e-5)
-  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(state.params["bert"]),
-                               jax.tree.leaves(params["bert"])):
+  for (path, got), want in zip(
+      jax.tree_util.tree_leaves_with_path(state.params["bert"]), jax.tree.leaves(params["bert"])
+  ):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, err_msg=str(path))
   assert state.params["classifier"]["kernel"].shape == (cfg.hidden_size, 3)
   assert float(state.learning_rate) == pytest.approx(2e-5)
@@ -158,19 +189,46 @@ def test_tfds_mnli_sweep_writes_matched_mismatched_ax_and_spread(tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
   out = tmp_path / "out"
   with tfds.testing.mock_data(num_examples=40):
-    _run_cli(["--task", "mnli", "--init", "random", "--tokenizer", TOKENIZER, "--data", "tfds",
-              "--workdir", str(out), "--max-seq-len", "16", "--epochs", "1", "--max-steps", "2",
-              "--sweep", "--learning-rates", "1e-4", "--seeds", "2", "--no-progress"])
+    _run_cli(
+        [
+            "--task",
+            "mnli",
+            "--init",
+            "random",
+            "--tokenizer",
+            TOKENIZER,
+            "--data",
+            "tfds",
+            "--workdir",
+            str(out),
+            "--max-seq-len",
+            "16",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "2",
+            "--sweep",
+            "--learning-rates",
+            "1e-4",
+            "--seeds",
+            "2",
+            "--no-progress",
+        ]
+    )
   row = json.loads((out / "results.json").read_text())["mnli"]
-  assert set(row) == {f"{m}{s}" for m in ("matched_accuracy", "mismatched_accuracy")
-                      for s in ("", "_median", "_mean", "_std", "_runs")}
+  assert set(row) == {
+      f"{m}{s}"
+      for m in ("matched_accuracy", "mismatched_accuracy")
+      for s in ("", "_median", "_mean", "_std", "_runs")
+  }
   assert row["matched_accuracy_runs"] == 2
   assert row["matched_accuracy"] >= row["matched_accuracy_mean"]
   sweep = json.loads((out / "mnli" / "sweep.json").read_text())
   assert [(s["learning_rate"], s["seed"]) for s in sweep] == [(1e-4, 0), (1e-4, 1)]
   assert sum(s["best"] for s in sweep) == 1
-  kept = [s["seed"] for s in sweep
-          if (out / "mnli" / f"lr0.0001-seed{s['seed']}" / "best").is_dir()]
+  kept = [
+      s["seed"] for s in sweep if (out / "mnli" / f"lr0.0001-seed{s['seed']}" / "best").is_dir()
+  ]
   assert kept == [s["seed"] for s in sweep if s["best"]]  # only the best run's checkpoint
   assert "± " in (out / "results.md").read_text()
   for name in ("MNLI-m", "MNLI-mm", "AX"):
@@ -183,11 +241,36 @@ def test_tfds_mnli_sweep_writes_matched_mismatched_ax_and_spread(tmp_path):
 def test_custom_regression_task(tmp_path):
   sts = os.path.join(FIXTURES, "STS-B")
   out = tmp_path / "out"
-  _run_cli(["--task", "custom", "--name", "sts", "--train", os.path.join(sts, "train.tsv"),
-            "--dev", os.path.join(sts, "dev.tsv"), "--test", os.path.join(sts, "test.tsv"),
-            "--text-columns", "sentence1,sentence2", "--label-column", "score", "--regression",
-            "--init", "random", "--tokenizer", TOKENIZER, "--workdir", str(out),
-            "--max-seq-len", "16", "--epochs", "1", "--no-progress"])
+  _run_cli(
+      [
+          "--task",
+          "custom",
+          "--name",
+          "sts",
+          "--train",
+          os.path.join(sts, "train.tsv"),
+          "--dev",
+          os.path.join(sts, "dev.tsv"),
+          "--test",
+          os.path.join(sts, "test.tsv"),
+          "--text-columns",
+          "sentence1,sentence2",
+          "--label-column",
+          "score",
+          "--regression",
+          "--init",
+          "random",
+          "--tokenizer",
+          TOKENIZER,
+          "--workdir",
+          str(out),
+          "--max-seq-len",
+          "16",
+          "--epochs",
+          "1",
+          "--no-progress",
+      ]
+  )
   row = json.loads((out / "results.json").read_text())["sts"]
   assert set(row) == {"pearson", "spearman"}
   assert all(-1.0 <= v <= 1.0 for v in row.values())
@@ -207,8 +290,11 @@ _SUBMISSIONS = {
     "mrpc": [("MRPC", ["0", "1"])],
     "qqp": [("QQP", ["0", "1"])],
     "stsb": [("STS-B", ["0.000", "5.000"])],  # clipped to the 0-5 scale
-    "mnli": [("MNLI-m", ["entailment", "neutral"]), ("MNLI-mm", ["entailment", "neutral"]),
-             ("AX", ["entailment", "neutral"])],
+    "mnli": [
+        ("MNLI-m", ["entailment", "neutral"]),
+        ("MNLI-mm", ["entailment", "neutral"]),
+        ("AX", ["entailment", "neutral"]),
+    ],
     "qnli": [("QNLI", ["entailment", "not_entailment"])],
     "rte": [("RTE", ["entailment", "not_entailment"])],
     "wnli": [("WNLI", ["0", "1"])],
@@ -219,14 +305,26 @@ _SUBMISSIONS = {
 def test_submission_files_names_and_labels(tmp_path, name):
   task = tasks.TASKS[name]
   preds = np.array([-0.7, 5.2]) if task.is_regression else np.array([0, 1])
-  written = [submission.write_submission(task, s, ["7", "8"], preds, str(tmp_path))
-             for s in task.test]
+  written = [
+      submission.write_submission(task, s, ["7", "8"], preds, str(tmp_path)) for s in task.test
+  ]
   for path, (stem, labels) in zip(written, _SUBMISSIONS[name]):
     assert os.path.basename(path) == f"{stem}.tsv"
     assert open(path).read() == f"index\tprediction\n7\t{labels[0]}\n8\t{labels[1]}\n"
   all_names = {s.submission for t in tasks.TASKS.values() for s in t.test}
-  assert all_names == {"CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI",
-                       "RTE", "WNLI", "AX"}
+  assert all_names == {
+      "CoLA",
+      "SST-2",
+      "MRPC",
+      "STS-B",
+      "QQP",
+      "MNLI-m",
+      "MNLI-mm",
+      "QNLI",
+      "RTE",
+      "WNLI",
+      "AX",
+  }
 
 
 def test_results_merge_and_markdown(tmp_path):

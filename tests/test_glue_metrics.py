@@ -20,7 +20,8 @@ def test_accuracy_and_f1_by_hand():
 def test_mcc_by_hand():
   # tp = 2, tn = 2, fp = 1, fn = 1: (2*2 - 1*1) / sqrt(3*3*3*3) = 1/3.
   assert metrics.mcc(np.array([1, 1, 0, 0, 1, 0]), np.array([1, 1, 0, 0, 0, 1])) == (
-      pytest.approx(1 / 3))
+      pytest.approx(1 / 3)
+  )
   # tp = 2, tn = 0, fp = 1, fn = 1: (0 - 1) / sqrt(3*3*1*1) = -1/3.
   assert metrics.mcc(np.array([1, 0, 1, 1]), np.array([1, 1, 1, 0])) == pytest.approx(-1 / 3)
   # A constant predictor has an empty margin: MCC 0 (sklearn's convention), not NaN.
@@ -64,15 +65,19 @@ def test_compute_uses_each_tasks_metrics():
   pred, gold = np.array([1, 0, 1, 1]), np.array([1, 1, 1, 0])
   mrpc = tasks.TASKS["mrpc"]
   assert metrics.compute(mrpc, mrpc.dev[0], pred, gold) == {
-      "f1": pytest.approx(2 / 3), "accuracy": 0.5}
+      "f1": pytest.approx(2 / 3),
+      "accuracy": 0.5,
+  }
   cola = tasks.TASKS["cola"]
   assert metrics.compute(cola, cola.dev[0], pred, gold)["mcc"] == pytest.approx(-1 / 3)
   mnli = tasks.TASKS["mnli"]
   m, mm = mnli.dev
   assert metrics.compute(mnli, m, np.array([0, 1, 2]), np.array([0, 1, 1])) == {
-      "matched_accuracy": pytest.approx(2 / 3)}
+      "matched_accuracy": pytest.approx(2 / 3)
+  }
   assert metrics.compute(mnli, mm, np.array([0, 1]), np.array([0, 1])) == {
-      "mismatched_accuracy": 1.0}
+      "mismatched_accuracy": 1.0
+  }
   stsb = tasks.TASKS["stsb"]
   out = metrics.compute(stsb, stsb.dev[0], np.array([1.0, 2, 3]), np.array([2.0, 4, 7]))
   assert out["pearson"] == pytest.approx(15 / math.sqrt(228)) and out["spearman"] == 1.0

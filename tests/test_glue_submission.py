@@ -24,18 +24,43 @@ def _mrpc_dir(root, test_rows=23, broken=(), bad_train_lines=()):
   for line in bad_train_lines:
     train[line - 2] = f"1\t{line}\t{line}\ta sentence\twith a tab\tinside ."
   (d / "train.tsv").write_text("\ufeffQuality\t" + MRPC_HEADER + "\n" + "\n".join(train) + "\n")
-  (d / "dev.tsv").write_text("\ufeffQuality\t" + MRPC_HEADER + "\n"
-                             + "\n".join(f"{i % 2}\t{pair(i)}" for i in range(8)) + "\n")
-  test = [f"{i}\t{i}\t{i + 1}\tthe cat sat {i} ." if i in broken else f"{i}\t{pair(i)}"
-          for i in range(test_rows)]
+  (d / "dev.tsv").write_text(
+      "\ufeffQuality\t"
+      + MRPC_HEADER
+      + "\n"
+      + "\n".join(f"{i % 2}\t{pair(i)}" for i in range(8))
+      + "\n"
+  )
+  test = [
+      f"{i}\t{i}\t{i + 1}\tthe cat sat {i} ." if i in broken else f"{i}\t{pair(i)}"
+      for i in range(test_rows)
+  ]
   (d / "test.tsv").write_text("index\t" + MRPC_HEADER + "\n" + "\n".join(test) + "\n")
   return d
 
 
 def _glue(root, out, *extra):
-  return cli.main(["glue", "--task", "mrpc", "--init", "random", "--tokenizer", TOKENIZER,
-                   "--data", str(root), "--workdir", str(out), "--max-seq-len", "16",
-                   "--epochs", "1", "--no-progress", *extra])
+  return cli.main(
+      [
+          "glue",
+          "--task",
+          "mrpc",
+          "--init",
+          "random",
+          "--tokenizer",
+          TOKENIZER,
+          "--data",
+          str(root),
+          "--workdir",
+          str(out),
+          "--max-seq-len",
+          "16",
+          "--epochs",
+          "1",
+          "--no-progress",
+          *extra,
+      ]
+  )
 
 
 def test_malformed_test_rows_stop_the_command_before_training(tmp_path, capsys, monkeypatch):
@@ -50,8 +75,10 @@ def test_malformed_test_rows_stop_the_command_before_training(tmp_path, capsys, 
   d = _mrpc_dir(tmp_path / "glue", test_rows=23, broken=(5, 17))
   assert _glue(tmp_path / "glue", tmp_path / "out") == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == [f"glue: {d / 'test.tsv'}:7: 4 fields, expected 5; every test row needs a "
-                 "prediction, so the submission would be incomplete: fix this row"]
+  assert err == [
+      f"glue: {d / 'test.tsv'}:7: 4 fields, expected 5; every test row needs a "
+      "prediction, so the submission would be incomplete: fix this row"
+  ]
   assert not (tmp_path / "out" / "submission").exists()
 
 
@@ -75,25 +102,29 @@ def test_writer_refuses_an_incomplete_or_invalid_submission(tmp_path):
   with pytest.raises(ValueError, match="prediction 'yes' is not a label"):
     submission.check_submission(mrpc, mrpc.test[0], ["0"], ["index\tprediction", "0\tyes"])
   path = submission.write_submission(mrpc, mrpc.test[0], index, np.arange(23) % 2, str(tmp_path))
-  assert open(path).read().splitlines() == (["index\tprediction"]
-                                            + [f"{i}\t{i % 2}" for i in range(23)])
+  assert open(path).read().splitlines() == (
+      ["index\tprediction"] + [f"{i}\t{i % 2}" for i in range(23)]
+  )
   assert os.listdir(tmp_path / "submission") == ["MRPC.tsv"]
 
 
 def test_skipped_train_rows_are_counted_per_file(tmp_path, capsys):
-  from bertjax.commands import glue
+  from bertjax.tasks.glue import sweep
   from bertjax.tasks.glue import tsv
 
   _mrpc_dir(tmp_path / "glue", bad_train_lines=(5, 9))
   examples = tsv.load_task(tasks.TASKS["mrpc"], str(tmp_path / "glue"))
   assert len(examples["train"]) == 14 and len(examples["test"]) == 23
-  glue._report_skipped(tasks.TASKS["mrpc"], examples, str(tmp_path / "out"))
+  sweep.report_skipped(tasks.TASKS["mrpc"], examples, str(tmp_path / "out"))
   listed = tmp_path / "out" / "mrpc" / "skipped_rows.txt"
   assert capsys.readouterr().out.splitlines() == [
       f"glue: mrpc: MRPC/train.tsv: skipped 2 malformed rows (first: line 5: 6 fields, "
-      f"expected 5); all listed in {listed}"]
-  assert listed.read_text().splitlines() == ["MRPC/train.tsv:5: 6 fields, expected 5",
-                                             "MRPC/train.tsv:9: 6 fields, expected 5"]
+      f"expected 5); all listed in {listed}"
+  ]
+  assert listed.read_text().splitlines() == [
+      "MRPC/train.tsv:5: 6 fields, expected 5",
+      "MRPC/train.tsv:9: 6 fields, expected 5",
+  ]
 
 
 @pytest.mark.slow
@@ -105,4 +136,5 @@ def test_bad_train_rows_skipped_and_every_test_row_submitted(tmp_path, capsys):
   assert "glue: mrpc: train 15, dev 8, test 23" in out
   lines = (tmp_path / "out" / "submission" / "MRPC.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and [l.split("\t")[0] for l in lines[1:]] == [
-      str(i) for i in range(23)]
+      str(i) for i in range(23)
+  ]

@@ -15,20 +15,23 @@ from bertjax.runtime import host_malloc
 LINUX = dict(system="Linux", libc="glibc", accelerator_present=False)
 
 
-@pytest.mark.parametrize("env, kw, expected", [
-    ({}, {}, True),
-    ({"JAX_PLATFORMS": "cpu"}, {"accelerator_present": True}, True),
-    ({}, {"accelerator_present": True}, False),
-    ({"JAX_PLATFORMS": "cuda"}, {}, False),
-    ({"JAX_PLATFORMS": "tpu,cpu"}, {}, False),
-    ({"BERTJAX_MALLOC_TUNING": "1"}, {"accelerator_present": True}, True),
-    ({"BERTJAX_MALLOC_TUNING": "0"}, {}, False),
-    ({"BERTJAX_MALLOC_TUNING": "off"}, {}, False),
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, {}, False),
-    ({"BERTJAX_MALLOC_TUNING": "1", "GLIBC_TUNABLES": "x"}, {}, False),
-    ({}, {"system": "Darwin", "libc": ""}, False),
-    ({}, {"libc": "musl"}, False),
-])
+@pytest.mark.parametrize(
+    "env, kw, expected",
+    [
+        ({}, {}, True),
+        ({"JAX_PLATFORMS": "cpu"}, {"accelerator_present": True}, True),
+        ({}, {"accelerator_present": True}, False),
+        ({"JAX_PLATFORMS": "cuda"}, {}, False),
+        ({"JAX_PLATFORMS": "tpu,cpu"}, {}, False),
+        ({"BERTJAX_MALLOC_TUNING": "1"}, {"accelerator_present": True}, True),
+        ({"BERTJAX_MALLOC_TUNING": "0"}, {}, False),
+        ({"BERTJAX_MALLOC_TUNING": "off"}, {}, False),
+        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, {}, False),
+        ({"BERTJAX_MALLOC_TUNING": "1", "GLIBC_TUNABLES": "x"}, {}, False),
+        ({}, {"system": "Darwin", "libc": ""}, False),
+        ({}, {"libc": "musl"}, False),
+    ],
+)
 def test_decide(env, kw, expected):
   apply, why = host_malloc.decide(env, **{**LINUX, **kw})
   assert apply is expected, why
@@ -100,16 +103,19 @@ print(json.dumps({"tunables": os.environ.get("GLIBC_TUNABLES"), "faults": faults
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                    reason="glibc tunables only")
+@pytest.mark.slow
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc tunables only"
+)
 def test_the_tunables_stop_the_page_faults_of_large_buffers():
   pages = 4096 * 4096 * 4 // os.sysconf("SC_PAGE_SIZE")
   results = {}
   for switch in ("auto", "0"):
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "XLA_FLAGS")}
     env.update(BERTJAX_MALLOC_TUNING=switch, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results[switch] = json.loads(out.stdout.strip().splitlines()[-1])
   assert results["auto"]["tunables"] == host_malloc.TUNABLES  # the child re-executed itself

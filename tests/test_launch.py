@@ -18,16 +18,29 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
-ARGS = ["pretrain", "--config", "experiments/pretrain.py:base", "--workdir", "gs://b/run",
-        "--config.data.path=it's here"]  # a quote and a space must survive every layer
+ARGS = [
+    "pretrain",
+    "--config",
+    "experiments/pretrain.py:base",
+    "--workdir",
+    "gs://b/run",
+    "--config.data.path=it's here",
+]  # a quote and a space must survive every layer
 
 
 def sh(cmd, env=None, check=True, timeout=120):
   """Runs cmd in its own process group; on a timeout the whole group (a launcher and the
   processes it started) is killed and the failure shows what they had printed."""
   full = dict(os.environ, **(env or {}))
-  p = subprocess.Popen(cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, start_new_session=True)
+  p = subprocess.Popen(
+      cmd,
+      cwd=REPO,
+      env=full,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   try:
     out, err = p.communicate(timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -72,19 +85,54 @@ def remote(cmd: list[str]) -> str:
 
 # ---------------------------------------------------------------------------------- tpu_pod.sh
 
+
 def test_tpu_pod_dry_run_prints_create_setup_run_delete():
-  out = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--no-fit-check", "--name", "bert",
-            "--zone", "us-central2-b", "--accelerator", "v4-32", "--project", "p1", "--",
-            *ARGS]).stdout
+  out = sh(
+      [
+          "bash",
+          "launch/tpu_pod.sh",
+          "--dry-run",
+          "--no-fit-check",
+          "--name",
+          "bert",
+          "--zone",
+          "us-central2-b",
+          "--accelerator",
+          "v4-32",
+          "--project",
+          "p1",
+          "--",
+          *ARGS,
+      ]
+  ).stdout
   cmds = lines(out)
   loc = ["--zone", "us-central2-b", "--project", "p1"]
-  assert cmds[0] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "bert", *loc,
-                     "--accelerator-type", "v4-32", "--version", "tpu-ubuntu2204-base"]
+  assert cmds[0] == [
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "create",
+      "bert",
+      *loc,
+      "--accelerator-type",
+      "v4-32",
+      "--version",
+      "tpu-ubuntu2204-base",
+  ]
   assert cmds[1][:2] == ["tar", "czf"] and "--exclude=./.venv" in cmds[1]
-  assert cmds[2][:7] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", cmds[1][2], "bert:bertjax.tgz"]
+  assert cmds[2][:7] == [
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "scp",
+      cmds[1][2],
+      "bert:bertjax.tgz",
+  ]
   ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert", *loc, "--worker=all"]
-  assert cmds[3][:len(ssh)] == ssh and "pip install" in remote(cmds[3])
-  assert cmds[4][:len(ssh)] == ssh
+  assert cmds[3][: len(ssh)] == ssh and "pip install" in remote(cmds[3])
+  assert cmds[4][: len(ssh)] == ssh
   job = remote(cmds[4])
   # The bertjax arguments reach the worker's shell intact.
   tail = shlex.split(job.split(".venv/bin/bertjax", 1)[1].split("2>&1")[0])
@@ -95,15 +143,48 @@ def test_tpu_pod_dry_run_prints_create_setup_run_delete():
 
 
 def test_tpu_pod_dry_run_queued_spot_reuse_keep():
-  base = ["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "q", "--zone", "z",
-          "--accelerator", "v5litepod-16"]
+  base = [
+      "bash",
+      "launch/tpu_pod.sh",
+      "--dry-run",
+      "--name",
+      "q",
+      "--zone",
+      "z",
+      "--accelerator",
+      "v5litepod-16",
+  ]
   cmds = lines(sh(base + ["--queued", "--spot", "--", "pretrain"]).stdout)
-  assert cmds[0] == ["gcloud", "compute", "tpus", "queued-resources", "create", "q", "--node-id",
-                     "q", "--zone", "z", "--accelerator-type", "v5litepod-16",
-                     "--runtime-version", "v2-alpha-tpuv5-lite", "--spot"]
+  assert cmds[0] == [
+      "gcloud",
+      "compute",
+      "tpus",
+      "queued-resources",
+      "create",
+      "q",
+      "--node-id",
+      "q",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      "v5litepod-16",
+      "--runtime-version",
+      "v2-alpha-tpuv5-lite",
+      "--spot",
+  ]
   assert cmds[1][:5] == ["gcloud", "compute", "tpus", "queued-resources", "describe"]
-  assert cmds[-1] == ["gcloud", "compute", "tpus", "queued-resources", "delete", "q", "--zone",
-                      "z", "--force", "--quiet"]
+  assert cmds[-1] == [
+      "gcloud",
+      "compute",
+      "tpus",
+      "queued-resources",
+      "delete",
+      "q",
+      "--zone",
+      "z",
+      "--force",
+      "--quiet",
+  ]
   cmds = lines(sh(base + ["--reuse", "--no-setup", "--keep", "--", "pretrain"]).stdout)
   assert len(cmds) == 1 and cmds[0][4] == "ssh"  # only the job itself
 
@@ -111,10 +192,28 @@ def test_tpu_pod_dry_run_queued_spot_reuse_keep():
 def test_tpu_pod_dry_run_fit_check_stops_a_config_that_does_not_fit():
   """The dry run first compiles the job for --accelerator with the TPU compiler."""
   pytest.importorskip("libtpu", reason="the fit check needs libtpu (pip install -e '.[tpu]')")
-  p = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "b", "--zone", "z",
-          "--accelerator", "v5litepod-4", "--", "pretrain", "--config",
-          "experiments/pretrain.py:large", "--workdir", "gs://b/l",
-          "--config.model.vocab_size=30522"], check=False, timeout=300)
+  p = sh(
+      [
+          "bash",
+          "launch/tpu_pod.sh",
+          "--dry-run",
+          "--name",
+          "b",
+          "--zone",
+          "z",
+          "--accelerator",
+          "v5litepod-4",
+          "--",
+          "pretrain",
+          "--config",
+          "experiments/pretrain.py:large",
+          "--workdir",
+          "gs://b/l",
+          "--config.model.vocab_size=30522",
+      ],
+      check=False,
+      timeout=300,
+  )
   assert p.returncode == 1 and not lines(p.stdout), p.stderr[-3000:]
   assert "# fit check: compiling the train step for v5litepod-4" in p.stderr
   assert "DOES NOT FIT on v5litepod-4: phase 1 needs" in p.stderr
@@ -126,37 +225,99 @@ def test_tpu_pod_dry_run_fit_check_skipped_without_libtpu(tmp_path):
   no_libtpu = tmp_path / "python"
   no_libtpu.write_text("#!/bin/sh\nexit 1\n")  # answers "no" to the libtpu probe
   no_libtpu.chmod(0o755)
-  p = sh(["bash", "launch/tpu_pod.sh", "--dry-run", "--name", "b", "--zone", "z",
-          "--accelerator", "v4-8", "--", *ARGS], env={"BERTJAX_PYTHON": str(no_libtpu)})
+  p = sh(
+      [
+          "bash",
+          "launch/tpu_pod.sh",
+          "--dry-run",
+          "--name",
+          "b",
+          "--zone",
+          "z",
+          "--accelerator",
+          "v4-8",
+          "--",
+          *ARGS,
+      ],
+      env={"BERTJAX_PYTHON": str(no_libtpu)},
+  )
   assert "# fit check skipped: no libtpu" in p.stderr
   assert lines(p.stdout)[0][:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--zone", "z", "--accelerator", "v4-8", "--", "x"], "--name is required"),
-    (["--name", "n", "--zone", "z", "--accelerator", "v9-8", "--", "x"], "no default --version"),
-    (["--name", "n", "--zone", "z", "--accelerator", "v4-8"], "no bertjax arguments"),
-    (["--name", "n", "--zone", "z", "--accelerator", "v4-8", "--bogus"], "unknown option --bogus"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--zone", "z", "--accelerator", "v4-8", "--", "x"], "--name is required"),
+        (
+            ["--name", "n", "--zone", "z", "--accelerator", "v9-8", "--", "x"],
+            "no default --version",
+        ),
+        (["--name", "n", "--zone", "z", "--accelerator", "v4-8"], "no bertjax arguments"),
+        (
+            ["--name", "n", "--zone", "z", "--accelerator", "v4-8", "--bogus"],
+            "unknown option --bogus",
+        ),
+    ],
+)
 def test_tpu_pod_errors(argv, message):
   p = sh(["bash", "launch/tpu_pod.sh", "--dry-run", *argv], check=False)
   assert p.returncode == 2 and message in p.stderr
 
 
 def test_prepare_pod_dry_run():
-  out = sh(["bash", "launch/prepare_pod.sh", "--dry-run", "--name", "bert", "--zone", "z",
-            "--raw", "gs://b/raw/", "--out", "gs://b/prepared", "--download", "~/data/wiki", "--",
-            "--input", "../raw/*.txt", "--tokenizer", "data/tokenizer.model"]).stdout
+  out = sh(
+      [
+          "bash",
+          "launch/prepare_pod.sh",
+          "--dry-run",
+          "--name",
+          "bert",
+          "--zone",
+          "z",
+          "--raw",
+          "gs://b/raw/",
+          "--out",
+          "gs://b/prepared",
+          "--download",
+          "~/data/wiki",
+          "--",
+          "--input",
+          "../raw/*.txt",
+          "--tokenizer",
+          "data/tokenizer.model",
+      ]
+  ).stdout
   cmds = lines(out)
   assert len(cmds) == 2 and all(c[4] == "ssh" and "--worker=all" in c for c in cmds)
   steps = remote(cmds[0])
   assert "gcloud storage cp -r 'gs://b/raw/*' ~/raw/" in steps
-  assert ("bertjax prepare --input '../raw/*.txt' --tokenizer data/tokenizer.model "
-          "--output ~/prepared --worker-index $W --num-workers $N") in steps
+  assert (
+      "bertjax prepare --input '../raw/*.txt' --tokenizer data/tokenizer.model "
+      "--output ~/prepared --worker-index $W --num-workers $N"
+  ) in steps
   assert steps.endswith("gcloud storage cp -r ~/prepared/* gs://b/prepared/")
-  assert remote(cmds[1]) == "mkdir -p ~/data/wiki && gcloud storage rsync -r gs://b/prepared ~/data/wiki"
-  p = sh(["bash", "launch/prepare_pod.sh", "--dry-run", "--name", "b", "--zone", "z", "--out",
-          "/local", "--", "--input", "x"], check=False)
+  assert (
+      remote(cmds[1])
+      == "mkdir -p ~/data/wiki && gcloud storage rsync -r gs://b/prepared ~/data/wiki"
+  )
+  p = sh(
+      [
+          "bash",
+          "launch/prepare_pod.sh",
+          "--dry-run",
+          "--name",
+          "b",
+          "--zone",
+          "z",
+          "--out",
+          "/local",
+          "--",
+          "--input",
+          "x",
+      ],
+      check=False,
+  )
   assert p.returncode == 2 and "gs://" in p.stderr
 
 
@@ -172,6 +333,7 @@ def test_tpu_worker_env_parses_both_endpoint_formats():
 
 # ---------------------------------------------------------------------------------- GKE JobSet
 
+
 def test_gke_jobset_example_is_the_scripts_output(tmp_path):
   committed = (LAUNCH / "gke_jobset.yaml").read_text()
   header, body = committed.split("\n", 1)
@@ -184,9 +346,25 @@ def test_gke_jobset_example_is_the_scripts_output(tmp_path):
 
 def test_gke_jobset_manifest(tmp_path):
   yaml = pytest.importorskip("yaml")
-  p = sh([sys.executable, "launch/gke_jobset.py", "--name", "bert", "--image", "img:1",
-          "--accelerator", "v5e", "--topology", "4x4", "--slices", "2", "--dry-run", "--",
-          *ARGS])
+  p = sh(
+      [
+          sys.executable,
+          "launch/gke_jobset.py",
+          "--name",
+          "bert",
+          "--image",
+          "img:1",
+          "--accelerator",
+          "v5e",
+          "--topology",
+          "4x4",
+          "--slices",
+          "2",
+          "--dry-run",
+          "--",
+          *ARGS,
+      ]
+  )
   text, _, cmds = p.stdout.partition("\nkubectl apply")
   doc = yaml.safe_load(text)
   job = doc["spec"]["replicatedJobs"][0]
@@ -194,8 +372,10 @@ def test_gke_jobset_manifest(tmp_path):
   spec = job["template"]["spec"]
   assert spec["parallelism"] == spec["completions"] == 4  # 16 chips / 4 per host
   pod = spec["template"]["spec"]
-  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-                                 "cloud.google.com/gke-tpu-topology": "4x4"}
+  assert pod["nodeSelector"] == {
+      "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+      "cloud.google.com/gke-tpu-topology": "4x4",
+  }
   c = pod["containers"][0]
   assert c["command"] == ["bertjax", *ARGS]
   assert c["resources"]["limits"]["google.com/tpu"] == 4
@@ -204,18 +384,42 @@ def test_gke_jobset_manifest(tmp_path):
   assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == "bert-slice-0-0.bert"
   assert lines("kubectl apply" + cmds) == [
       ["kubectl", "apply", "-f", "-"],
-      ["kubectl", "logs", "-f", "--prefix", "--max-log-requests=1000", "-l",
-       "jobset.sigs.k8s.io/jobset-name=bert"],
-      ["kubectl", "delete", "jobset", "bert"]]
+      [
+          "kubectl",
+          "logs",
+          "-f",
+          "--prefix",
+          "--max-log-requests=1000",
+          "-l",
+          "jobset.sigs.k8s.io/jobset-name=bert",
+      ],
+      ["kubectl", "delete", "jobset", "bert"],
+  ]
 
 
 def test_gke_jobset_rejects_bad_topology():
-  p = sh([sys.executable, "launch/gke_jobset.py", "--name", "b", "--image", "i", "--accelerator",
-          "v4", "--topology", "4x4", "--", "pretrain"], check=False)
+  p = sh(
+      [
+          sys.executable,
+          "launch/gke_jobset.py",
+          "--name",
+          "b",
+          "--image",
+          "i",
+          "--accelerator",
+          "v4",
+          "--topology",
+          "4x4",
+          "--",
+          "pretrain",
+      ],
+      check=False,
+  )
   assert p.returncode == 2 and "needs 3 dimensions" in p.stderr
 
 
 # ---------------------------------------------------------------------------------- SLURM
+
 
 def _fake_bin(tmp_path, name, body):
   path = tmp_path / "bin" / name
@@ -239,8 +443,12 @@ def test_slurm_dry_run(tmp_path):
   assert srun[4:6] == ["bash", "-c"] and srun[7:] == ["bertjax", *ARGS]
   for i in (0, 1):
     assert shlex.split(cmds[1 + i].removeprefix(f"# task {i}: ")) == [
-        "bertjax", *ARGS, "--coordinator_address=node-a:14242", "--num_processes=2",
-        f"--process_id={i}"]
+        "bertjax",
+        *ARGS,
+        "--coordinator_address=node-a:14242",
+        "--num_processes=2",
+        f"--process_id={i}",
+    ]
 
 
 PROBE = """
@@ -269,48 +477,98 @@ def test_slurm_script_runs_its_tasks(tmp_path, free_port):
   """A stand-in srun starts the tasks here; they must find each other as SLURM describes."""
   probe = tmp_path / "probe.py"
   probe.write_text(PROBE)
-  _fake_bin(tmp_path, "scontrol", 'if [[ "$1 $2" == "show hostnames" ]]; then echo localhost; '
-            'echo localhost; fi\n')
-  bindir = _fake_bin(tmp_path, "srun", textwrap.dedent("""
+  _fake_bin(
+      tmp_path,
+      "scontrol",
+      'if [[ "$1 $2" == "show hostnames" ]]; then echo localhost; ' "echo localhost; fi\n",
+  )
+  bindir = _fake_bin(
+      tmp_path,
+      "srun",
+      textwrap.dedent("""
     n=1; while [[ "$1" == --* ]]; do [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}; shift; done
     for ((i = 0; i < n; i++)); do SLURM_PROCID=$i "$@" & done
     wait
-  """))
-  env = dict(SLURM_ENV, PATH=f"{bindir}:{os.environ['PATH']}",
-             BERTJAX=f"{sys.executable} {probe}", JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  out = sh_processes(["bash", "launch/slurm_gpu.sbatch", "--fail=-1"],
-                     env=lambda: dict(env, BERTJAX_PORT=str(free_port()))).stdout
+  """),
+  )
+  env = dict(
+      SLURM_ENV,
+      PATH=f"{bindir}:{os.environ['PATH']}",
+      BERTJAX=f"{sys.executable} {probe}",
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  )
+  out = sh_processes(
+      ["bash", "launch/slurm_gpu.sbatch", "--fail=-1"],
+      env=lambda: dict(env, BERTJAX_PORT=str(free_port())),
+  ).stdout
   assert sorted(l for l in out.splitlines() if l.startswith("process")) == [
-      "process 0/2 devices 4 sum 3", "process 1/2 devices 4 sum 3"]
+      "process 0/2 devices 4 sum 3",
+      "process 1/2 devices 4 sum 3",
+  ]
 
 
 # ---------------------------------------------------------------------------------- local_multihost.sh
 
+
 def test_local_multihost_dry_run():
-  out = sh(["bash", "launch/local_multihost.sh", "2", "--devices", "2", "--port", "1234",
-            "--dry-run", "--", *ARGS]).stdout
+  out = sh(
+      [
+          "bash",
+          "launch/local_multihost.sh",
+          "2",
+          "--devices",
+          "2",
+          "--port",
+          "1234",
+          "--dry-run",
+          "--",
+          *ARGS,
+      ]
+  ).stdout
   cmds = lines(out)
   for i, c in enumerate(cmds):
-    assert c[:5] == ["env", "JAX_PLATFORMS=cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo",
-                     "XLA_FLAGS=--xla_force_host_platform_device_count=2", "CUDA_VISIBLE_DEVICES="]
-    assert c[5:] == ["bertjax", *ARGS, "--coordinator_address=localhost:1234",
-                     "--num_processes=2", f"--process_id={i}"]
+    assert c[:5] == [
+        "env",
+        "JAX_PLATFORMS=cpu",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo",
+        "XLA_FLAGS=--xla_force_host_platform_device_count=2",
+        "CUDA_VISIBLE_DEVICES=",
+    ]
+    assert c[5:] == [
+        "bertjax",
+        *ARGS,
+        "--coordinator_address=localhost:1234",
+        "--num_processes=2",
+        f"--process_id={i}",
+    ]
   assert len(cmds) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.multihost
 def test_local_multihost_processes_form_one_system(tmp_path):
   probe = tmp_path / "probe.py"
   probe.write_text(PROBE)
   env = {"BERTJAX": f"{sys.executable} {probe}"}
-  out = sh_processes(["bash", "launch/local_multihost.sh", "2", "--log-dir",
-                      str(tmp_path / "logs"), "--", "--fail=-1"], env=env).stdout
+  out = sh_processes(
+      [
+          "bash",
+          "launch/local_multihost.sh",
+          "2",
+          "--log-dir",
+          str(tmp_path / "logs"),
+          "--",
+          "--fail=-1",
+      ],
+      env=env,
+  ).stdout
   assert "[0] process 0/2 devices 8 sum 3" in out and "[1] process 1/2 devices 8 sum 3" in out
   assert "process 1/2" in (tmp_path / "logs" / "process_1.log").read_text()
   # One process failing stops the other (which would wait for it forever) and sets the status.
-  p = sh(["bash", "launch/local_multihost.sh", "2", "--", "--fail=1"], env=env, check=False,
-         timeout=60)
+  p = sh(
+      ["bash", "launch/local_multihost.sh", "2", "--", "--fail=1"], env=env, check=False, timeout=60
+  )
   assert p.returncode == 3 and "stopping the others" in p.stderr
 
 
@@ -320,12 +578,29 @@ def test_local_multihost_trains(tmp_path):
   """`bertjax pretrain` as 2 hosts x 4 devices on synthetic data: per-host input, one mesh."""
   wd = tmp_path / "run"
   env = {"BERTJAX": f"{sys.executable} -m bertjax.cli", "TF_CPP_MIN_LOG_LEVEL": "2"}
-  p = sh(["bash", "launch/local_multihost.sh", "2", "--", "pretrain", "--config",
-          "experiments/pretrain.py:tiny", "--workdir", str(wd), "--config.data.source=synthetic",
-          "--config.train.steps=3", "--config.train.batch_size=16", "--config.data.seq_len=32",
-          "--config.data.max_predictions_per_seq=5", "--config.log_every_steps=1",
-          "--config.eval.every_steps=0", "--config.checkpoint.every_steps=100"], env=env,
-         timeout=300)
+  p = sh(
+      [
+          "bash",
+          "launch/local_multihost.sh",
+          "2",
+          "--",
+          "pretrain",
+          "--config",
+          "experiments/pretrain.py:tiny",
+          "--workdir",
+          str(wd),
+          "--config.data.source=synthetic",
+          "--config.train.steps=3",
+          "--config.train.batch_size=16",
+          "--config.data.seq_len=32",
+          "--config.data.max_predictions_per_seq=5",
+          "--config.log_every_steps=1",
+          "--config.eval.every_steps=0",
+          "--config.checkpoint.every_steps=100",
+      ],
+      env=env,
+      timeout=300,
+  )
   assert "2 process(es)" in p.stdout and "8 cpu devices" in p.stdout
   import json
 

@@ -24,6 +24,7 @@ def _plain(x, table, bias, labels):
   return losses.cross_entropy(logits, labels)
 
 
+@pytest.mark.slow
 def test_values_equal_log_softmax_and_argmax():
   x, table, bias, labels = _inputs()
   nll, correct = losses.mlm_cross_entropy(x, table, bias, labels)
@@ -38,6 +39,7 @@ def test_values_equal_log_softmax_and_argmax():
   np.testing.assert_array_equal(correct_top, np.ones((B, P)))
 
 
+@pytest.mark.slow
 def test_weighted_gradients_equal_autodiff():
   x, table, bias, labels = _inputs(1)
   w = jnp.asarray(np.random.default_rng(0).integers(0, 2, (B, P)), jnp.float32)  # padded slots
@@ -60,33 +62,44 @@ def test_bfloat16_inputs_keep_their_dtypes():
   assert nll.dtype == jnp.float32
   ref, _ = _plain(x, table, bias, labels)
   np.testing.assert_allclose(nll, ref, atol=0.1)
-  gx, gt = jax.grad(lambda x, t: losses.mlm_cross_entropy(x, t, bias, labels)[0].sum(),
-                    argnums=(0, 1))(x, table.astype(jnp.bfloat16))
+  gx, gt = jax.grad(
+      lambda x, t: losses.mlm_cross_entropy(x, t, bias, labels)[0].sum(), argnums=(0, 1)
+  )(x, table.astype(jnp.bfloat16))
   assert gx.dtype == gt.dtype == jnp.bfloat16
 
 
 def test_jits_and_vmaps_like_any_function():
   x, table, bias, labels = _inputs(3)
   f = jax.jit(lambda *a: losses.mlm_cross_entropy(*a)[0])
-  np.testing.assert_allclose(f(x, table, bias, labels), _plain(x, table, bias, labels)[0],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      f(x, table, bias, labels), _plain(x, table, bias, labels)[0], rtol=1e-5, atol=1e-5
+  )
 
 
 def test_accuracy_at_mask_counts_only_positions_whose_input_is_mask():
   from bertjax.data.tokenizer import MASK_ID
 
   input_ids = np.array([[2, MASK_ID, 7, 8, 3, 0], [2, 9, MASK_ID, MASK_ID, 3, 0]], np.int32)
-  batch = dict(input_ids=input_ids,
-               masked_positions=np.array([[1, 2, 0], [2, 3, 1]], np.int32),  # [1,0] kept as is
-               masked_weights=np.array([[1, 1, 0], [1, 0, 1]], np.float32))  # [1,1] padding
+  batch = dict(
+      input_ids=input_ids,
+      masked_positions=np.array([[1, 2, 0], [2, 3, 1]], np.int32),  # [1,0] kept as is
+      masked_weights=np.array([[1, 1, 0], [1, 0, 1]], np.float32),
+  )  # [1,1] padding
   at = np.asarray(losses.at_mask_token(batch))
   np.testing.assert_array_equal(at, [[1, 0, 0], [1, 0, 0]])
   wordpiece = dict(batch, input_ids=np.where(input_ids == MASK_ID, 103, input_ids))
   np.testing.assert_array_equal(np.asarray(losses.at_mask_token(wordpiece, 103)), at)
   assert not np.asarray(losses.at_mask_token(wordpiece)).any()  # the data's id, not a constant
-  sums = dict(mlm_loss=jnp.float32(3.0), mlm_correct=jnp.float32(2.0), mlm_count=jnp.float32(4.0),
-              nsp_loss=jnp.float32(0.0), nsp_correct=jnp.float32(0.0), nsp_count=jnp.float32(0.0),
-              mask_correct=jnp.float32(1.0), mask_count=jnp.float32(2.0))
+  sums = dict(
+      mlm_loss=jnp.float32(3.0),
+      mlm_correct=jnp.float32(2.0),
+      mlm_count=jnp.float32(4.0),
+      nsp_loss=jnp.float32(0.0),
+      nsp_correct=jnp.float32(0.0),
+      nsp_count=jnp.float32(0.0),
+      mask_correct=jnp.float32(1.0),
+      mask_count=jnp.float32(2.0),
+  )
   out = losses.finalize(sums)
   assert float(out["mask_accuracy"]) == 0.5 and float(out["mlm_accuracy"]) == 0.5
   del sums["mask_correct"], sums["mask_count"]

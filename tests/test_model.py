@@ -7,8 +7,8 @@ import pytest
 
 import flax.linen as nn
 
-from bertjax.interop import convert
 from bertjax import model as model_lib
+from bertjax.interop import convert
 from bertjax.model import ops
 from bertjax.training import losses
 
@@ -37,8 +37,9 @@ def _init(cfg, seed=0):
 
 def _apply(cfg, params, batch, **kw):
   ids, types, mask, pos = batch
-  return model_lib.BertForPreTraining(cfg).apply({"params": params}, ids, types, mask, pos,
-                                                 deterministic=True, **kw)
+  return model_lib.BertForPreTraining(cfg).apply(
+      {"params": params}, ids, types, mask, pos, deterministic=True, **kw
+  )
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,15 @@ def hf_model(tmp_path_factory):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   torch.manual_seed(0)
-  hf_cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, intermediate_size=64,
-                                   max_position_embeddings=64, hidden_act="gelu")
+  hf_cfg = transformers.BertConfig(
+      vocab_size=99,
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=64,
+      max_position_embeddings=64,
+      hidden_act="gelu",
+  )
   m = transformers.BertForPreTraining(hf_cfg).eval()
   with torch.no_grad():  # move every weight off its init value (LayerNorm 1/0, zero biases)
     for p in m.parameters():
@@ -58,6 +65,7 @@ def hf_model(tmp_path_factory):
   return m, path
 
 
+@pytest.mark.slow
 def test_parity_with_transformers(hf_model):
   torch = pytest.importorskip("torch")
   m, path = hf_model
@@ -67,16 +75,20 @@ def test_parity_with_transformers(hf_model):
   ids, types, mask, pos = batch
   out = _apply(cfg, params, batch)
   with torch.no_grad():
-    ref = m(input_ids=torch.tensor(ids, dtype=torch.long),
-            token_type_ids=torch.tensor(types, dtype=torch.long),
-            attention_mask=torch.tensor(mask, dtype=torch.long), output_hidden_states=True)
+    ref = m(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        token_type_ids=torch.tensor(types, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+        output_hidden_states=True,
+    )
   seq_ref = ref.hidden_states[-1].numpy()
   mlm_ref = np.take_along_axis(ref.prediction_logits.numpy(), pos[:, :, None], axis=1)
   real = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(out.sequence_output)[real], seq_ref[real], atol=1e-5)
   np.testing.assert_allclose(np.asarray(out.mlm_logits), mlm_ref, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(out.nsp_logits), ref.seq_relationship_logits.numpy(),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(out.nsp_logits), ref.seq_relationship_logits.numpy(), atol=1e-5
+  )
   assert out.mlm_logits.shape == (B, P, cfg.vocab_size)
   assert out.pooled_output.shape == (B, cfg.hidden_size)
 
@@ -98,6 +110,7 @@ def test_load_hf_errors_name_the_file(tmp_path):
     convert.load_hf(tmp_path)
 
 
+@pytest.mark.slow
 def test_padding_tokens_change_no_real_output():
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   params = _init(cfg)
@@ -107,12 +120,14 @@ def test_padding_tokens_change_no_real_output():
   a = _apply(cfg, params, batch)
   b = _apply(cfg, params, (ids2, types, mask, pos))
   real = mask.astype(bool)
-  np.testing.assert_allclose(np.asarray(a.sequence_output)[real],
-                             np.asarray(b.sequence_output)[real], atol=1e-6)
+  np.testing.assert_allclose(
+      np.asarray(a.sequence_output)[real], np.asarray(b.sequence_output)[real], atol=1e-6
+  )
   np.testing.assert_allclose(a.mlm_logits, b.mlm_logits, atol=1e-5)
   np.testing.assert_allclose(a.nsp_logits, b.nsp_logits, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat,scan", [("full", False), ("none", True), ("dots", True)])
 def test_remat_and_scan_equal_plain_stack(remat, scan):
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
@@ -124,16 +139,22 @@ def test_remat_and_scan_equal_plain_stack(remat, scan):
   out = _apply(cfg2, params2, batch)
   np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
   np.testing.assert_allclose(out.sequence_output, ref.sequence_output, atol=1e-5)
+
   # Gradients agree too (remat changes only what is saved for the backward pass).
   def loss(p, c):
     return _apply(c, p, batch).mlm_logits.sum()
-  g_ref = model_lib.stack_layer_params(jax.grad(loss)(params, cfg), cfg.num_layers) if scan \
+
+  g_ref = (
+      model_lib.stack_layer_params(jax.grad(loss)(params, cfg), cfg.num_layers)
+      if scan
       else jax.grad(loss)(params, cfg)
+  )
   g = jax.grad(loss)(params2, cfg2)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), g, g_ref)
   assert jax.tree.structure(model_lib.unstack_layer_params(params2)) == jax.tree.structure(params)
 
 
+@pytest.mark.slow
 def test_scanned_init_has_layer_axis():
   cfg = model_lib.from_preset("tiny", vocab_size=64, scan_layers=True)
   ids, types, mask, pos = _batch(64)
@@ -143,6 +164,7 @@ def test_scanned_init_has_layer_axis():
   assert qkv.value.shape == (2, 128, 3, 2, 64)
 
 
+@pytest.mark.slow
 def test_bf16_compute_close_to_fp32():
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   params = _init(cfg)
@@ -159,8 +181,9 @@ def test_bf16_compute_close_to_fp32():
 def test_every_param_has_logical_axes():
   cfg = model_lib.from_preset("tiny", vocab_size=64)
   ids, types, mask, pos = _batch(64)
-  v = jax.eval_shape(lambda: model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids,
-                                                                    types, mask, pos))
+  v = jax.eval_shape(
+      lambda: model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, types, mask, pos)
+  )
   leaves = jax.tree.leaves(v["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned))
   assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
   for x in leaves:
@@ -171,9 +194,15 @@ def test_every_param_has_logical_axes():
 def test_preset_parameter_counts(preset, low, high):
   cfg = model_lib.from_preset(preset)
   d = model_lib.dummy_inputs()
-  shapes = jax.eval_shape(lambda: model_lib.BertForPreTraining(cfg).init(
-      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"]))
+  shapes = jax.eval_shape(
+      lambda: model_lib.BertForPreTraining(cfg).init(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )
+  )
   n = model_lib.count_params(shapes["params"])
   # Published: BERT-base 110M, BERT-large 340M (the paper rounds; HF's BertForPreTraining has
   # 110.1M and 336.2M with the 30522-token vocabulary).
@@ -187,6 +216,7 @@ def test_config_errors_are_clear():
     model_lib.BertConfig(hidden_size=100, num_heads=3)
 
 
+@pytest.mark.slow
 def test_sequence_classification_head():
   cfg = model_lib.from_preset("tiny", vocab_size=64)
   ids, types, mask, _ = _batch(64)
@@ -199,20 +229,30 @@ def test_sequence_classification_head():
 
 def test_model_imports_without_tensorflow():
   import subprocess, sys
-  code = ("import sys; sys.modules['tensorflow'] = None\n"
-          "import bertjax.model, bertjax.interop.convert\n"
-          "print('ok')")
+
+  code = (
+      "import sys; sys.modules['tensorflow'] = None\n"
+      "import bertjax.model, bertjax.interop.convert\n"
+      "print('ok')"
+  )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 def test_applies_under_a_mesh_with_logical_rules():
   """Full-rank logical names must be valid for the kernels as created (no flat reshapes)."""
   from jax.sharding import Mesh
+
   devices = np.array(jax.devices()[:8]).reshape(2, 2, 2)
   mesh = Mesh(devices, ("data", "fsdp", "tensor"))
-  rules = (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("heads", "tensor"),
-           ("mlp", "tensor"), ("vocab", "tensor"))
+  rules = (
+      ("batch", ("data", "fsdp")),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("mlp", "tensor"),
+      ("vocab", "tensor"),
+  )
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   batch = _batch(cfg.vocab_size)
   ids, types, mask, pos = (np.concatenate([x, x[:1]]) for x in batch)  # batch 4 splits 4 ways
@@ -226,13 +266,15 @@ def test_applies_under_a_mesh_with_logical_rules():
   np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_pretraining_output_feeds_the_fused_mlm_loss():
   # the train step scores the vocabulary fused with the loss; it equals the logits' loss
   cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=100)
   out = _apply(cfg, _init(cfg), _batch(cfg.vocab_size))
   labels = np.random.default_rng(1).integers(0, cfg.vocab_size, (B, P)).astype(np.int32)
-  fused_nll, fused_correct = losses.mlm_cross_entropy(out.mlm_hidden, out.mlm_table,
-                                                      out.mlm_bias, labels)
+  fused_nll, fused_correct = losses.mlm_cross_entropy(
+      out.mlm_hidden, out.mlm_table, out.mlm_bias, labels
+  )
   nll, correct = losses.cross_entropy(out.mlm_logits, labels)
   assert out.mlm_logits.shape == (B, P, cfg.vocab_size)
   np.testing.assert_allclose(fused_nll, nll, rtol=1e-5, atol=1e-5)
@@ -243,6 +285,7 @@ def _batch6(vocab):
   return tuple(np.concatenate(parts) for parts in zip(_batch(vocab, 0), _batch(vocab, 1)))
 
 
+@pytest.mark.slow
 def test_attention_batch_chunks_compute_the_same_function():
   # in training (attention dropout drawn for the whole batch) and in eval; 6 rows: 1, 2, 3
   # and 6 slices; 4 does not divide 6 and runs unsliced
@@ -253,10 +296,19 @@ def test_attention_batch_chunks_compute_the_same_function():
 
   def run(chunks, deterministic):
     m = model_lib.BertForPreTraining(cfg.replace(attention_batch_chunks=chunks))
+
     def loss(p):
-      out = m.apply({"params": p}, ids, types, mask, pos, deterministic=deterministic,
-                    rngs={"dropout": jax.random.key(5)})
-      return jnp.sum(out.mlm_logits ** 2) * 1e-3 + jnp.sum(out.nsp_logits), out
+      out = m.apply(
+          {"params": p},
+          ids,
+          types,
+          mask,
+          pos,
+          deterministic=deterministic,
+          rngs={"dropout": jax.random.key(5)},
+      )
+      return jnp.sum(out.mlm_logits**2) * 1e-3 + jnp.sum(out.nsp_logits), out
+
     (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     return out, grads
 
@@ -284,8 +336,11 @@ def test_init_is_berts_truncated_normal():
   cfg = model_lib.from_preset("tiny", vocab_size=4000)
   params = _init(cfg)
   table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
-  kernels = [np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
-             if jax.tree_util.keystr(p).endswith("['kernel']")]
+  kernels = [
+      np.asarray(x)
+      for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+      if jax.tree_util.keystr(p).endswith("['kernel']")
+  ]
   drawn = np.concatenate([table.ravel()] + [k.ravel() for k in kernels])
   ref = tf.compat.v1.truncated_normal_initializer(stddev=0.02, seed=0)(drawn.shape).numpy()
   assert np.abs(drawn).max() <= 0.04 + 1e-7

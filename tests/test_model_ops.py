@@ -9,6 +9,7 @@ from bertjax import model as model_lib
 from bertjax.model import ops
 
 
+@pytest.mark.slow
 def test_dot_product_attention_equals_einsum_reference():
   rng = np.random.default_rng(1)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 3, 8)), jnp.float32) for _ in range(3))
@@ -20,11 +21,11 @@ def test_dot_product_attention_equals_einsum_reference():
   np.testing.assert_allclose(fused, ref, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_dropout_rate_and_scale(rate):
   x = jnp.ones((64, 128, 257), jnp.float32)  # odd last axis: the bit halves are trimmed
-  y = ops.Dropout(rate).apply({}, x, deterministic=False,
-                                    rngs={"dropout": jax.random.key(0)})
+  y = ops.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
   dropped = float(jnp.mean(y == 0))
   n = x.size
   assert abs(dropped - rate) < 5 * np.sqrt(rate * (1 - rate) / n), dropped
@@ -34,14 +35,15 @@ def test_dropout_rate_and_scale(rate):
   # both halves of each random word are used: no column pattern in the mask
   per_column = jnp.mean(y == 0, axis=(0, 1))
   assert abs(float(jnp.mean(per_column[:128])) - float(jnp.mean(per_column[128:256]))) < 0.01
-  other = ops.Dropout(rate).apply({}, x, deterministic=False,
-                                        rngs={"dropout": jax.random.key(1)})
+  other = ops.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
   assert float(jnp.mean((y == 0) != (other == 0))) > rate  # another key, another mask
 
 
-@pytest.mark.parametrize("key", [jax.random.key(3), jax.random.PRNGKey(7),
-                                 jax.random.fold_in(jax.random.key(1), 5)],
-                         ids=["typed", "raw", "folded"])
+@pytest.mark.parametrize(
+    "key",
+    [jax.random.key(3), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(1), 5)],
+    ids=["typed", "raw", "folded"],
+)
 @pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 4, 16, 64)])
 def test_random_bits_match_jax_random_bits(key, shape):
   # the written-out threefry must give JAX's own stream, jitted or not
@@ -65,8 +67,9 @@ def test_random_bits_are_computed_per_shard():
 
 def test_random_bits_other_key_impl_goes_to_jax():
   key = jax.random.key(0, impl="rbg")
-  np.testing.assert_array_equal(ops.random_bits(key, (4, 3)),
-                                jax.random.bits(key, (4, 3), jnp.uint32))
+  np.testing.assert_array_equal(
+      ops.random_bits(key, (4, 3)), jax.random.bits(key, (4, 3), jnp.uint32)
+  )
 
 
 def test_dropout_identity_cases_and_dtype():
@@ -82,9 +85,11 @@ def test_dropout_identity_cases_and_dtype():
 def test_over_batch_chunks_keeps_row_order():
   x = jnp.arange(12.0).reshape(6, 2)
   seen = []
+
   def fn(a, b):
     seen.append(np.asarray(a[:, 0]))
     return a * 10 + b
+
   out = ops.over_batch_chunks(fn, 3, x, x)
   np.testing.assert_array_equal(out, x * 11)
   # interleaved slices: rows 0 and 3, 1 and 4, 2 and 5

@@ -19,11 +19,13 @@ def test_reader_docstart_blank_lines_and_malformed_lines():
   assert s.tokens == [
       ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
       ["Peter", "Blackburn", "BRUSSELS", "1996-08-22"],
-      ["The", "European", "Commission", "on", "Thursday"]]
+      ["The", "European", "Commission", "on", "Thursday"],
+  ]
   assert s.tags[1] == ["B-PER", "I-PER", "B-LOC", "O"]
   assert s.skipped == [
       "train.txt:15: one column 'brokenline'; expected 'TOKEN ... TAG'",
-      "train.txt:24: tag 'BAD-TAG' is not O or B-/I-/E-/S-TYPE"]
+      "train.txt:24: tag 'BAD-TAG' is not O or B-/I-/E-/S-TYPE",
+  ]
   assert conll.label_list(s) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-ORG", "I-PER"]
   with pytest.raises(conll.ConllError, match="no such file"):
     conll.read(os.path.join(FIXTURES, "missing.txt"))
@@ -102,17 +104,41 @@ def _tagged_file(path, n, seed):
       f.write("".join(f"{w} {t}\n" for w, t in words) + "\n")
 
 
+@pytest.mark.slow
 def test_finetune_beats_all_o(tmp_path):
   from bertjax.commands import ner
 
   for name, n, seed in (("train", 256, 0), ("dev", 48, 1), ("test", 32, 2)):
     _tagged_file(tmp_path / f"{name}.txt", n, seed)
   out = tmp_path / "out"
-  rc = ner.main(["--init", "random", "--tokenizer", TOKENIZER, "--train",
-                 str(tmp_path / "train.txt"), "--dev", str(tmp_path / "dev.txt"), "--test",
-                 str(tmp_path / "test.txt"), "--workdir", str(out), "--max-seq-len", "24",
-                 "--epochs", "3", "--batch-size", "16", "--learning-rate", "1e-3", "--dropout", "0.0",
-                 "--eval-untrained", "--no-progress"])
+  rc = ner.main(
+      [
+          "--init",
+          "random",
+          "--tokenizer",
+          TOKENIZER,
+          "--train",
+          str(tmp_path / "train.txt"),
+          "--dev",
+          str(tmp_path / "dev.txt"),
+          "--test",
+          str(tmp_path / "test.txt"),
+          "--workdir",
+          str(out),
+          "--max-seq-len",
+          "24",
+          "--epochs",
+          "3",
+          "--batch-size",
+          "16",
+          "--learning-rate",
+          "1e-3",
+          "--dropout",
+          "0.0",
+          "--eval-untrained",
+          "--no-progress",
+      ]
+  )
   assert rc == 0
   results = json.loads((out / "results.json").read_text())
   gold = conll.read(str(tmp_path / "dev.txt")).tags
@@ -122,5 +148,4 @@ def test_finetune_beats_all_o(tmp_path):
   assert results["test"]["f1"] > 0.7, results
   lines = (out / "test_predictions.txt").read_text().splitlines()
   assert len(lines[0].split()) == 3  # TOKEN GOLD PREDICTED
-  assert json.loads((out / "best.json").read_text())["labels"] == ["O", "B-LOC", "B-PER",
-                                                                   "I-PER"]
+  assert json.loads((out / "best.json").read_text())["labels"] == ["O", "B-LOC", "B-PER", "I-PER"]

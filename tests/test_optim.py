@@ -15,23 +15,31 @@ from bertjax.tasks import finetuning
 
 from bertjax import model as model_lib
 
-from bertjax.training import optim, sharding, train
 from bertjax.commands import finetune_args
 from bertjax.data import pretraining
+from bertjax.training import optim, sharding, train
+from conftest import tiny_config
 from experiments import pretrain
-from tests.test_sharding import tiny_config
 
 
 def test_decay_mask_excludes_layer_norm_and_biases():
-  params = {"dense": {"kernel": 1, "bias": 2}, "layer_norm": {"scale": 3, "bias": 4},
-            "mlm_bias": 5, "emb": {"embedding": 6}}
-  assert optim.decay_mask(params) == {"dense": {"kernel": True, "bias": False},
-                                      "layer_norm": {"scale": False, "bias": False},
-                                      "mlm_bias": False, "emb": {"embedding": True}}
+  params = {
+      "dense": {"kernel": 1, "bias": 2},
+      "layer_norm": {"scale": 3, "bias": 4},
+      "mlm_bias": 5,
+      "emb": {"embedding": 6},
+  }
+  assert optim.decay_mask(params) == {
+      "dense": {"kernel": True, "bias": False},
+      "layer_norm": {"scale": False, "bias": False},
+      "mlm_bias": False,
+      "emb": {"embedding": True},
+  }
 
 
-@pytest.mark.parametrize("name,kernel_update", [("adamw", -0.01), ("bert_adamw", -0.01),
-                                                 ("lamb", -1.0)])  # LAMB: ratio ||w||/||0.01 w||
+@pytest.mark.parametrize(
+    "name,kernel_update", [("adamw", -0.01), ("bert_adamw", -0.01), ("lamb", -1.0)]
+)  # LAMB: ratio ||w||/||0.01 w||
 def test_optimizers_decay_weights_only(name, kernel_update):
   c = tiny_config(learning_rate=1.0, warmup_steps=0, clip_norm=0.0, optimizer=name)
   tx = optim.make_optimizer(c.train, lambda _: 1.0)
@@ -54,11 +62,13 @@ def test_bert_adamw_has_no_bias_correction_and_adamw_has():
 
 
 def test_unknown_names_raise_naming_the_field():
-  with pytest.raises(ValueError, match=r"^config.train.optimizer='adam'; valid: 'bert_adamw', "
-                                       r"'adamw', 'lamb'$"):
+  with pytest.raises(
+      ValueError, match=r"^config.train.optimizer='adam'; valid: 'bert_adamw', " r"'adamw', 'lamb'$"
+  ):
     optim.make_optimizer(tiny_config(optimizer="adam").train, lambda _: 1.0)
-  with pytest.raises(ValueError, match=r"^config.train.schedule='cosine'; valid: 'bert', "
-                                       r"'warmup_linear'$"):
+  with pytest.raises(
+      ValueError, match=r"^config.train.schedule='cosine'; valid: 'bert', " r"'warmup_linear'$"
+  ):
     optim.make_schedule(tiny_config(schedule="cosine").train)
 
 
@@ -81,11 +91,18 @@ def test_bert_schedule_decays_from_step_zero_under_the_warmup():
   assert float(optim.bert_schedule(1e-4, 0, 100)(0)) == pytest.approx(1e-4)
 
 
-@pytest.mark.parametrize("variant,optimizer,schedule", [
-    ("base", "bert_adamw", "bert"), ("large", "bert_adamw", "bert"),
-    ("base_lamb", "lamb", "warmup_linear"), ("large_lamb", "lamb", "warmup_linear"),
-    ("tiny", "adamw", "warmup_linear"), ("demo", "adamw", "warmup_linear"),
-    ("medium", "adamw", "warmup_linear")])
+@pytest.mark.parametrize(
+    "variant,optimizer,schedule",
+    [
+        ("base", "bert_adamw", "bert"),
+        ("large", "bert_adamw", "bert"),
+        ("base_lamb", "lamb", "warmup_linear"),
+        ("large_lamb", "lamb", "warmup_linear"),
+        ("tiny", "adamw", "warmup_linear"),
+        ("demo", "adamw", "warmup_linear"),
+        ("medium", "adamw", "warmup_linear"),
+    ],
+)
 def test_recipes_choose_optimizer_and_schedule(variant, optimizer, schedule):
   c = pretrain.get_config(variant)
   assert (c.train.optimizer, c.train.schedule) == (optimizer, schedule)
@@ -115,41 +132,54 @@ def test_lamb_is_the_papers_algorithm_2():
   r = m^ / (sqrt(v^) + eps);  x -= lr * ||x|| / ||r + wd x|| * (r + wd x).
   LayerNorm scales and biases: no decay and ratio 1 (TF-Addons' exclude_from_layer_adaptation)."""
   b1, b2, eps, lr, wd = 0.9, 0.999, 1e-6, 1e-2, 0.1
-  params = {"dense": {"kernel": jnp.full((4, 3), 0.5), "bias": jnp.full((3,), 0.2)},
-            "layer_norm": {"scale": jnp.ones((3,))}, "emb": {"embedding": jnp.full((5, 4), 2.0)}}
+  params = {
+      "dense": {"kernel": jnp.full((4, 3), 0.5), "bias": jnp.full((3,), 0.2)},
+      "layer_norm": {"scale": jnp.ones((3,))},
+      "emb": {"embedding": jnp.full((5, 4), 2.0)},
+  }
   grads_seq = [_normal_like(params, seed) for seed in range(4)]
   got = _lamb(params, grads_seq, lr, wd)
-  flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(x, np.float64)
-                       for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  flat = lambda tree: {
+      jax.tree_util.keystr(p): np.asarray(x, np.float64)
+      for p, x in jax.tree_util.tree_leaves_with_path(tree)
+  }
   x, m, v = flat(params), {}, {}
   for t, grads in enumerate(grads_seq, start=1):
     for name, g in flat(grads).items():
       m[name] = b1 * m.get(name, 0.0) + (1 - b1) * g
-      v[name] = b2 * v.get(name, 0.0) + (1 - b2) * g ** 2
-      r = (m[name] / (1 - b1 ** t)) / (np.sqrt(v[name] / (1 - b2 ** t)) + eps)
+      v[name] = b2 * v.get(name, 0.0) + (1 - b2) * g**2
+      r = (m[name] / (1 - b1**t)) / (np.sqrt(v[name] / (1 - b2**t)) + eps)
       if "bias" in name or "scale" in name:
         step = lr * r
       else:
         r = r + wd * x[name]
         step = lr * np.linalg.norm(x[name]) / np.linalg.norm(r) * r
       # float32 against float64: optax's bias correction 1 - 0.999^t alone is off by ~1e-5.
-      np.testing.assert_allclose(-flat(got[t - 1])[name], step, rtol=5e-5,
-                                 atol=1e-5 * np.abs(step).max(), err_msg=name)
+      np.testing.assert_allclose(
+          -flat(got[t - 1])[name], step, rtol=5e-5, atol=1e-5 * np.abs(step).max(), err_msg=name
+      )
       x[name] = x[name] - step
 
 
 def _tiny_params(scale_layer_1=3.0):
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
-  params = nn.unbox(jax.jit(model_lib.BertForPreTraining(cfg).init)(
-      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"])["params"])
+  params = nn.unbox(
+      jax.jit(model_lib.BertForPreTraining(cfg).init)(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )["params"]
+  )
   # Layers of different norms: one ratio over the stack would not give each its own.
   layers = params["bert"]["encoder"]
   layers["layer_1"] = jax.tree.map(lambda x: x * scale_layer_1, layers["layer_1"])
   return params
 
 
+@pytest.mark.slow
 def test_lamb_scanned_layers_get_one_ratio_per_layer():
   """The same params and gradients, stacked by `scan_layers` or not, give the same updates."""
   params = _tiny_params()
@@ -164,6 +194,7 @@ def test_lamb_scanned_layers_get_one_ratio_per_layer():
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-9, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_lamb_fused_qkv_kernel_is_three_variables():
   """Each q/k/v slice of the fused [H, 3, N, D] kernel updates as Google's separate
   query/key/value kernels would."""
@@ -172,13 +203,18 @@ def test_lamb_fused_qkv_kernel_is_three_variables():
   b = jnp.ones((3, n, d))
   fused = {"attention": {"qkv": {"kernel": w, "bias": b}}}
   names = ("query", "key", "value")
-  split = lambda tree: {"attention": {nm: {"kernel": tree["attention"]["qkv"]["kernel"][:, i],
-                                           "bias": tree["attention"]["qkv"]["bias"][i]}
-                                      for i, nm in enumerate(names)}}
+  split = lambda tree: {
+      "attention": {
+          nm: {
+              "kernel": tree["attention"]["qkv"]["kernel"][:, i],
+              "bias": tree["attention"]["qkv"]["bias"][i],
+          }
+          for i, nm in enumerate(names)
+      }
+  }
   grads_seq = [_normal_like(fused, seed) for seed in range(3)]
   for f, s in zip(_lamb(fused, grads_seq), _lamb(split(fused), [split(g) for g in grads_seq])):
-    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-9),
-                 split(f), s)
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-9), split(f), s)
 
 
 def test_finetuning_optimizer_follows_the_width_and_the_flag(capsys):
@@ -188,11 +224,14 @@ def test_finetuning_optimizer_follows_the_width_and_the_flag(capsys):
   finetune_args.add_recipe_args(p, learning_rate=2e-5, epochs=3, max_seq_len=128)
   assert finetune_args.recipe_from_args(p.parse_args([]), 768, "glue").optimizer == "bert_adamw"
   assert "glue: optimizer bert_adamw (BERT's, for hidden size 768; --optimizer overrides)" in (
-      capsys.readouterr().out)
+      capsys.readouterr().out
+  )
   assert finetune_args.recipe_from_args(p.parse_args([]), 128, "ner").optimizer == "adamw"
   recipe = finetune_args.recipe_from_args(p.parse_args(["--optimizer", "adamw"]), 768, "squad")
-  assert recipe.optimizer == "adamw" and "optimizer" not in capsys.readouterr().out.split(
-      "learning rate")[-1]
+  assert (
+      recipe.optimizer == "adamw"
+      and "optimizer" not in capsys.readouterr().out.split("learning rate")[-1]
+  )
   with pytest.raises(ValueError, match=r"^Recipe.optimizer='sgd'; valid: 'bert_adamw', 'adamw'$"):
     finetuning.make_optimizer(finetuning.Recipe(optimizer="sgd"), 10)
 
@@ -206,7 +245,7 @@ def test_finetuning_optimizers_are_bert_and_bias_corrected(name):
   first, state = tx.update({"kernel": g}, state, params)
   second, _ = tx.update({"kernel": g}, state, params)
   np.testing.assert_array_equal(first["kernel"], 0.0)
-  m, v = (0.1 * 0.9 + 0.1) * g, (0.001 * 0.999 + 0.001) * g ** 2  # uncorrected moments of g
+  m, v = (0.1 * 0.9 + 0.1) * g, (0.001 * 0.999 + 0.001) * g**2  # uncorrected moments of g
   want = 0.9 * m / (np.sqrt(v) + 1e-6) if name == "bert_adamw" else np.sign(g)
   np.testing.assert_allclose(-second["kernel"], want, rtol=1e-4)
 
@@ -224,14 +263,24 @@ def test_two_phase_schedules():
 
 
 def _batch(c, mesh, step=0):
-  cfg = pretraining.InputConfig(source="synthetic", seq_len=c.data.seq_len,
-                                max_predictions_per_seq=c.data.max_predictions_per_seq,
-                                vocab_size=c.model.vocab_size, seed=0)
-  stream = pretraining.make_stream(cfg, global_batch_size=c.train.batch_size, process_index=0,
-                                   process_count=1, state={"step": step})
+  cfg = pretraining.InputConfig(
+      source="synthetic",
+      seq_len=c.data.seq_len,
+      max_predictions_per_seq=c.data.max_predictions_per_seq,
+      vocab_size=c.model.vocab_size,
+      seed=0,
+  )
+  stream = pretraining.make_stream(
+      cfg,
+      global_batch_size=c.train.batch_size,
+      process_index=0,
+      process_count=1,
+      state={"step": step},
+  )
   return pretraining.global_batch(next(stream), sharding.batch_sharding(mesh))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("microbatches", [4])
 def test_gradient_accumulation_is_exact(microbatches):
   """Sums, not means of means: accumulation gives the whole batch's loss and update."""
@@ -249,7 +298,6 @@ def test_gradient_accumulation_is_exact(microbatches):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p2)
 
 
-
 def test_config_checks_accept_exactly_optims_names():
   """The jax-free config check and optim agree on the valid optimizer and schedule names."""
   import importlib.util
@@ -257,7 +305,8 @@ def test_config_checks_accept_exactly_optims_names():
   from bertjax.training import config_checks
 
   spec = importlib.util.spec_from_file_location(
-      "pretrain_cfg", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain.py")
+      "pretrain_cfg", pathlib.Path(__file__).resolve().parents[1] / "experiments" / "pretrain.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   for field, names in (("optimizer", optim.OPTIMIZERS), ("schedule", optim.SCHEDULES)):

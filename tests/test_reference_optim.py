@@ -4,6 +4,7 @@ exclude_from_weight_decay regexes meet its own names, the same gradients, step b
 
 from unittest import mock
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -21,9 +22,15 @@ STEPS, WARMUP, PEAK = 10, 3, 1e-2  # a short run of BERT's schedule; lr large en
 def _tiny():
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
   d = model_lib.dummy_inputs()
-  params = model_lib.nn.unbox(jax.jit(model_lib.BertForPreTraining(cfg).init)(
-      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"])["params"])
+  params = nn.unbox(
+      jax.jit(model_lib.BertForPreTraining(cfg).init)(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )["params"]
+  )
   return cfg, params
 
 
@@ -44,8 +51,9 @@ def _config():
   return c
 
 
-def _create_optimizer(opt, tf, variables: dict, grads_ph: dict, steps: int, warmup: int,
-                      peak: float):
+def _create_optimizer(
+    opt, tf, variables: dict, grads_ph: dict, steps: int, warmup: int, peak: float
+):
   """create_optimizer on the loss sum(g * w), whose gradient is the fed g: (train_op, lr)."""
   loss = tf.add_n([tf.reduce_sum(grads_ph[n] * v) for n, v in variables.items()])
   init, learning_rates = opt.AdamWeightDecayOptimizer.__init__, []
@@ -59,6 +67,7 @@ def _create_optimizer(opt, tf, variables: dict, grads_ph: dict, steps: int, warm
   return train_op, learning_rates[0]
 
 
+@pytest.mark.slow
 def test_bert_adamw_steps_as_create_optimizer(bert_reference):
   """8 steps of clipping + schedule + AdamWeightDecayOptimizer; gradients of global norm below
   and above the clip; our updates (the scanned layout, as the paper recipe) <= 1e-6 of theirs."""
@@ -69,8 +78,9 @@ def test_bert_adamw_steps_as_create_optimizer(bert_reference):
   grads_seq = []
   for norm in (0.5, 3.0, 0.9, 10.0, 0.2, 2.0, 1.5, 0.7):
     g = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), params)
-    scale = norm / float(np.sqrt(sum(np.sum(x.astype(np.float64) ** 2)
-                                     for x in jax.tree.leaves(g))))
+    scale = norm / float(
+        np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in jax.tree.leaves(g)))
+    )
     grads_seq.append(jax.tree.map(lambda x: (x * scale).astype(np.float32), g))
   start = _google_named(params, cfg)
   assert sum(x.size for x in start.values()) == model_lib.count_params(params)  # all, once
@@ -88,8 +98,12 @@ def test_bert_adamw_steps_as_create_optimizer(bert_reference):
         sess.run(train_op, {grads_ph[n]: g for n, g in _google_named(grads, cfg).items()})
         after = sess.run(variables)
         # Their update, and the float32 resolution it is read at (one ulp of the new param).
-        theirs.append({n: (after[n].astype(np.float64) - before[n],
-                           np.abs(np.spacing(after[n]))) for n in variables})
+        theirs.append(
+            {
+                n: (after[n].astype(np.float64) - before[n], np.abs(np.spacing(after[n])))
+                for n in variables
+            }
+        )
 
   c = _config()
   tx = optim.make_optimizer(c.train, optim.make_schedule(c.train, c.phase2))
@@ -106,8 +120,9 @@ def test_bert_adamw_steps_as_create_optimizer(bert_reference):
       assert err.max() <= 1e-6 * np.abs(want).max(), (step, name, err.max(), np.abs(want).max())
 
 
-@pytest.mark.parametrize("step", [0, 1, 5_000, 9_999, 10_000, 10_001, 500_000, 900_000,
-                                  999_999, 1_000_000])
+@pytest.mark.parametrize(
+    "step", [0, 1, 5_000, 9_999, 10_000, 10_001, 500_000, 900_000, 999_999, 1_000_000]
+)
 def test_bert_schedule_is_create_optimizers_learning_rate(bert_reference, step):
   """The paper recipe's schedule (1M steps, 10k warmup, one schedule over both phases) against
   create_optimizer's learning-rate tensor at that global step."""
@@ -118,8 +133,9 @@ def test_bert_schedule_is_create_optimizers_learning_rate(bert_reference, step):
   with graph.as_default():
     w = {"bert/pooler/dense/kernel": tf.get_variable("bert/pooler/dense/kernel", [2])}
     g = {"bert/pooler/dense/kernel": tf.placeholder(tf.float32, [2])}
-    _, lr = _create_optimizer(opt, tf, w, g, c.train.steps, c.train.warmup_steps,
-                              c.train.learning_rate)
+    _, lr = _create_optimizer(
+        opt, tf, w, g, c.train.steps, c.train.warmup_steps, c.train.learning_rate
+    )
     with tf.Session(graph=graph) as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(tf.train.get_global_step().assign(step))

@@ -7,18 +7,7 @@ from jax.sharding import PartitionSpec as P
 from bertjax.bench import peers as bench_peers
 
 from bertjax.training import sharding, train
-from experiments import pretrain
-
-
-def tiny_config(**train_overrides):
-  c = pretrain.get_config("tiny")
-  c.model.vocab_size = 1000
-  c.data.source = "synthetic"
-  c.data.seq_len, c.data.max_predictions_per_seq = 32, 5
-  c.train.batch_size = 16
-  for k, v in train_overrides.items():
-    c.train[k] = v
-  return c
+from conftest import tiny_config
 
 
 def test_make_mesh_fills_and_checks():
@@ -31,6 +20,7 @@ def test_make_mesh_fills_and_checks():
     sharding.make_mesh(2, 2, 1)
 
 
+@pytest.mark.slow
 def test_state_partition_specs_are_the_rules():
   mesh = sharding.make_mesh(2, 2, 2)
   s = train.setup(tiny_config(), mesh)
@@ -90,6 +80,7 @@ def _collectives(hlo: str) -> dict[str, int]:
   return {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
 
 
+@pytest.mark.slow
 def test_attention_batch_slices_add_no_communication():
   # batch 16 over 8 data devices, attention in 2 interleaved slices: each device keeps its own
   # rows, so the compiled step has exactly the collectives of the unsliced one (the gradient
@@ -101,8 +92,9 @@ def test_attention_batch_slices_add_no_communication():
     s = train.setup(c, sharding.make_mesh(-1, 1, 1))
     state = jax.eval_shape(s.init_state, 0)
     hb = bench_peers.synthetic_batch(16, 32, 5, 1000, 0)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.batch_sharding)
-             for k, v in hb.items()}
+    batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.batch_sharding) for k, v in hb.items()
+    }
     counts[chunks] = _collectives(s.train_step.lower(state, batch).compile().as_text())
   assert counts[1]["all-reduce"] > 0, counts
   assert counts[2] == counts[1], counts

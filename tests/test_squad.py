@@ -14,9 +14,38 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "squad")
 
-_WP_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "(", ")", ".", ",", "?", "the",
-             "university", "was", "found", "##ed", "in", "18", "##42", "by", "father", "edward",
-             "sorin", "indiana", "when", "who", "it", "a", "long", "story", "about"]
+_WP_VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "(",
+    ")",
+    ".",
+    ",",
+    "?",
+    "the",
+    "university",
+    "was",
+    "found",
+    "##ed",
+    "in",
+    "18",
+    "##42",
+    "by",
+    "father",
+    "edward",
+    "sorin",
+    "indiana",
+    "when",
+    "who",
+    "it",
+    "a",
+    "long",
+    "story",
+    "about",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +68,12 @@ def test_normalize_answer_as_the_official_script():
 
 
 def test_em_f1_hand_computed_with_several_gold_answers():
-  gold = {"q1": ["Denver Broncos", "the Denver Broncos"], "q2": ["an apple"],
-          "q3": ["Saint Bernadette Soubirous"], "q4": ["1842"]}
+  gold = {
+      "q1": ["Denver Broncos", "the Denver Broncos"],
+      "q2": ["an apple"],
+      "q3": ["Saint Bernadette Soubirous"],
+      "q4": ["1842"],
+  }
   preds = {"q1": "Broncos", "q2": "Apple.", "q3": "Bernadette, the saint"}  # q4 unanswered
   # q1: pred {broncos} vs gold {denver, broncos}: P 1, R 1/2 -> F1 2/3, EM 0.
   # q2: "apple" == "apple" after normalization: EM 1, F1 1.
@@ -89,10 +122,10 @@ def test_reader_skips_bad_questions_naming_file_and_id():
   assert len(skipped) == 5, text
   assert "train-v1.1.json: question q-bad-offset: answer_start 3 points at" in text
   assert "train-v1.1.json: question q-no-answers: no answers" in text
-  assert "question data[0].paragraphs[0].qas[4]: no \"id\"" in text
+  assert 'question data[0].paragraphs[0].qas[4]: no "id"' in text
   assert "question q-founded: duplicate id" in text
   assert "question q-empty-context: its paragraph has no context" in text
-  with pytest.raises(data.SquadDataError, match="no top-level \"data\""):
+  with pytest.raises(data.SquadDataError, match='no top-level "data"'):
     data.read(os.path.join(FIXTURES, "not-squad.json"), "1.1", True)
 
 
@@ -100,11 +133,15 @@ def test_reader_v2_impossible_questions():
   examples, skipped = data.read(os.path.join(FIXTURES, "dev-v2.0.json"), "2.0", training=False)
   assert not skipped
   assert [(e.qid, e.is_impossible, e.answers) for e in examples] == [
-      ("d-founded", False, ["1842", "in 1842"]), ("d-closed", True, []),
-      ("d-state", False, ["Indiana"])]
+      ("d-founded", False, ["1842", "in 1842"]),
+      ("d-closed", True, []),
+      ("d-state", False, ["Indiana"]),
+  ]
   _, skipped = data.read(os.path.join(FIXTURES, "dev-v2.0.json"), "1.1", training=False)
-  assert skipped == ["dev-v2.0.json: question d-closed: is_impossible is set, which v1.1 does "
-                     "not have; run with --version 2.0"]
+  assert skipped == [
+      "dev-v2.0.json: question d-closed: is_impossible is set, which v1.1 does "
+      "not have; run with --version 2.0"
+  ]
 
 
 # ---------------------------------------------------------------------------------- features
@@ -120,8 +157,14 @@ def _check_windows_recover_answers(tok, examples, feats):
       continue
     windows_with_answer += 1
     unit = feats.token_unit_NxL[f]
-    text = features.answer_text(tok, ex.context, feats.unit_spans[feats.example_index_N[f]],
-                                unit[s], unit[e], feats.arrays["input_ids"][f, s:e + 1])
+    text = features.answer_text(
+        tok,
+        ex.context,
+        feats.unit_spans[feats.example_index_N[f]],
+        unit[s],
+        unit[e],
+        feats.arrays["input_ids"][f, s : e + 1],
+    )
     assert text == ex.answer_text
   return windows_with_answer
 
@@ -133,8 +176,9 @@ def test_windows_with_doc_stride_map_answers_back_to_the_exact_text(wordpiece_to
   for answer in ("1842", "Father Edward Sorin", "Indiana", "founded"):
     start = context.index(answer, len(filler))
     examples.append(data.Example(answer, "Who founded it?", context, [answer], start, False))
-  feats = features.build(wordpiece_tok, examples, max_seq_len=24, doc_stride=6,
-                         max_query_length=8, training=True)
+  feats = features.build(
+      wordpiece_tok, examples, max_seq_len=24, doc_stride=6, max_query_length=8, training=True
+  )
   per_example = np.bincount(feats.example_index_N)
   assert (per_example > 3).all()  # really several windows each
   assert (feats.arrays["attention_mask"].sum(1) <= 24).all()
@@ -144,8 +188,22 @@ def test_windows_with_doc_stride_map_answers_back_to_the_exact_text(wordpiece_to
   spans = feats.unit_spans[0]
   words = [ex.context[s:e] for s, e in spans]
   k = words.index("It")
-  assert words[k:k + 14] == ["It", "was", "founded", "in", "1842", "(", "by", "Father", "Edward",
-                             "Sorin", ")", "in", "Indiana", "."]
+  assert words[k : k + 14] == [
+      "It",
+      "was",
+      "founded",
+      "in",
+      "1842",
+      "(",
+      "by",
+      "Father",
+      "Edward",
+      "Sorin",
+      ")",
+      "in",
+      "Indiana",
+      ".",
+  ]
   # Every context token is scored in exactly one window.
   for i in range(len(examples)):
     rows = feats.example_index_N == i
@@ -158,16 +216,18 @@ def test_sentencepiece_windows_map_answers_back_to_the_exact_text():
 
   tok = SentencePieceTokenizer(TOKENIZER)
   examples, _ = data.read(os.path.join(FIXTURES, "train-v1.1.json"), "1.1", training=True)
-  feats = features.build(tok, examples, max_seq_len=24, doc_stride=4, max_query_length=8,
-                         training=True)
+  feats = features.build(
+      tok, examples, max_seq_len=24, doc_stride=4, max_query_length=8, training=True
+  )
   assert len(feats) > len(examples)
   assert _check_windows_recover_answers(tok, examples, feats) >= 2
 
 
 def test_impossible_and_out_of_window_answers_point_at_cls(wordpiece_tok):
   ex = data.Example("q", "when?", "the university was founded in 1842 .", [], -1, True)
-  feats = features.build(wordpiece_tok, [ex], max_seq_len=16, doc_stride=2, max_query_length=4,
-                         training=True)
+  feats = features.build(
+      wordpiece_tok, [ex], max_seq_len=16, doc_stride=2, max_query_length=4, training=True
+  )
   assert (feats.arrays["start_positions"] == 0).all() and (feats.arrays["end_positions"] == 0).all()
 
 
@@ -176,14 +236,16 @@ def test_impossible_and_out_of_window_answers_point_at_cls(wordpiece_tok):
 
 def test_nbest_decoding_on_hand_made_logits(wordpiece_tok):
   context = "the university was founded in 1842 by father edward sorin"
-  ex = data.Example("q", "who?", context, ["father edward sorin"], context.index("father"),
-                    False)
-  feats = features.build(wordpiece_tok, [ex], max_seq_len=32, doc_stride=8,
-                         max_query_length=4, training=False)
+  ex = data.Example("q", "who?", context, ["father edward sorin"], context.index("father"), False)
+  feats = features.build(
+      wordpiece_tok, [ex], max_seq_len=32, doc_stride=8, max_query_length=4, training=False
+  )
   assert len(feats) == 1
   unit = feats.token_unit_NxL[0]
-  pos = {context[s:e]: int(np.flatnonzero(unit == u)[0])
-         for u, (s, e) in enumerate(feats.unit_spans[0])}
+  pos = {
+      context[s:e]: int(np.flatnonzero(unit == u)[0])
+      for u, (s, e) in enumerate(feats.unit_spans[0])
+  }
   start = np.full((1, 32), -10.0, np.float32)
   end = np.full((1, 32), -10.0, np.float32)
   start[0, pos["father"]], end[0, pos["sorin"]] = 5.0, 5.0
@@ -199,8 +261,17 @@ def test_nbest_decoding_on_hand_made_logits(wordpiece_tok):
   # v2.0: null 4 vs best span 10 -> diff -6; "" only when the threshold is below -6.
   got = decode.decode([ex], feats, start, end, "2.0", wordpiece_tok, n_best=5, max_answer_length=3)
   assert got.predictions == {"q": "father edward sorin"} and got.null_odds["q"] == -6.0
-  got = decode.decode([ex], feats, start, end, "2.0", wordpiece_tok, n_best=5, max_answer_length=3,
-                      null_threshold=-7.0)
+  got = decode.decode(
+      [ex],
+      feats,
+      start,
+      end,
+      "2.0",
+      wordpiece_tok,
+      n_best=5,
+      max_answer_length=3,
+      null_threshold=-7.0,
+  )
   assert got.predictions == {"q": ""} and got.best_span == {"q": "father edward sorin"}
   # An end before the start is never a span, even with the best logits.
   start[0, pos["sorin"]], end[0, pos["the"]] = 50.0, 50.0
@@ -227,8 +298,10 @@ def test_a_span_ending_inside_a_word_answers_only_its_pieces(wordpiece_tok, kind
   assert decode.decode([ex], feats, start, end, "1.1", tok).predictions == {"q": want}
   start[0, first], start[0, pieces.index("the" if kind == "wordpiece" else "▁The")] = -10.0, 9.0
   assert decode.decode([ex], feats, start, end, "1.1", tok).predictions == {
-      "q": "The University was founded in 1842" if kind == "wordpiece" else
-      "The University was founded in 184"}
+      "q": "The University was founded in 1842"
+      if kind == "wordpiece"
+      else "The University was founded in 184"
+  }
 
 
 # ------------------------------------------------------------------------------- fine-tuning
@@ -247,27 +320,60 @@ def _marker_squad(path, n, seed):
     answer = r.choice(_NOUNS)
     words[k:k] = ["letter", answer]
     context = " ".join(words)
-    start = len(" ".join(words[:k + 1])) + 1
-    assert context[start:start + len(answer)] == answer
-    paragraphs.append(dict(context=context, qas=[dict(
-        id=f"q{i}", question="what came with the letter ?",
-        answers=[dict(text=answer, answer_start=start)])]))
-  path.write_text(json.dumps(dict(version="1.1", data=[dict(title="t",
-                                                            paragraphs=paragraphs)])))
+    start = len(" ".join(words[: k + 1])) + 1
+    assert context[start : start + len(answer)] == answer
+    paragraphs.append(
+        dict(
+            context=context,
+            qas=[
+                dict(
+                    id=f"q{i}",
+                    question="what came with the letter ?",
+                    answers=[dict(text=answer, answer_start=start)],
+                )
+            ],
+        )
+    )
+  path.write_text(json.dumps(dict(version="1.1", data=[dict(title="t", paragraphs=paragraphs)])))
 
 
+@pytest.mark.slow
 def test_finetune_learns_the_word_after_the_marker(tmp_path):
   from bertjax.commands import squad
 
   _marker_squad(tmp_path / "train.json", 256, 0)
   _marker_squad(tmp_path / "dev.json", 64, 1)
   out = tmp_path / "out"
-  rc = squad.main(["--init", "random", "--tokenizer", TOKENIZER, "--train",
-                   str(tmp_path / "train.json"), "--dev", str(tmp_path / "dev.json"),
-                   "--version", "1.1", "--workdir", str(out), "--max-seq-len", "32",
-                   "--doc-stride", "16", "--max-query-length", "8", "--epochs", "2",
-                   "--learning-rate", "1e-3", "--dropout", "0.0", "--eval-untrained",
-                   "--no-progress"])
+  rc = squad.main(
+      [
+          "--init",
+          "random",
+          "--tokenizer",
+          TOKENIZER,
+          "--train",
+          str(tmp_path / "train.json"),
+          "--dev",
+          str(tmp_path / "dev.json"),
+          "--version",
+          "1.1",
+          "--workdir",
+          str(out),
+          "--max-seq-len",
+          "32",
+          "--doc-stride",
+          "16",
+          "--max-query-length",
+          "8",
+          "--epochs",
+          "2",
+          "--learning-rate",
+          "1e-3",
+          "--dropout",
+          "0.0",
+          "--eval-untrained",
+          "--no-progress",
+      ]
+  )
   assert rc == 0
   results = json.loads((out / "results.json").read_text())
   untrained, dev = results["untrained"]["exact"], results["dev"]["exact"]
@@ -284,16 +390,30 @@ def test_heads_share_the_pretrained_bert_subtree():
 
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=16)
   d = model_lib.dummy_inputs(2, 8, 2)
-  shapes = lambda m, *a: jax.tree.map(lambda x: x.shape, nn.unbox(jax.eval_shape(
-      lambda k: m.init(k, *a)["params"], jax.random.key(0))))
-  pre = shapes(model_lib.BertForPreTraining(cfg), d["input_ids"], d["token_type_ids"],
-               d["attention_mask"], d["masked_positions"])
+  shapes = lambda m, *a: jax.tree.map(
+      lambda x: x.shape,
+      nn.unbox(jax.eval_shape(lambda k: m.init(k, *a)["params"], jax.random.key(0))),
+  )
+  pre = shapes(
+      model_lib.BertForPreTraining(cfg),
+      d["input_ids"],
+      d["token_type_ids"],
+      d["attention_mask"],
+      d["masked_positions"],
+  )
   args = (d["input_ids"], d["token_type_ids"], d["attention_mask"])
   qa = shapes(model_lib.BertForQuestionAnswering(cfg), *args)
   tc = shapes(model_lib.BertForTokenClassification(cfg, 5), *args)
   assert qa["bert"] == pre["bert"] == tc["bert"]
   assert qa["qa_outputs"]["kernel"] == (128, 2) and tc["classifier"]["kernel"] == (128, 5)
-  start, end = jax.eval_shape(lambda: model_lib.BertForQuestionAnswering(cfg).apply(
-      {"params": jax.tree.map(lambda s: jax.numpy.zeros(s), qa,
-                              is_leaf=lambda x: isinstance(x, tuple))}, *args))
+  start, end = jax.eval_shape(
+      lambda: model_lib.BertForQuestionAnswering(cfg).apply(
+          {
+              "params": jax.tree.map(
+                  lambda s: jax.numpy.zeros(s), qa, is_leaf=lambda x: isinstance(x, tuple)
+              )
+          },
+          *args,
+      )
+  )
   assert start.shape == end.shape == (2, 8)

@@ -7,19 +7,24 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.training import loop, sharding, train
 from bertjax.data import pretraining
-from tests.test_sharding import tiny_config
+from bertjax.training import loop, sharding, train
+from conftest import loop_config, metrics_rows, run_until, tiny_config
 
 
 def _losses(c, mesh, steps=3):
   s = train.setup(c, mesh)
   state = s.init_state(0)
-  cfg = pretraining.InputConfig(source="synthetic", seq_len=c.data.seq_len,
-                                max_predictions_per_seq=c.data.max_predictions_per_seq,
-                                vocab_size=c.model.vocab_size, seed=0)
-  stream = pretraining.make_stream(cfg, global_batch_size=c.train.batch_size, process_index=0,
-                                   process_count=1)
+  cfg = pretraining.InputConfig(
+      source="synthetic",
+      seq_len=c.data.seq_len,
+      max_predictions_per_seq=c.data.max_predictions_per_seq,
+      vocab_size=c.model.vocab_size,
+      seed=0,
+  )
+  stream = pretraining.make_stream(
+      cfg, global_batch_size=c.train.batch_size, process_index=0, process_count=1
+  )
   out = []
   for _ in range(steps):
     state, m = s.train_step(state, pretraining.global_batch(next(stream), s.batch_sharding))
@@ -27,6 +32,7 @@ def _losses(c, mesh, steps=3):
   return np.array(out), state
 
 
+@pytest.mark.slow
 def test_one_device_equals_eight_devices():
   c = tiny_config(warmup_steps=0, learning_rate=1e-3)  # dropout stays on
   one, _ = _losses(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
@@ -37,15 +43,18 @@ def test_one_device_equals_eight_devices():
   assert one[2] < one[0]  # and it learns
 
 
+@pytest.mark.slow
 def test_nonfinite_step_is_not_applied():
   c = tiny_config(inject_nan_at_step=1)
   mesh = sharding.make_mesh(2, 2, 2)
   s = train.setup(c, mesh)
-  cfg = pretraining.InputConfig(source="synthetic", seq_len=32, max_predictions_per_seq=5,
-                                vocab_size=1000)
+  cfg = pretraining.InputConfig(
+      source="synthetic", seq_len=32, max_predictions_per_seq=5, vocab_size=1000
+  )
   stream = pretraining.make_stream(cfg, global_batch_size=16, process_index=0, process_count=1)
-  state, m0 = s.train_step(s.init_state(0), pretraining.global_batch(next(stream),
-                                                                      s.batch_sharding))
+  state, m0 = s.train_step(
+      s.init_state(0), pretraining.global_batch(next(stream), s.batch_sharding)
+  )
   before = jax.device_get(state)
   state, m1 = s.train_step(state, pretraining.global_batch(next(stream), s.batch_sharding))
   assert float(m0["finite"]) == 1.0 and float(m1["finite"]) == 0.0
@@ -56,73 +65,61 @@ def test_nonfinite_step_is_not_applied():
   assert int(after.step) == 2
 
 
-def _loop_config(steps, **kw):
-  c = tiny_config(steps=steps, warmup_steps=2)
-  c.log_every_steps = 1
-  c.tensorboard = False
-  c.checkpoint.every_steps = 3
-  c.eval.every_steps, c.eval.steps, c.eval.batch_size = 3, 1, 16
-  for k, v in kw.items():
-    node, _, leaf = k.rpartition(".")
-    (c[node] if node else c)[leaf] = v
-  return c
-
-
-def _rows(workdir):
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return {r["step"]: r for r in rows if "loss" in r}, [r for r in rows if "eval_loss" in r]
-
-
+@pytest.mark.slow
 def test_guard_stops_the_loop(tmp_path, capsys, monkeypatch):
-  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "eval.every_steps": 0})
+  c = loop_config(6, **{"train.inject_nan_at_step": 3, "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path)) == 1
   out = capsys.readouterr().out
   assert "step 4: non-finite loss nan" in out and "stopping: 1 non-finite" in out
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
   # With a budget of one skip the run goes on and finishes; a relative workdir (as in
   # `bertjax demo --workdir runs/demo`) works although orbax writes only absolute paths.
-  c = _loop_config(6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1,
-                         "eval.every_steps": 0})
+  c = loop_config(
+      6, **{"train.inject_nan_at_step": 3, "train.max_bad_steps": 1, "eval.every_steps": 0}
+  )
   monkeypatch.chdir(tmp_path)
   assert loop.train_and_evaluate(c, "skip") == 0
   assert {"3", "6"} <= {p.name for p in (tmp_path / "skip" / "checkpoints").iterdir()}
-  train_rows, _ = _rows(tmp_path / "skip")
+  train_rows, _ = metrics_rows(tmp_path / "skip")
   assert all(np.isfinite(r["loss"]) for r in train_rows.values())
 
 
+@pytest.mark.slow
 def test_two_phase_run_and_resume_in_phase_two(tmp_path):
-  kw = {"phase2.fraction": 0.5, "phase2.seq_len": 64, "phase2.max_predictions_per_seq": 8,
-        "phase2.batch_size": 8}
+  kw = {
+      "phase2.fraction": 0.5,
+      "phase2.seq_len": 64,
+      "phase2.max_predictions_per_seq": 8,
+      "phase2.batch_size": 8,
+  }
   full = tmp_path / "full"
-  assert loop.train_and_evaluate(_loop_config(8, **kw), str(full)) == 0
-  rows, evals = _rows(full)
-  keys = {"step", "loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy",
-          "learning_rate", "seq_per_sec", "tokens_per_sec", "mfu"}
+  assert loop.train_and_evaluate(loop_config(8, **kw), str(full)) == 0
+  rows, evals = metrics_rows(full)
+  keys = {
+      "step",
+      "loss",
+      "mlm_loss",
+      "mlm_accuracy",
+      "nsp_loss",
+      "nsp_accuracy",
+      "learning_rate",
+      "seq_per_sec",
+      "tokens_per_sec",
+      "mfu",
+  }
   assert keys <= set(rows[8])
   assert {"eval_mlm_perplexity", "eval_mlm_accuracy", "eval_nsp_accuracy"} <= set(evals[0])
   assert rows[8]["tokens_per_sec"] == pytest.approx(rows[8]["seq_per_sec"] * 64)
   assert rows[3]["tokens_per_sec"] == pytest.approx(rows[3]["seq_per_sec"] * 32)
   # Stop at step 6 (in phase 2, checkpoint at 6), then rerun to 8: same losses as `full`.
   part = tmp_path / "part"
-  _run_until(_loop_config(8, **kw), part, 6)
-  assert loop.train_and_evaluate(_loop_config(8, **kw), str(part)) == 0
-  resumed, _ = _rows(part)
+  run_until(loop_config(8, **kw), part, 6)
+  assert loop.train_and_evaluate(loop_config(8, **kw), str(part)) == 0
+  resumed, _ = metrics_rows(part)
   assert resumed[8]["loss"] == rows[8]["loss"]
 
 
-def _run_until(c, workdir, stop_step):
-  """Run `c` but stop (as a preemption would) right after `stop_step`."""
-  from bertjax.runtime import distributed
-
-  orig = distributed.PreemptionWatcher.should_stop
-  distributed.PreemptionWatcher.should_stop = lambda self, step: step >= stop_step
-  try:
-    assert loop.train_and_evaluate(c, str(workdir)) == 0
-  finally:
-    distributed.PreemptionWatcher.should_stop = orig
-  assert (workdir / "checkpoints" / str(stop_step)).exists()
-
-
+@pytest.mark.slow
 def test_metrics_are_one_record_per_step_across_resumes(tmp_path):
   """metrics.jsonl after a preemption + resume, and after a kill that left records past the
   checkpoint, holds exactly the uninterrupted run's records: step 1 included, interval
@@ -130,14 +127,14 @@ def test_metrics_are_one_record_per_step_across_resumes(tmp_path):
   resumes), valid JSON only."""
   kw = {"log_every_steps": 4, "eval.every_steps": 0}
   full = tmp_path / "full"
-  assert loop.train_and_evaluate(_loop_config(12, **kw), str(full)) == 0
-  ref, _ = _rows(full)
+  assert loop.train_and_evaluate(loop_config(12, **kw), str(full)) == 0
+  ref, _ = metrics_rows(full)
   assert sorted(ref) == [1, 4, 8, 12]
   part = tmp_path / "part"
-  _run_until(_loop_config(12, **kw), part, 6)  # preempted at 6: the interval 5..8 is half done
+  run_until(loop_config(12, **kw), part, 6)  # preempted at 6: the interval 5..8 is half done
   with open(part / "metrics.jsonl", "a") as f:  # as if killed at 7 after writing later records
     f.write(json.dumps({"step": 8, "loss": 0.0}) + "\n" + '{"step": 9, "lo')
-  assert loop.train_and_evaluate(_loop_config(12, **kw), str(part)) == 0
+  assert loop.train_and_evaluate(loop_config(12, **kw), str(part)) == 0
   lines = (part / "metrics.jsonl").read_text().splitlines()
   rows = [json.loads(l, parse_constant=lambda c: pytest.fail(f"non-JSON {c}")) for l in lines]
   assert [r["step"] for r in rows] == [1, 4, 8, 12]
@@ -152,19 +149,24 @@ def test_nonfinite_metrics_are_null_and_named(tmp_path):
   w = metrics_writer.MetricsWriter(str(tmp_path), tensorboard=False)
   w.write(5, {"mlm_perplexity": float("inf"), "loss": float("nan"), "mlm_accuracy": 0.5})
   w.close()
-  row = json.loads((tmp_path / "metrics.jsonl").read_text(),
-                   parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+  row = json.loads(
+      (tmp_path / "metrics.jsonl").read_text(),
+      parse_constant=lambda c: pytest.fail(f"non-JSON {c}"),
+  )
   assert row["mlm_perplexity"] is None and row["loss"] is None and row["mlm_accuracy"] == 0.5
   assert row["nonfinite"] == ["mlm_perplexity", "loss"]
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("train.steps", 0, r"config.train.steps=0: must be an integer >= 1"),
-    ("checkpoint.every_steps", 0, r"config.checkpoint.every_steps=0"),
-    ("train.batch_size", 5, r"config.train.batch_size=5"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("train.steps", 0, r"config.train.steps=0: must be an integer >= 1"),
+        ("checkpoint.every_steps", 0, r"config.checkpoint.every_steps=0"),
+        ("train.batch_size", 5, r"config.train.batch_size=5"),
+    ],
+)
 def test_bad_config_from_python_is_one_error_and_writes_nothing(tmp_path, field, value, message):
   wd = tmp_path / "run"
   with pytest.raises(ValueError, match=message):
-    loop.train_and_evaluate(_loop_config(4, **{field: value}), str(wd))
+    loop.train_and_evaluate(loop_config(4, **{field: value}), str(wd))
   assert not wd.exists()

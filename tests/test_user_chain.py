@@ -25,9 +25,17 @@ POEMS = REPO / "tests" / "fixtures" / "data" / "tang300.txt"
 def _bertjax(cwd: pathlib.Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # one CPU device, as on a user's machine
-  proc = subprocess.run([sys.executable, "-m", "bertjax.cli", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-  assert proc.returncode == 0, f"bertjax {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", *args],
+      cwd=cwd,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+  assert (
+      proc.returncode == 0
+  ), f"bertjax {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
   return proc
 
 
@@ -56,8 +64,17 @@ def test_corpus_to_task_with_relative_paths_from_another_directory(tmp_path):
   tok = _bertjax(user, "tokenizer", "train", "--input", "corpus/*.txt", "--output", "tok/zh")
   assert (user / "tok" / "zh.model").is_file(), tok.stdout
 
-  _bertjax(user, "prepare", "--input", "corpus/*.txt", "--tokenizer", "tok/zh.model",
-           "--output", "shards", "--no-progress")
+  _bertjax(
+      user,
+      "prepare",
+      "--input",
+      "corpus/*.txt",
+      "--tokenizer",
+      "tok/zh.model",
+      "--output",
+      "shards",
+      "--no-progress",
+  )
   meta = json.loads((user / "shards" / "metadata.json").read_text())
   splits = {s["split"] for s in meta["shards"]}
   assert splits == {"train", "eval"}, meta["shards"]  # a held-out split by default
@@ -69,18 +86,46 @@ def test_corpus_to_task_with_relative_paths_from_another_directory(tmp_path):
   stats = _bertjax(user, "data", "stats", "--data", "shards", "--n", "64")
   assert 0.1 < json.loads(stats.stdout.strip().splitlines()[-1])["masked_fraction"] < 0.2
 
-  pre = _bertjax(user, "pretrain", "--config", f"{config}:tiny", "--workdir", "run",
-                 "--config.data.path=shards", "--config.train.steps=30",
-                 "--config.eval.every_steps=30", "--config.eval.steps=2")
+  pre = _bertjax(
+      user,
+      "pretrain",
+      "--config",
+      f"{config}:tiny",
+      "--workdir",
+      "run",
+      "--config.data.path=shards",
+      "--config.train.steps=30",
+      "--config.eval.every_steps=30",
+      "--config.eval.steps=2",
+  )
   rows = [json.loads(l) for l in (user / "run" / "metrics.jsonl").read_text().splitlines()]
   evals = [r for r in rows if "eval_mask_accuracy" in r]
   assert evals and evals[-1]["step"] == 30, rows[-3:]
   assert 0 < evals[-1]["eval_mask_constant_accuracy"] < 1
   assert "Traceback" not in pre.stderr and "cuda drivers" not in pre.stderr
 
-  ft = _bertjax(user, "glue", "--task", "custom", "--name", "verses", "--train",
-                "verses/train.tsv", "--dev", "verses/dev.tsv", "--text-columns", "sentence",
-                "--label-column", "label", "--init", "run", "--workdir", "ft", "--epochs", "1")
+  ft = _bertjax(
+      user,
+      "glue",
+      "--task",
+      "custom",
+      "--name",
+      "verses",
+      "--train",
+      "verses/train.tsv",
+      "--dev",
+      "verses/dev.tsv",
+      "--text-columns",
+      "sentence",
+      "--label-column",
+      "label",
+      "--init",
+      "run",
+      "--workdir",
+      "ft",
+      "--epochs",
+      "1",
+  )
   assert re.search(r"learning rate 0\.001 \(for hidden size 128", ft.stdout), ft.stdout
   results = json.loads((user / "ft" / "results.json").read_text())
   assert 0.0 <= results["verses"]["accuracy"] <= 1.0, results
@@ -96,14 +141,41 @@ def test_corpus_to_task_with_relative_paths_from_another_directory(tmp_path):
   fixtures = REPO / "tests" / "fixtures"
   (user / "ner").mkdir()
   (user / "ner" / "train.txt").write_text((fixtures / "ner" / "train.txt").read_text())
-  _bertjax(user, "ner", "--init", "run", "--train", "ner/train.txt", "--dev", "ner/train.txt",
-           "--workdir", "ner_out", "--epochs", "1", "--no-progress")
+  _bertjax(
+      user,
+      "ner",
+      "--init",
+      "run",
+      "--train",
+      "ner/train.txt",
+      "--dev",
+      "ner/train.txt",
+      "--workdir",
+      "ner_out",
+      "--epochs",
+      "1",
+      "--no-progress",
+  )
   assert (user / "ner_out" / "results.json").is_file()
   (user / "squad").mkdir()
   (user / "squad" / "train.json").write_text((fixtures / "squad" / "train-v1.1.json").read_text())
-  _bertjax(user, "squad", "--init", "run", "--train", "squad/train.json", "--dev",
-           "squad/train.json", "--version", "1.1", "--workdir", "squad_out", "--epochs", "1",
-           "--no-progress")
+  _bertjax(
+      user,
+      "squad",
+      "--init",
+      "run",
+      "--train",
+      "squad/train.json",
+      "--dev",
+      "squad/train.json",
+      "--version",
+      "1.1",
+      "--workdir",
+      "squad_out",
+      "--epochs",
+      "1",
+      "--no-progress",
+  )
   assert (user / "squad_out" / "predictions.json").is_file()
 
   # The converted model restores too (relative path, Hugging Face layout).

@@ -73,8 +73,9 @@ def test_tf_op_matches_python(vocab_file, lower_case):
   assert got == [ours.encode(t) for t in TEXTS]
   assert tokenize(tf.constant(TEXTS[0])).numpy().tolist() == ours.encode(TEXTS[0])
   # Inside a tf.data graph (parallel map), as the input pipeline uses it.
-  ds = tf.data.Dataset.from_tensor_slices(TEXTS).map(tokenize, num_parallel_calls=2,
-                                                      deterministic=True)
+  ds = tf.data.Dataset.from_tensor_slices(TEXTS).map(
+      tokenize, num_parallel_calls=2, deterministic=True
+  )
   assert [x.numpy().tolist() for x in ds] == got
 
 
@@ -92,8 +93,9 @@ def test_special_ids_and_word_starts(vocab_file):
 
 def test_special_ids_follow_the_vocab(tmp_path):
   # Google's released vocabularies put [PAD] at 0 and [UNK], [CLS], [SEP], [MASK] at 100-103.
-  pieces = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]",
-                                                                "[MASK]", "a"]
+  pieces = (
+      ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]
+  )
   (tmp_path / "vocab.txt").write_text("\n".join(pieces) + "\n")
   tok = wordpiece.WordPieceTokenizer(tmp_path / "vocab.txt")
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
@@ -114,6 +116,7 @@ def test_load_tokenizer_picks_the_kind(vocab_file, tmp_path):
   assert isinstance(wordpiece.load_tokenizer(vocab_file.parent), wordpiece.WordPieceTokenizer)
   sp = wordpiece.load_tokenizer(pathlib.Path(__file__).parents[1] / "data" / "tokenizer.model")
   from bertjax.data.tokenizer import Tokenizer
+
   assert isinstance(sp, Tokenizer)
   with pytest.raises(wordpiece.WordPieceError, match="unknown tokenizer type"):
     wordpiece.load_tokenizer(tmp_path / "x.json")
@@ -123,6 +126,7 @@ def test_errors_name_the_file(tmp_path):
   with pytest.raises(wordpiece.WordPieceError, match="vocab.txt: vocabulary not found"):
     wordpiece.WordPieceTokenizer(tmp_path / "vocab.txt")
   (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n")
-  with pytest.raises(wordpiece.WordPieceError,
-                     match=r"vocab.txt: special token \[CLS\] is missing"):
+  with pytest.raises(
+      wordpiece.WordPieceError, match=r"vocab.txt: special token \[CLS\] is missing"
+  ):
     wordpiece.WordPieceTokenizer(tmp_path / "vocab.txt")

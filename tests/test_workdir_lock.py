@@ -16,15 +16,20 @@ def test_second_writer_is_refused_with_the_holder(tmp_path):
   with workdir_lock.Lock(str(tmp_path), "bertjax pretrain"):
     holder = json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    with pytest.raises(workdir_lock.WorkdirBusyError,
-                       match=rf"in use by `bertjax pretrain` \(pid {os.getpid()} on "):
+    with pytest.raises(
+        workdir_lock.WorkdirBusyError,
+        match=rf"in use by `bertjax pretrain` \(pid {os.getpid()} on ",
+    ):
       workdir_lock.Lock(str(tmp_path), "bertjax pretrain").acquire()
   assert not (tmp_path / workdir_lock.LOCK_NAME).exists()  # released at the end
 
 
 def _write_lock(d, **holder):
-  (d / workdir_lock.LOCK_NAME).write_text(json.dumps(
-      dict(host=socket.gethostname(), started="then", command="bertjax pretrain") | holder))
+  (d / workdir_lock.LOCK_NAME).write_text(
+      json.dumps(
+          dict(host=socket.gethostname(), started="then", command="bertjax pretrain") | holder
+      )
+  )
 
 
 def test_stale_locks_are_taken_over(tmp_path, capsys):
@@ -49,11 +54,23 @@ def test_pretrain_on_a_busy_workdir_is_one_line_and_writes_nothing(tmp_path):
   wd = tmp_path / "run"
   wd.mkdir()
   with workdir_lock.Lock(str(wd), "bertjax pretrain"):
-    r = subprocess.run([sys.executable, "-m", "bertjax.cli", "pretrain", "--config",
-                        "experiments/pretrain.py:tiny", "--workdir", str(wd),
-                        "--config.data.source=synthetic", "--config.train.steps=2"],
-                       capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertjax.cli",
+            "pretrain",
+            "--config",
+            "experiments/pretrain.py:tiny",
+            "--workdir",
+            str(wd),
+            "--config.data.source=synthetic",
+            "--config.train.steps=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
   assert r.returncode == 2, r.stderr[-2000:]
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith("bertjax pretrain: ") and "is in use by `bertjax pretrain`" in last
@@ -67,9 +84,13 @@ def test_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   corpus = tmp_path / "c.txt"
   corpus.write_text("One sentence here. And another one.\n\nA second document. It ends.\n")
-  cfg = prepare.PrepareConfig(output=str(tmp_path / "out"), inputs=(str(corpus),),
-                              tokenizer=os.path.join(repo, "data", "tokenizer.model"),
-                              processes=1, progress=False)
+  cfg = prepare.PrepareConfig(
+      output=str(tmp_path / "out"),
+      inputs=(str(corpus),),
+      tokenizer=os.path.join(repo, "data", "tokenizer.model"),
+      processes=1,
+      progress=False,
+  )
   with workdir_lock.Lock(cfg.output, "bertjax prepare", name=".prepare-0.lock"):
     with pytest.raises(workdir_lock.WorkdirBusyError, match="in use by `bertjax prepare`"):
       prepare.prepare(cfg)

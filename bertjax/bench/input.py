@@ -32,199 +32,260 @@ import tempfile
 import threading
 import time
 
+from bertjax.data import pretraining, records, tf_reader
+from bertjax.data.tokenizer import NUM_SPECIAL, SentencePieceTokenizer, SPECIAL_PIECES
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _tree_rss_mb(root_pid: int) -> float:
-    """Resident memory of a process and all its descendants, from /proc."""
-    parents, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/statm") as f:
-                rss[int(entry)] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, frontier = {root_pid}, [root_pid]
-    while frontier:
-        pid = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == pid and p not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    return sum(rss.get(p, 0) for p in tree) / 1e6
+  """Resident memory of a process and all its descendants, from /proc."""
+  parents, rss = {}, {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{entry}/statm") as f:
+        rss[int(entry)] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+      continue
+  tree, frontier = {root_pid}, [root_pid]
+  while frontier:
+    pid = frontier.pop()
+    kids = [p for p, pp in parents.items() if pp == pid and p not in tree]
+    tree.update(kids)
+    frontier.extend(kids)
+  return sum(rss.get(p, 0) for p in tree) / 1e6
 
 
 def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
-    """(seconds, peak MB of the process tree) of a command; fails loudly."""
-    peak = [0.0]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    done = threading.Event()
+  """(seconds, peak MB of the process tree) of a command; fails loudly."""
+  peak = [0.0]
+  start = time.perf_counter()
+  proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  done = threading.Event()
 
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
-            time.sleep(0.1)
+  def sample():
+    while not done.is_set():
+      peak[0] = max(peak[0], _tree_rss_mb(proc.pid))
+      time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate()
-    seconds = time.perf_counter() - start
-    done.set()
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{err.decode()[-2000:]}")
-    return seconds, peak[0]
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  _, err = proc.communicate()
+  seconds = time.perf_counter() - start
+  done.set()
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{err.decode()[-2000:]}")
+  return seconds, peak[0]
 
 
 def make_corpus(source: pathlib.Path, copies: int, out: pathlib.Path) -> int:
-    data = source.read_bytes()
-    with open(out, "wb") as f:
-        for _ in range(copies):
-            f.write(data)
-    return len(data) * copies
+  data = source.read_bytes()
+  with open(out, "wb") as f:
+    for _ in range(copies):
+      f.write(data)
+  return len(data) * copies
 
 
-def bench_prepare(corpus: pathlib.Path, nbytes: int, tokenizer: str, out: pathlib.Path,
-                  processes: int) -> dict:
-    cmd = [sys.executable, "-m", "bertjax.cli", "prepare", "--input", str(corpus),
-           "--tokenizer", tokenizer, "--output", str(out), "--num-shards", "8",
-           "--processes", str(processes), "--no-progress"]
-    seconds, peak = run_measured(cmd)
-    meta = json.loads((out / "metadata.json").read_text())
-    return {"processes": processes, "input_mb": round(nbytes / 1e6, 1),
-            "wall_s": round(seconds, 2), "mb_per_s": round(nbytes / 1e6 / seconds, 2),
-            "mb_per_s_in_loop": round(nbytes / 1e6 / meta["seconds"], 2),
-            "peak_rss_mb": round(peak), "tokens": meta["tokens"]}
+def bench_prepare(
+    corpus: pathlib.Path, nbytes: int, tokenizer: str, out: pathlib.Path, processes: int
+) -> dict:
+  cmd = [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "prepare",
+      "--input",
+      str(corpus),
+      "--tokenizer",
+      tokenizer,
+      "--output",
+      str(out),
+      "--num-shards",
+      "8",
+      "--processes",
+      str(processes),
+      "--no-progress",
+  ]
+  seconds, peak = run_measured(cmd)
+  meta = json.loads((out / "metadata.json").read_text())
+  return {
+      "processes": processes,
+      "input_mb": round(nbytes / 1e6, 1),
+      "wall_s": round(seconds, 2),
+      "mb_per_s": round(nbytes / 1e6 / seconds, 2),
+      "mb_per_s_in_loop": round(nbytes / 1e6 / meta["seconds"], 2),
+      "peak_rss_mb": round(peak),
+      "tokens": meta["tokens"],
+  }
 
 
-def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int,
-                 reader: str) -> dict:
-    from bertjax.data import pretraining
-
-    cfg = pretraining.InputConfig(source="prepared", path=str(data_dir), seq_len=seq_len,
-                                  max_predictions_per_seq=max(20, round(seq_len * 0.15)),
-                                  reader=reader)
-    stream = pretraining.make_stream(cfg, global_batch_size=batch, process_index=0,
-                                     process_count=1)
-    for _ in range(3):  # TensorFlow start-up and the first block; the timed steps span several
-        next(stream)     # epochs, so they include building instances, not only masking
-    start = time.perf_counter()
-    for _ in itertools.islice(stream, steps):
-        pass
-    seconds = time.perf_counter() - start
-    return {"reader": stream.reader, "seq_len": seq_len, "batch": batch, "steps": steps,
-            "epochs_seen": stream.get_state()["epoch"] + 1,
-            "examples_per_s": round(batch * steps / seconds)}
+def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int, reader: str) -> dict:
+  cfg = pretraining.InputConfig(
+      source="prepared",
+      path=str(data_dir),
+      seq_len=seq_len,
+      max_predictions_per_seq=max(20, round(seq_len * 0.15)),
+      reader=reader,
+  )
+  stream = pretraining.make_stream(cfg, global_batch_size=batch, process_index=0, process_count=1)
+  for _ in range(3):  # TensorFlow start-up and the first block; the timed steps span several
+    next(stream)  # epochs, so they include building instances, not only masking
+  start = time.perf_counter()
+  for _ in itertools.islice(stream, steps):
+    pass
+  seconds = time.perf_counter() - start
+  return {
+      "reader": stream.reader,
+      "seq_len": seq_len,
+      "batch": batch,
+      "steps": steps,
+      "epochs_seen": stream.get_state()["epoch"] + 1,
+      "examples_per_s": round(batch * steps / seconds),
+  }
 
 
 def bench_read(data_dir: pathlib.Path, reader: str, block: int = 1024) -> dict:
-    """The reader alone: every train document once, in the stream's blocks, in tokens/s."""
-    from bertjax.data import records, tf_reader
-
-    meta = records.load_metadata(data_dir)
-    shards = [dict(s, id=i) for i, s in enumerate(records.split_shards(meta, data_dir, "train"))]
-    if reader == "tf.data":
-        tf_reader.available()  # TensorFlow's import is a start-up cost, not reading
-    start = time.perf_counter()
-    if reader == "tf.data":
-        blocks = tf_reader.read_blocks(shards, lambda e: list(range(len(shards))), 0, 0, block,
-                                       num_epochs=1)
-        docs = [d[2] for _, b in blocks for d in b]
-    else:
-        docs = [d for s in shards for d in records.read_documents(s["path"])]
-    seconds = time.perf_counter() - start
-    tokens = sum(len(x) for d in docs for x in d)
-    return {"reader": reader, "documents": len(docs), "tokens": tokens,
-            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds)}
+  """The reader alone: every train document once, in the stream's blocks, in tokens/s."""
+  meta = records.load_metadata(data_dir)
+  shards = [dict(s, id=i) for i, s in enumerate(records.split_shards(meta, data_dir, "train"))]
+  if reader == "tf.data":
+    tf_reader.available()  # TensorFlow's import is a start-up cost, not reading
+  start = time.perf_counter()
+  if reader == "tf.data":
+    blocks = tf_reader.read_blocks(
+        shards, lambda e: list(range(len(shards))), 0, 0, block, num_epochs=1
+    )
+    docs = [d[2] for _, b in blocks for d in b]
+  else:
+    docs = [d for s in shards for d in records.read_documents(s["path"])]
+  seconds = time.perf_counter() - start
+  tokens = sum(len(x) for d in docs for x in d)
+  return {
+      "reader": reader,
+      "documents": len(docs),
+      "tokens": tokens,
+      "seconds": round(seconds, 3),
+      "tokens_per_s": round(tokens / seconds),
+  }
 
 
 def _wordpiece_vocab(tokenizer: str, out: pathlib.Path) -> None:
-    """A WordPiece vocab.txt with the same pieces: "▁word" -> "word", "ing" -> "##ing"."""
-    from bertjax.data.tokenizer import NUM_SPECIAL, SPECIAL_PIECES, SentencePieceTokenizer
-
-    tok = SentencePieceTokenizer(tokenizer)
-    words = list(SPECIAL_PIECES)
-    for i in range(NUM_SPECIAL, tok.vocab_size):
-        piece = tok.id_to_piece(i)
-        if piece.startswith("<0x"):
-            continue
-        words.append(piece[1:] if piece.startswith("\u2581") else "##" + piece)
-    out.write_text("\n".join(dict.fromkeys(w for w in words if w and w != "##")) + "\n")
+  """A WordPiece vocab.txt with the same pieces: "▁word" -> "word", "ing" -> "##ing"."""
+  tok = SentencePieceTokenizer(tokenizer)
+  words = list(SPECIAL_PIECES)
+  for i in range(NUM_SPECIAL, tok.vocab_size):
+    piece = tok.id_to_piece(i)
+    if piece.startswith("<0x"):
+      continue
+    words.append(piece[1:] if piece.startswith("\u2581") else "##" + piece)
+  out.write_text("\n".join(dict.fromkeys(w for w in words if w and w != "##")) + "\n")
 
 
-def bench_google(bert_dir: str, corpus: pathlib.Path, nbytes: int, tokenizer: str,
-                 work: pathlib.Path, dupe_factor: int) -> dict:
-    vocab = work / "vocab.txt"
-    _wordpiece_vocab(tokenizer, vocab)
-    env = {**os.environ, "PYTHONPATH": bert_dir, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    cmd = [sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={corpus}",
-           f"--output_file={work / 'google.tfrecord'}", f"--vocab_file={vocab}",
-           "--do_lower_case=False", "--max_seq_length=128", "--max_predictions_per_seq=20",
-           f"--dupe_factor={dupe_factor}"]
-    seconds, peak = run_measured(cmd, env)
-    return {"dupe_factor": dupe_factor, "input_mb": round(nbytes / 1e6, 1),
-            "wall_s": round(seconds, 2), "mb_per_s": round(nbytes / 1e6 / seconds, 3),
-            "peak_rss_mb": round(peak)}
+def bench_google(
+    bert_dir: str,
+    corpus: pathlib.Path,
+    nbytes: int,
+    tokenizer: str,
+    work: pathlib.Path,
+    dupe_factor: int,
+) -> dict:
+  vocab = work / "vocab.txt"
+  _wordpiece_vocab(tokenizer, vocab)
+  env = {**os.environ, "PYTHONPATH": bert_dir, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  cmd = [
+      sys.executable,
+      "-m",
+      "bert.create_pretraining_data",
+      f"--input_file={corpus}",
+      f"--output_file={work / 'google.tfrecord'}",
+      f"--vocab_file={vocab}",
+      "--do_lower_case=False",
+      "--max_seq_length=128",
+      "--max_predictions_per_seq=20",
+      f"--dupe_factor={dupe_factor}",
+  ]
+  seconds, peak = run_measured(cmd, env)
+  return {
+      "dupe_factor": dupe_factor,
+      "input_mb": round(nbytes / 1e6, 1),
+      "wall_s": round(seconds, 2),
+      "mb_per_s": round(nbytes / 1e6 / seconds, 3),
+      "peak_rss_mb": round(peak),
+  }
 
 
 def _bench_all(args, readers: list[str], work: pathlib.Path) -> dict:
-    """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
-    small, large = work / "corpus1.txt", work / f"corpus{args.copies}.txt"
-    n_small = make_corpus(pathlib.Path(args.corpus), 1, small)
-    n_large = make_corpus(pathlib.Path(args.corpus), args.copies, large)
-    cores = os.cpu_count() or 1
-    results = {"cpu_cores": cores, "prepare": [
-        bench_prepare(small, n_small, args.tokenizer, work / "p_small_1", 1),
-        bench_prepare(large, n_large, args.tokenizer, work / "p_large_1", 1),
-        bench_prepare(large, n_large, args.tokenizer, work / "p_large_n", cores)]}
-    results.update(_bench_data(work / "p_large_n", args, readers))
-    if args.google_bert_dir:
-        g_corpus = work / "google.txt"
-        n_g = make_corpus(pathlib.Path(args.corpus), args.google_copies, g_corpus)
-        results["google_create_pretraining_data"] = bench_google(
-            args.google_bert_dir, g_corpus, n_g, args.tokenizer, work, dupe_factor=1)
-    return results
+  """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
+  small, large = work / "corpus1.txt", work / f"corpus{args.copies}.txt"
+  n_small = make_corpus(pathlib.Path(args.corpus), 1, small)
+  n_large = make_corpus(pathlib.Path(args.corpus), args.copies, large)
+  cores = os.cpu_count() or 1
+  results = {
+      "cpu_cores": cores,
+      "prepare": [
+          bench_prepare(small, n_small, args.tokenizer, work / "p_small_1", 1),
+          bench_prepare(large, n_large, args.tokenizer, work / "p_large_1", 1),
+          bench_prepare(large, n_large, args.tokenizer, work / "p_large_n", cores),
+      ],
+  }
+  results.update(_bench_data(work / "p_large_n", args, readers))
+  if args.google_bert_dir:
+    g_corpus = work / "google.txt"
+    n_g = make_corpus(pathlib.Path(args.corpus), args.google_copies, g_corpus)
+    results["google_create_pretraining_data"] = bench_google(
+        args.google_bert_dir, g_corpus, n_g, args.tokenizer, work, dupe_factor=1
+    )
+  return results
 
 
 def _bench_data(data: pathlib.Path, args, readers: list[str]) -> dict:
-    return {"read": [bench_read(data, r) for r in readers],
-            "stream": [bench_stream(data, L, args.batch, args.steps, r)
-                       for L in (128, 512) for r in readers]}
+  return {
+      "read": [bench_read(data, r) for r in readers],
+      "stream": [
+          bench_stream(data, L, args.batch, args.steps, r) for L in (128, 512) for r in readers
+      ],
+  }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_input", description=__doc__.split("\n")[0])
-    p.add_argument("--corpus", default=str(REPO / "data" / "austen.txt"))
-    p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer.model"))
-    p.add_argument("--copies", type=int, default=4, help="corpus copies for the large run")
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=400,
-                   help="batches timed per stream run; several epochs of the default corpus")
-    p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
-    p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
-    p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")
-    p.add_argument("--google-copies", type=int, default=1)
-    p.add_argument("--workdir", help="default: a temporary directory")
-    p.add_argument("--json", help="also write the results here")
-    args = p.parse_args(argv)
-    readers = args.readers.split(",")
-    if args.data:
-        results = {"cpu_cores": os.cpu_count() or 1,
-                   **_bench_data(pathlib.Path(args.data), args, readers)}
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            work = pathlib.Path(args.workdir or tmp)
-            work.mkdir(parents=True, exist_ok=True)
-            results = _bench_all(args, readers, work)
-    print(json.dumps(results, indent=2))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+  p = argparse.ArgumentParser(prog="bench_input", description=__doc__.split("\n")[0])
+  p.add_argument("--corpus", default=str(REPO / "data" / "austen.txt"))
+  p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer.model"))
+  p.add_argument("--copies", type=int, default=4, help="corpus copies for the large run")
+  p.add_argument("--batch", type=int, default=256)
+  p.add_argument(
+      "--steps",
+      type=int,
+      default=400,
+      help="batches timed per stream run; several epochs of the default corpus",
+  )
+  p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
+  p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
+  p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")
+  p.add_argument("--google-copies", type=int, default=1)
+  p.add_argument("--workdir", help="default: a temporary directory")
+  p.add_argument("--json", help="also write the results here")
+  args = p.parse_args(argv)
+  readers = args.readers.split(",")
+  if args.data:
+    results = {
+        "cpu_cores": os.cpu_count() or 1,
+        **_bench_data(pathlib.Path(args.data), args, readers),
+    }
+  else:
+    with tempfile.TemporaryDirectory() as tmp:
+      work = pathlib.Path(args.workdir or tmp)
+      work.mkdir(parents=True, exist_ok=True)
+      results = _bench_all(args, readers, work)
+  print(json.dumps(results, indent=2))
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+  return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

@@ -32,7 +32,10 @@ import sys
 import time
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 PEERS = ("hf-torch", "hf-torch-compile", "hf-flax")
 # The hf-flax virtualenv, relative to the repository root (overridable with BERTJAX_HF4_PYTHON).
@@ -53,8 +56,9 @@ def max_predictions(seq_len: int, mask_prob: float = 0.15) -> int:
   return max(1, int(np.ceil(mask_prob * seq_len - 1e-9)))
 
 
-def synthetic_batch(batch_size: int, seq_len: int, num_masked: int, vocab_size: int,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_batch(
+    batch_size: int, seq_len: int, num_masked: int, vocab_size: int, seed: int = 0
+) -> dict[str, np.ndarray]:
   """One full-length pretraining batch of random tokens, in the data pipeline's layout.
 
   Every row is real tokens (no padding, as packed pretraining data), two segments split at a
@@ -66,34 +70,48 @@ def synthetic_batch(batch_size: int, seq_len: int, num_masked: int, vocab_size: 
   ids_BxL = rng.integers(FIRST_TOKEN_ID, vocab_size, (batch_size, seq_len), dtype=np.int32)
   split_B = rng.integers(seq_len // 4, 3 * seq_len // 4, batch_size)
   types_BxL = (np.arange(seq_len)[None, :] >= split_B[:, None]).astype(np.int32)
-  pos_BxP = np.stack([np.sort(rng.choice(np.arange(1, seq_len), num_masked, replace=False))
-                      for _ in range(batch_size)]).astype(np.int32)
+  pos_BxP = np.stack(
+      [
+          np.sort(rng.choice(np.arange(1, seq_len), num_masked, replace=False))
+          for _ in range(batch_size)
+      ]
+  ).astype(np.int32)
   return dict(
-      input_ids=ids_BxL, attention_mask=np.ones_like(ids_BxL), token_type_ids=types_BxL,
+      input_ids=ids_BxL,
+      attention_mask=np.ones_like(ids_BxL),
+      token_type_ids=types_BxL,
       masked_positions=pos_BxP,
       masked_ids=rng.integers(FIRST_TOKEN_ID, vocab_size, pos_BxP.shape, dtype=np.int32),
       masked_weights=np.ones(pos_BxP.shape, np.float32),
-      nsp_labels=rng.integers(0, 2, batch_size, dtype=np.int32))
+      nsp_labels=rng.integers(0, 2, batch_size, dtype=np.int32),
+  )
 
 
 def mlm_labels(batch: dict[str, np.ndarray]) -> np.ndarray:
   """[B, L] labels for a full-sequence MLM head: the masked ids at masked positions, else -100."""
   labels_BxL = np.full(batch["input_ids"].shape, -100, np.int64)
-  np.put_along_axis(labels_BxL, batch["masked_positions"].astype(np.int64),
-                    batch["masked_ids"].astype(np.int64), axis=1)
+  np.put_along_axis(
+      labels_BxL,
+      batch["masked_positions"].astype(np.int64),
+      batch["masked_ids"].astype(np.int64),
+      axis=1,
+  )
   return labels_BxL
 
 
-def time_steps(step: Callable[[], Any], sync: Callable[[Any], Any], warmup: int,
-               steps: int) -> dict[str, float]:
+def time_steps(
+    step: Callable[[], Any], sync: Callable[[Any], Any], warmup: int, steps: int
+) -> dict[str, float]:
   """Run `step` warmup + steps times, syncing after each; the first call's time is `compile_s`.
 
   Each step is synced, so a step's time is its full latency; on an accelerator the host's
   dispatch of the next step is not overlapped, which costs microseconds against a step of ms.
   """
   if steps < 1 or warmup < 1:
-    raise ValueError(f"time_steps: need warmup >= 1 (compiles) and steps >= 1, got "
-                     f"warmup={warmup} steps={steps}")
+    raise ValueError(
+        f"time_steps: need warmup >= 1 (compiles) and steps >= 1, got "
+        f"warmup={warmup} steps={steps}"
+    )
   times, cpu_times = [], []
   for _ in range(warmup + steps):
     t0, c0 = time.perf_counter(), time.process_time()
@@ -103,9 +121,13 @@ def time_steps(step: Callable[[], Any], sync: Callable[[Any], Any], warmup: int,
   timed = times[warmup:]
   # CPU seconds of this process per step: steadier than wall time when other jobs share the
   # cores, so it is the better number for A/B comparisons on a busy machine.
-  return {"compile_s": times[0], "step_ms": 1e3 * statistics.median(timed),
-          "step_ms_min": 1e3 * min(timed), "steps_timed": len(timed),
-          "cpu_ms": 1e3 * statistics.median(cpu_times[warmup:])}
+  return {
+      "compile_s": times[0],
+      "step_ms": 1e3 * statistics.median(timed),
+      "step_ms_min": 1e3 * min(timed),
+      "steps_timed": len(timed),
+      "cpu_ms": 1e3 * statistics.median(cpu_times[warmup:]),
+  }
 
 
 def _throughput(result: dict, batch_size: int, seq_len: int) -> dict:
@@ -116,18 +138,22 @@ def _throughput(result: dict, batch_size: int, seq_len: int) -> dict:
 
 def _hf_config(transformers, spec: dict):
   return transformers.BertConfig(
-      vocab_size=spec["vocab_size"], hidden_size=spec["hidden_size"],
-      num_hidden_layers=spec["num_layers"], num_attention_heads=spec["num_heads"],
+      vocab_size=spec["vocab_size"],
+      hidden_size=spec["hidden_size"],
+      num_hidden_layers=spec["num_layers"],
+      num_attention_heads=spec["num_heads"],
       intermediate_size=spec["intermediate_size"],
-      max_position_embeddings=spec["max_position_embeddings"], hidden_act="gelu",
+      max_position_embeddings=spec["max_position_embeddings"],
+      hidden_act="gelu",
       hidden_dropout_prob=spec["hidden_dropout_rate"],
-      attention_probs_dropout_prob=spec["attention_dropout_rate"])
+      attention_probs_dropout_prob=spec["attention_dropout_rate"],
+  )
 
 
 def run_torch(spec: dict, compiled: bool) -> dict:
   """transformers' BertForPreTraining + torch AdamW, eager or under torch.compile."""
   name = "hf-torch-compile" if compiled else "hf-torch"
-  try:
+  try:  # torch and transformers are test/bench extras, imported only for their peers
     import torch
     import transformers
   except ImportError as e:
@@ -137,10 +163,11 @@ def run_torch(spec: dict, compiled: bool) -> dict:
     torch.manual_seed(0)
     model = transformers.BertForPreTraining(_hf_config(transformers, spec)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"],
-                        spec["vocab_size"])
-    inputs = {k: torch.from_numpy(b[k].astype(np.int64))
-              for k in ("input_ids", "attention_mask", "token_type_ids")}
+    b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"], spec["vocab_size"])
+    inputs = {
+        k: torch.from_numpy(b[k].astype(np.int64))
+        for k in ("input_ids", "attention_mask", "token_type_ids")
+    }
     inputs["labels"] = torch.from_numpy(mlm_labels(b))
     inputs["next_sentence_label"] = torch.from_numpy(b["nsp_labels"].astype(np.int64))
 
@@ -155,15 +182,24 @@ def run_torch(spec: dict, compiled: bool) -> dict:
     t = time_steps(train_step, lambda loss: float(loss.detach()), spec["warmup"], spec["steps"])
   except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
     return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
-  return _throughput({"name": name, "status": "ok", "reason": "", **t,
-                      "version": f"transformers {transformers.__version__}, torch "
-                                 f"{torch.__version__}, {torch.get_num_threads()} threads, "
-                                 f"attention {model.config._attn_implementation}"},
-                     spec["batch_size"], spec["seq_len"])
+  return _throughput(
+      {
+          "name": name,
+          "status": "ok",
+          "reason": "",
+          **t,
+          "version": f"transformers {transformers.__version__}, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, "
+          f"attention {model.config._attn_implementation}",
+      },
+      spec["batch_size"],
+      spec["seq_len"],
+  )
 
 
-def run_torch_finetune(spec: dict, train: dict[str, np.ndarray], dev: dict[str, np.ndarray]
-                       ) -> dict:
+def run_torch_finetune(
+    spec: dict, train: dict[str, np.ndarray], dev: dict[str, np.ndarray]
+) -> dict:
   """What a Hugging Face user runs: BertForSequenceClassification in PyTorch eager, each batch
   padded to its longest row (as DataCollatorWithPadding), AdamW (decay off biases and
   LayerNorm, ε 1e-6), linear warmup then decay, gradients clipped at 1.0 (the Trainer's
@@ -171,7 +207,7 @@ def run_torch_finetune(spec: dict, train: dict[str, np.ndarray], dev: dict[str, 
   attention_mask [N, L] and labels [N], the token ids bertjax trains on. The wall time runs
   from building the model to the last dev prediction."""
   name = "hf-torch"
-  try:
+  try:  # torch and transformers are test/bench extras, imported only for their peers
     import torch
     import transformers
   except ImportError as e:
@@ -185,27 +221,33 @@ def run_torch_finetune(spec: dict, train: dict[str, np.ndarray], dev: dict[str, 
     hf.num_labels = spec["num_labels"]
     model = transformers.BertForSequenceClassification(hf)
     no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
-    groups = [{"params": [p for n, p in model.named_parameters() if not no_decay(n)],
-               "weight_decay": spec["weight_decay"]},
-              {"params": [p for n, p in model.named_parameters() if no_decay(n)],
-               "weight_decay": 0.0}]
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if not no_decay(n)],
+            "weight_decay": spec["weight_decay"],
+        },
+        {"params": [p for n, p in model.named_parameters() if no_decay(n)], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=spec["learning_rate"], eps=1e-6)
     n, bs = len(train["labels"]), spec["batch_size"]
     total = spec["epochs"] * -(-n // bs)
-    sched = transformers.get_linear_schedule_with_warmup(opt, int(spec["warmup_fraction"] * total),
-                                                         total)
+    sched = transformers.get_linear_schedule_with_warmup(
+        opt, int(spec["warmup_fraction"] * total), total
+    )
 
     def batch(arrays, idx):
       longest = int(arrays["attention_mask"][idx].sum(1).max())
-      return {k: torch.from_numpy(arrays[k][idx, :longest].astype(np.int64))
-              for k in ("input_ids", "token_type_ids", "attention_mask")}
+      return {
+          k: torch.from_numpy(arrays[k][idx, :longest].astype(np.int64))
+          for k in ("input_ids", "token_type_ids", "attention_mask")
+      }
 
     model.train()
     losses = []
     for _ in range(spec["epochs"]):
       order = rng.permutation(n)
       for start in range(0, n, bs):
-        idx = order[start:start + bs]
+        idx = order[start : start + bs]
         labels = torch.from_numpy(train["labels"][idx].astype(np.int64))
         loss = model(**batch(train, idx), labels=labels).loss
         loss.backward()
@@ -224,26 +266,29 @@ def run_torch_finetune(spec: dict, train: dict[str, np.ndarray], dev: dict[str, 
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
   except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
     return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
-  return {"name": name, "status": "ok", "reason": "", "wall_s": wall, "cpu_s": cpu,
-          "accuracy": accuracy,
-          "train_loss": float(torch.stack(losses).mean()), "steps": len(losses),
-          "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
-                     f"{torch.get_num_threads()} threads, attention "
-                     f"{model.config._attn_implementation}"}
+  return {
+      "name": name,
+      "status": "ok",
+      "reason": "",
+      "wall_s": wall,
+      "cpu_s": cpu,
+      "accuracy": accuracy,
+      "train_loss": float(torch.stack(losses).mean()),
+      "steps": len(losses),
+      "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
+      f"{torch.get_num_threads()} threads, attention "
+      f"{model.config._attn_implementation}",
+  }
 
 
 def run_flax_inline(spec: dict) -> dict:
   """FlaxBertForPreTraining (transformers 4.x) + optax AdamW; runs inside the 4.x virtualenv."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-  import transformers
+  import transformers  # the 4.x virtualenv's, only for this peer
   from transformers import FlaxBertForPreTraining
 
   model = FlaxBertForPreTraining(_hf_config(transformers, spec), seed=0, dtype=jnp.float32)
   tx = optax.adamw(1e-4, weight_decay=0.01)
-  b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"],
-                      spec["vocab_size"])
+  b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"], spec["vocab_size"])
   labels_BxL = jnp.asarray(mlm_labels(b), jnp.int32)
   inputs = {k: jnp.asarray(b[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
   nsp_B = jnp.asarray(b["nsp_labels"])
@@ -251,8 +296,9 @@ def run_flax_inline(spec: dict) -> dict:
   def loss_fn(params, rng):
     out = model(**inputs, params=params, dropout_rng=rng, train=True)
     weights_BxL = (labels_BxL >= 0).astype(jnp.float32)
-    mlm = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits,
-                                                          jnp.maximum(labels_BxL, 0))
+    mlm = optax.softmax_cross_entropy_with_integer_labels(
+        out.prediction_logits, jnp.maximum(labels_BxL, 0)
+    )
     nsp = optax.softmax_cross_entropy_with_integer_labels(out.seq_relationship_logits, nsp_B)
     return (mlm * weights_BxL).sum() / weights_BxL.sum() + nsp.mean()
 
@@ -271,9 +317,17 @@ def run_flax_inline(spec: dict) -> dict:
     return loss
 
   t = time_steps(step, jax.block_until_ready, spec["warmup"], spec["steps"])
-  return _throughput({"name": "hf-flax", "status": "ok", "reason": "", **t,
-                      "version": f"transformers {transformers.__version__}, jax {jax.__version__}"},
-                     spec["batch_size"], spec["seq_len"])
+  return _throughput(
+      {
+          "name": "hf-flax",
+          "status": "ok",
+          "reason": "",
+          **t,
+          "version": f"transformers {transformers.__version__}, jax {jax.__version__}",
+      },
+      spec["batch_size"],
+      spec["seq_len"],
+  )
 
 
 def hf4_python(repo_root: str) -> str:
@@ -284,22 +338,33 @@ def run_flax_subprocess(spec: dict, repo_root: str, timeout_s: float = 1800) -> 
   """Run `run_flax_inline` in the transformers-4.x virtualenv; parse its one JSON line."""
   python = hf4_python(repo_root)
   if not os.path.exists(python):
-    return {"name": "hf-flax", "status": "unavailable",
-            "reason": f"no transformers-4.x virtualenv at {python}: create it as in "
-                      f"docs/performance.md, or set BERTJAX_HF4_PYTHON"}
+    return {
+        "name": "hf-flax",
+        "status": "unavailable",
+        "reason": f"no transformers-4.x virtualenv at {python}: create it as in "
+        f"docs/performance.md, or set BERTJAX_HF4_PYTHON",
+    }
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
   env["XLA_FLAGS"] = spec.get("xla_flags", "")  # the same XLA flags bertjax ran with
   env["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "")
   try:
-    proc = subprocess.run([python, os.path.abspath(__file__), "hf-flax", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=timeout_s, env=env)
+    proc = subprocess.run(
+        [python, os.path.abspath(__file__), "hf-flax", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
   except subprocess.TimeoutExpired:
     return {"name": "hf-flax", "status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode != 0 or not lines:
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"name": "hf-flax", "status": "failed",
-            "reason": f"{python} exited {proc.returncode}: {' | '.join(tail)}"[:500]}
+    return {
+        "name": "hf-flax",
+        "status": "failed",
+        "reason": f"{python} exited {proc.returncode}: {' | '.join(tail)}"[:500],
+    }
   return json.loads(lines[-1])
 
 
@@ -311,8 +376,11 @@ def _script_main(argv: list[str]) -> int:
   try:
     result = run_flax_inline(spec)
   except ImportError as e:
-    result = {"name": "hf-flax", "status": "unavailable",
-              "reason": f"{e}; this virtualenv needs 'transformers<5' flax jax optax"}
+    result = {
+        "name": "hf-flax",
+        "status": "unavailable",
+        "reason": f"{e}; this virtualenv needs 'transformers<5' flax jax optax",
+    }
   except Exception as e:  # reported by the parent, never a crash
     result = {"name": "hf-flax", "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
   print(json.dumps(result))

@@ -21,18 +21,26 @@ Shape letters: B batch, L sequence length, H hidden, P masked positions, V vocab
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 import os
+import re
 import sys
+import tempfile
 import time
 from typing import Any
 
+import gzip
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.bench import peers as bench_peers
-from bertjax.training import flops as flops_lib
 from bertjax import model as model_lib
+from bertjax.bench import peers as bench_peers
+from bertjax.model import ops
+from bertjax.tasks import encoder as encoder_lib, finetuning
+from bertjax.tasks.glue import features, finetune, tasks, tsv
+from bertjax.training import flops as flops_lib, sharding, train
 
 CPU_PEAK_SIZES = (512, 1024, 2048)  # square matmuls; the best of these is the CPU's peak
 
@@ -62,14 +70,20 @@ class BenchSpec:
     if self.seq_len > 512:
       raise ValueError(f"bench: --seq-len={self.seq_len} exceeds BERT's 512 positions")
     if not 0 <= self.num_masked < self.seq_len:
-      raise ValueError(f"bench: --num-masked={self.num_masked} must be in [0, seq-len="
-                       f"{self.seq_len})")
+      raise ValueError(
+          f"bench: --num-masked={self.num_masked} must be in [0, seq-len=" f"{self.seq_len})"
+      )
     self.model_config()  # unknown preset, dtype or remat: BertConfig's own error
 
   def model_config(self) -> model_lib.BertConfig:
-    return model_lib.from_preset(self.preset, vocab_size=self.vocab_size, dtype=self.dtype,
-                                 remat=self.remat, scan_layers=self.scan_layers,
-                                 attention_dropout_rate=self.attention_dropout)
+    return model_lib.from_preset(
+        self.preset,
+        vocab_size=self.vocab_size,
+        dtype=self.dtype,
+        remat=self.remat,
+        scan_layers=self.scan_layers,
+        attention_dropout_rate=self.attention_dropout,
+    )
 
   def masked(self) -> int:
     return self.num_masked or bench_peers.max_predictions(self.seq_len)
@@ -104,16 +118,22 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
     return peak, f"measured: best jitted {'/'.join(dtypes)} matmul on {cores} cores"
   per_device = flops_lib.peak_flops_per_device(dev)
   if per_device:
-    return per_device * len(devices), (f"published dense bf16 peak of {dev.device_kind} x "
-                                       f"{len(devices)}")
-  raise ValueError(f"bench: no published peak for device kind {dev.device_kind!r}; pass "
-                   f"--peak-flops FLOPS (the dense bf16 peak of all {len(devices)} devices)")
+    return per_device * len(devices), (
+        f"published dense bf16 peak of {dev.device_kind} x " f"{len(devices)}"
+    )
+  raise ValueError(
+      f"bench: no published peak for device kind {dev.device_kind!r}; pass "
+      f"--peak-flops FLOPS (the dense bf16 peak of all {len(devices)} devices)"
+  )
 
 
 # ------------------------------------------------------------------------------- train step
 
-_PRETRAIN_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments", "pretrain.py")
+_PRETRAIN_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "experiments",
+    "pretrain.py",
+)
 
 
 def train_config(spec: BenchSpec):
@@ -124,8 +144,10 @@ def train_config(spec: BenchSpec):
   so every flag means what it says).
   """
   if not os.path.exists(_PRETRAIN_CONFIG):
-    raise FileNotFoundError(f"bench: {_PRETRAIN_CONFIG} not found; it ships in the source tree: "
-                            "run from a git checkout")
+    raise FileNotFoundError(
+        f"bench: {_PRETRAIN_CONFIG} not found; it ships in the source tree: "
+        "run from a git checkout"
+    )
   import importlib.util  # a fixed file path, not a module chosen by a string
 
   mod_spec = importlib.util.spec_from_file_location("bertjax_pretrain_config", _PRETRAIN_CONFIG)
@@ -160,22 +182,21 @@ def _memory_bytes(compiled, device: jax.Device) -> tuple[int | None, str]:
 
 def _compiled_step(spec: BenchSpec, mesh: jax.sharding.Mesh | None):
   """`bertjax.training.train`'s step compiled ahead of time for one synthetic batch on the mesh."""
-  from bertjax.training import sharding
-  from bertjax.training import train
-
   mesh = mesh or sharding.make_mesh(data=-1)
   setup = train.setup(train_config(spec), mesh)
   state = setup.init_state(spec.seed)
-  host_batch = bench_peers.synthetic_batch(spec.batch_size, spec.seq_len, spec.masked(),
-                                           spec.vocab_size, spec.seed)
+  host_batch = bench_peers.synthetic_batch(
+      spec.batch_size, spec.seq_len, spec.masked(), spec.vocab_size, spec.seed
+  )
   batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   t0 = time.perf_counter()
   compiled = setup.train_step.lower(state, batch).compile()
   return compiled, state, batch, mesh, time.perf_counter() - t0
 
 
-def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
-                 profile_dir: str = "") -> dict[str, Any]:
+def time_bertjax(
+    spec: BenchSpec, mesh: jax.sharding.Mesh | None = None, profile_dir: str = ""
+) -> dict[str, Any]:
   """Compile (timed, ahead of time) and run `bertjax.training.train`'s step on one synthetic batch.
 
   With `profile_dir`, the same compiled step is then traced (`profile_bertjax`) and the
@@ -190,9 +211,15 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
 
   t = bench_peers.time_steps(one, jax.block_until_ready, spec.warmup, spec.steps)
   mem, mem_source = _memory_bytes(compiled, mesh.devices.flat[0])
-  out = {**t, "compile_s": compile_s, "first_step_s": t["compile_s"],
-         "peak_memory_bytes": mem, "memory_source": mem_source,
-         "params": model_lib.count_params(box[0].params), "devices": mesh.devices.size}
+  out = {
+      **t,
+      "compile_s": compile_s,
+      "first_step_s": t["compile_s"],
+      "peak_memory_bytes": mem,
+      "memory_source": mem_source,
+      "params": model_lib.count_params(box[0].params),
+      "devices": mesh.devices.size,
+  }
   if profile_dir:
     _progress(f"profiling into {profile_dir} ...")
     # the step has just run warmup + steps times: warm already
@@ -202,8 +229,10 @@ def time_bertjax(spec: BenchSpec, mesh: jax.sharding.Mesh | None = None,
 
 # ----------------------------------------------------------------------------------- profile
 
-def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
-                    mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+
+def profile_bertjax(
+    spec: BenchSpec, out_dir: str, steps: int = 2, mesh: jax.sharding.Mesh | None = None
+) -> dict[str, Any]:
   """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down.
 
   The trace (TensorBoard's profile plugin or Perfetto read it) is written as usual; the
@@ -218,13 +247,9 @@ def profile_bertjax(spec: BenchSpec, out_dir: str, steps: int = 2,
   return _trace_steps(compiled, state, batch, out_dir, steps)
 
 
-def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2,
-                 warmup: int = 2) -> dict[str, Any]:
-  import glob
-  import gzip
-  import json
-  import re
-
+def _trace_steps(
+    compiled, state, batch, out_dir: str, steps: int = 2, warmup: int = 2
+) -> dict[str, Any]:
   for _ in range(warmup):  # warm: allocations and thread pools as in a long run
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
@@ -243,16 +268,20 @@ def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2,
       name = re.sub(r"layer_\d+", "layer_N", m.group(2))
       name = re.sub(r"^jit\([^)]*\)/", "", name)
       op_names[m.group(1)] = re.sub(r"\[.*", "", name)  # parameter paths: drop the index
-  traces = sorted(glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"),
-                            recursive=True), key=os.path.getmtime)
+  traces = sorted(
+      glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"), recursive=True),
+      key=os.path.getmtime,
+  )
   if not traces:
     raise RuntimeError(f"bench --profile: jax.profiler wrote no Perfetto trace under {out_dir}")
   with gzip.open(traces[-1]) as f:
     events = json.load(f)
   events = events["traceEvents"] if isinstance(events, dict) else events
   ops = [e for e in events if e.get("ph") == "X" and e.get("name") in op_names]
-  edges = sorted([(e["ts"], 1, i) for i, e in enumerate(ops)]
-                 + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(ops)])
+  edges = sorted(
+      [(e["ts"], 1, i) for i, e in enumerate(ops)]
+      + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(ops)]
+  )
   share = np.zeros(len(ops))
   active: set[int] = set()
   untraced, last = 0.0, None
@@ -271,27 +300,40 @@ def _trace_steps(compiled, state, batch, out_dir: str, steps: int = 2,
     by_op[key] = by_op.get(key, 0.0) + share[i]
   span = (edges[-1][0] - edges[0][0]) if edges else 0.0
   rows = sorted(((k, v / steps / 1e3) for k, v in by_op.items()), key=lambda kv: -kv[1])
-  return {"trace": traces[-1], "steps": steps, "wall_ms_per_step": wall_ms,
-          "span_ms_per_step": span / steps / 1e3, "untraced_ms_per_step": untraced / steps / 1e3,
-          "ops": [{"op": k, "ms_per_step": v} for k, v in rows]}
+  return {
+      "trace": traces[-1],
+      "steps": steps,
+      "wall_ms_per_step": wall_ms,
+      "span_ms_per_step": span / steps / 1e3,
+      "untraced_ms_per_step": untraced / steps / 1e3,
+      "ops": [{"op": k, "ms_per_step": v} for k, v in rows],
+  }
 
 
 def format_profile(p: dict[str, Any], top: int = 30) -> str:
   span = p["span_ms_per_step"] or 1.0
-  lines = [f"profile: {p['steps']} steps, {p['span_ms_per_step']:.0f} ms/step from the first "
-           f"op to the last (tracing adds overhead around the steps); trace {p['trace']}",
-           f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)"]
+  lines = [
+      f"profile: {p['steps']} steps, {p['span_ms_per_step']:.0f} ms/step from the first "
+      f"op to the last (tracing adds overhead around the steps); trace {p['trace']}",
+      f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)",
+  ]
   for row in p["ops"][:top]:
     lines.append(f"{row['ms_per_step']:9.1f} {100 * row['ms_per_step'] / span:5.1f}%  {row['op']}")
   rest = sum(r["ms_per_step"] for r in p["ops"][top:])
   lines.append(f"{rest:9.1f} {100 * rest / span:5.1f}%  ({max(0, len(p['ops']) - top)} more ops)")
-  lines.append(f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
-               "  untraced (on CPU: matmuls run asynchronously, runtime overhead)")
+  lines.append(
+      f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
+      "  untraced (on CPU: matmuls run asynchronously, runtime overhead)"
+  )
   return "\n".join(lines)
 
 
-def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = None,
-        profile_dir: str = "") -> dict[str, Any]:
+def run(
+    spec: BenchSpec,
+    compare: tuple[str, ...] = (),
+    repo_root: str | None = None,
+    profile_dir: str = "",
+) -> dict[str, Any]:
   """Benchmark bertjax (and the `compare` peers) on one spec; one flat JSON-able dict.
 
   With `profile_dir`, bertjax's timed step is also traced there (`profile_bertjax`) and the
@@ -299,15 +341,17 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
   """
   unknown = [p for p in compare if p not in bench_peers.PEERS]
   if unknown:
-    raise ValueError(f"bench: unknown peer(s) {unknown} in --compare; valid: "
-                     f"{', '.join(bench_peers.PEERS)}")
+    raise ValueError(
+        f"bench: unknown peer(s) {unknown} in --compare; valid: " f"{', '.join(bench_peers.PEERS)}"
+    )
   cfg = spec.model_config()
   devices = jax.devices()
   peak, peak_source = device_peak(devices, spec)
-  flops = flops_lib.pretraining_flops_per_step(cfg, spec.batch_size, spec.seq_len,
-                                                 spec.masked())
-  _progress(f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
-            f"peak {peak / 1e12:.3f} TFLOP/s")
+  flops = flops_lib.pretraining_flops_per_step(cfg, spec.batch_size, spec.seq_len, spec.masked())
+  _progress(
+      f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
+      f"peak {peak / 1e12:.3f} TFLOP/s"
+  )
   res = time_bertjax(spec, profile_dir=profile_dir)
   peers = {}
   for name in compare:
@@ -322,13 +366,22 @@ def run(spec: BenchSpec, compare: tuple[str, ...] = (), repo_root: str | None = 
       _progress(f"peak measured again after the steps: {again / 1e12:.3f} TFLOP/s")
     peak = max(peak, again)
     peak_source += " (best of before and after the timed steps)"
-  out = {"name": "bertjax", **dataclasses.asdict(spec), "num_masked": spec.masked(),
-         "device": f"{devices[0].device_kind} x {len(devices)}", "platform": devices[0].platform,
-         "threads": bench_peers.num_cores(), "jax": jax.__version__,
-         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""), "peak_flops": peak,
-         "peak_source": peak_source, "model_flops_per_step": flops,
-         "attention_chunks": model_lib.attention_chunks(cfg, spec.batch_size), **res}
+  out = {
+      "name": "bertjax",
+      **dataclasses.asdict(spec),
+      "num_masked": spec.masked(),
+      "device": f"{devices[0].device_kind} x {len(devices)}",
+      "platform": devices[0].platform,
+      "threads": bench_peers.num_cores(),
+      "jax": jax.__version__,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+      "peak_flops": peak,
+      "peak_source": peak_source,
+      "model_flops_per_step": flops,
+      "attention_chunks": ops.attention_chunks(cfg.attention_batch_chunks, spec.batch_size),
+      **res,
+  }
   _add_rates(out, spec, flops, peak)
   for name, peer in peers.items():
     if peer["status"] == "ok":
@@ -349,26 +402,36 @@ def _add_rates(r: dict, spec: BenchSpec, flops: float, peak: float) -> None:
   r["mfu"] = r["model_flops_per_sec"] / peak
 
 
-def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig,
-              repo_root: str | None) -> dict:
+def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: str | None) -> dict:
   if spec.dtype != "float32":
-    return {"name": name, "status": "unavailable",
-            "reason": f"peers run float32 only (asked for {spec.dtype})"}
-  pspec = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-           "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
-           "intermediate_size": cfg.intermediate_size,
-           "max_position_embeddings": cfg.max_position_embeddings,
-           "hidden_dropout_rate": cfg.hidden_dropout_rate,
-           "attention_dropout_rate": cfg.attention_dropout_rate,
-           "batch_size": spec.batch_size, "seq_len": spec.seq_len, "num_masked": spec.masked(),
-           "warmup": spec.warmup, "steps": spec.steps, "threads": bench_peers.num_cores(),
-           "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {
+        "name": name,
+        "status": "unavailable",
+        "reason": f"peers run float32 only (asked for {spec.dtype})",
+    }
+  pspec = {
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "num_layers": cfg.num_layers,
+      "num_heads": cfg.num_heads,
+      "intermediate_size": cfg.intermediate_size,
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "hidden_dropout_rate": cfg.hidden_dropout_rate,
+      "attention_dropout_rate": cfg.attention_dropout_rate,
+      "batch_size": spec.batch_size,
+      "seq_len": spec.seq_len,
+      "num_masked": spec.masked(),
+      "warmup": spec.warmup,
+      "steps": spec.steps,
+      "threads": bench_peers.num_cores(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
   if name == "hf-torch":
     return bench_peers.run_torch(pspec, compiled=False)
   if name == "hf-torch-compile":
     return bench_peers.run_torch(pspec, compiled=True)
   if name == "hf-flax":
-    root = repo_root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = repo_root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return bench_peers.run_flax_subprocess(pspec, root)
   raise ValueError(f"bench: unknown peer {name!r}; valid: {', '.join(bench_peers.PEERS)}")
 
@@ -393,9 +456,6 @@ class FinetuneSpec:
 
 def _finetune_data(spec: FinetuneSpec):
   """(task, encoder, features by split): the task's rows tokenized once for both runs."""
-  from bertjax.tasks import encoder as encoder_lib
-  from bertjax.tasks.glue import features, tasks, tsv
-
   train, dev = (os.path.join(spec.task_dir, f) for f in ("train.tsv", "dev.tsv"))
   labels = tsv.custom_labels(train, ("sentence",), "label")
   task = tasks.custom("bench", train, dev, None, ("sentence",), "label", labels)
@@ -404,83 +464,145 @@ def _finetune_data(spec: FinetuneSpec):
     ex, n = examples["train"], spec.max_train_examples
     examples["train"] = features.Examples(ex.text_a[:n], None, ex.labels[:n], ex.index[:n])
   enc = encoder_lib.load_encoder("random", spec.tokenizer, spec.preset, prefix="bench finetune")
-  return task, enc, {k: features.encode(enc.tokenizer, v, spec.max_seq_len)
-                     for k, v in examples.items()}
+  return (
+      task,
+      enc,
+      {k: features.encode(enc.tokenizer, v, spec.max_seq_len) for k, v in examples.items()},
+  )
 
 
 def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = ("hf-torch",)) -> dict[str, Any]:
   """Wall time and dev accuracy of `spec.epochs` of fine-tuning + dev eval with bertjax
   (compiles included) and, in the same process, the hf-torch peer on the same token ids."""
-  import tempfile
-
-  from bertjax.tasks import finetuning
-  from bertjax.tasks.glue import finetune
-
   unknown = [p for p in compare if p != "hf-torch"]
   if unknown:
-    raise ValueError(f"bench finetune: --compare {','.join(unknown)}: unknown peer; valid: "
-                     "hf-torch")
+    raise ValueError(
+        f"bench finetune: --compare {','.join(unknown)}: unknown peer; valid: " "hf-torch"
+    )
   task, enc, feats = _finetune_data(spec)
   real_N = feats["train"].attention_mask_NxL.sum(1)
-  recipe = finetuning.Recipe(learning_rate=spec.learning_rate, epochs=spec.epochs,
-                             batch_size=spec.batch_size, eval_batch_size=spec.eval_batch_size,
-                             optimizer="adamw", seed=spec.seed, length_bucket=spec.length_bucket)
+  recipe = finetuning.Recipe(
+      learning_rate=spec.learning_rate,
+      epochs=spec.epochs,
+      batch_size=spec.batch_size,
+      eval_batch_size=spec.eval_batch_size,
+      optimizer="adamw",
+      seed=spec.seed,
+      length_bucket=spec.length_bucket,
+  )
   cfg = enc.config
-  out = {"name": "bertjax", **dataclasses.asdict(spec), "train_rows": len(feats["train"]),
-         "dev_rows": len(feats["dev"]), "tokens_mean": float(real_N.mean()),
-         "tokens_p90": float(np.percentile(real_N, 90)), "tokens_max": int(real_N.max()),
-         "devices": jax.device_count(), "threads": bench_peers.num_cores(),
-         "jax": jax.__version__}
-  _progress(f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
-            f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval")
-  with tempfile.TemporaryDirectory() as workdir:
-    t0, c0 = time.perf_counter(), time.process_time()
-    run = finetune.train_and_evaluate(task, enc, feats, recipe, workdir, progress=False,
-                                      save_checkpoint=False)
-    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-  out.update(accuracy=run.dev["accuracy"], train_loss=run.history[-1]["train_loss"],
-             compiled_train_shapes=run.compiled_shapes[0],
-             compiled_predict_shapes=run.compiled_shapes[1])
+  out = {
+      "name": "bertjax",
+      **dataclasses.asdict(spec),
+      "train_rows": len(feats["train"]),
+      "dev_rows": len(feats["dev"]),
+      "tokens_mean": float(real_N.mean()),
+      "tokens_p90": float(np.percentile(real_N, 90)),
+      "tokens_max": int(real_N.max()),
+      "devices": jax.device_count(),
+      "threads": bench_peers.num_cores(),
+      "jax": jax.__version__,
+  }
+  _progress(
+      f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
+      f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval"
+  )
+  cache = jax.config.jax_compilation_cache_dir
+  runs = {}
+  for name in ("cold", "warm") if cache else ("cold",):
+    # warm: what a rerun in a new process sees, the compiled steps read back from the
+    # persistent cache (bertjax.runtime.compile_cache) instead of compiled
+    jax.clear_caches()
+    finetune.clear_trainer_cache()
+    with tempfile.TemporaryDirectory() as workdir:
+      t0, c0 = time.perf_counter(), time.process_time()
+      run = finetune.train_and_evaluate(
+          task, enc, feats, recipe, workdir, progress=False, save_checkpoint=False
+      )
+      runs[name] = (time.perf_counter() - t0, time.process_time() - c0, run)
+    _progress(f"bertjax ({name} compile cache): {runs[name][0]:.1f} s")
+  out["wall_s"], out["cpu_s"], run = runs["cold"]
+  if "warm" in runs:
+    out["warm_wall_s"], out["warm_cpu_s"], warm = runs["warm"]
+    out["warm_accuracy"] = warm.dev["accuracy"]
+  out.update(
+      accuracy=run.dev["accuracy"],
+      train_loss=run.history[-1]["train_loss"],
+      compiled_train_shapes=run.compiled_shapes[0],
+      compiled_predict_shapes=run.compiled_shapes[1],
+      compile_cache=bool(cache),
+  )
   peers = {}
   if "hf-torch" in compare:
     _progress("hf-torch ...")
-    pspec = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-             "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
-             "intermediate_size": cfg.intermediate_size,
-             "max_position_embeddings": cfg.max_position_embeddings,
-             "hidden_dropout_rate": recipe.dropout, "attention_dropout_rate": recipe.dropout,
-             "num_labels": task.num_labels, "batch_size": spec.batch_size,
-             "eval_batch_size": spec.eval_batch_size, "epochs": spec.epochs,
-             "learning_rate": spec.learning_rate, "weight_decay": recipe.weight_decay,
-             "warmup_fraction": recipe.warmup_fraction, "seed": spec.seed,
-             "threads": bench_peers.num_cores()}
+    pspec = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "num_heads": cfg.num_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_dropout_rate": recipe.dropout,
+        "attention_dropout_rate": recipe.dropout,
+        "num_labels": task.num_labels,
+        "batch_size": spec.batch_size,
+        "eval_batch_size": spec.eval_batch_size,
+        "epochs": spec.epochs,
+        "learning_rate": spec.learning_rate,
+        "weight_decay": recipe.weight_decay,
+        "warmup_fraction": recipe.warmup_fraction,
+        "seed": spec.seed,
+        "threads": bench_peers.num_cores(),
+    }
     peers["hf-torch"] = bench_peers.run_torch_finetune(
-        pspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"]))
+        pspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"])
+    )
     if peers["hf-torch"]["status"] == "ok":
       out["speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["wall_s"]
       out["cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["cpu_s"]
+      if "warm_wall_s" in out:
+        out["warm_speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["warm_wall_s"]
+        out["warm_cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["warm_cpu_s"]
   out["peers"] = peers
   return out
 
 
 def format_finetune_report(r: dict[str, Any]) -> str:
   """The table `bertjax bench finetune` prints."""
-  lines = [f"bertjax bench finetune: {r['preset']}, {r['train_rows']} train / {r['dev_rows']} "
-           f"dev rows (tokens mean {r['tokens_mean']:.1f}, p90 {r['tokens_p90']:.0f}, max "
-           f"{r['tokens_max']}), batch {r['batch_size']}, lr {r['learning_rate']:g}, "
-           f"{r['epochs']} epoch(s) + dev eval",
-           f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
-           f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
-           f"shapes (--length-bucket {r['length_bucket']})", "",
-           f"{'':12}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}"]
-  for row in [r] + list(r["peers"].values()):
+  lines = [
+      f"bertjax bench finetune: {r['preset']}, {r['train_rows']} train / {r['dev_rows']} "
+      f"dev rows (tokens mean {r['tokens_mean']:.1f}, p90 {r['tokens_p90']:.0f}, max "
+      f"{r['tokens_max']}), batch {r['batch_size']}, lr {r['learning_rate']:g}, "
+      f"{r['epochs']} epoch(s) + dev eval",
+      f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
+      f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
+      f"shapes (--length-bucket {r['length_bucket']})",
+      "",
+      f"{'':14}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}",
+  ]
+  peers = [p for p in r["peers"].values()]
+  ok = [p for p in peers if p.get("status", "ok") == "ok"]
+  ours = [("bertjax", r["wall_s"], r["cpu_s"], r["accuracy"])]
+  if "warm_wall_s" in r:
+    ours = [
+        ("bertjax cold", r["wall_s"], r["cpu_s"], r["accuracy"]),
+        ("bertjax warm", r["warm_wall_s"], r["warm_cpu_s"], r["warm_accuracy"]),
+    ]
+  for name, wall, cpu, acc in ours:
+    speed = ""
+    if ok:  # the peer's time over ours: above 1 is faster than the peer
+      speed = f"{ok[0]['wall_s'] / wall:8.2f}x{ok[0]['cpu_s'] / cpu:7.2f}x"
+    lines.append(f"{name:14}{wall:9.1f}{cpu:9.1f}{acc:9.4f}{speed}")
+  for row in peers:
     if row.get("status", "ok") != "ok":
-      lines.append(f"{row['name']:12}{row['status']}: {row['reason']}")
+      lines.append(f"{row['name']:14}{row['status']}: {row['reason']}")
       continue
-    lines.append(f"{row['name']:12}{row['wall_s']:9.1f}{row['cpu_s']:9.1f}{row['accuracy']:9.4f}"
-                 f"{row['wall_s'] / r['wall_s']:8.2f}x{row['cpu_s'] / r['cpu_s']:7.2f}x")
-  lines.append("(model build to the last dev prediction, compiles included; speedup = row / "
-               "bertjax; CPU s, the process's CPU time, is steadier on a shared machine)")
+    lines.append(f"{row['name']:14}{row['wall_s']:9.1f}{row['cpu_s']:9.1f}{row['accuracy']:9.4f}")
+  lines.append(
+      "(model build to the last dev prediction; cold compiles every step, warm reads them "
+      "from the compile cache as a rerun does; speedup = the peer's time / bertjax's; CPU s, "
+      "the process's CPU time, is steadier on a shared machine)"
+  )
   return "\n".join(lines)
 
 
@@ -506,9 +628,13 @@ def format_report(r: dict[str, Any]) -> str:
       lines.append(f"{row['name']:18}{row['status']}: {row['reason']}")
       continue
     ratio = r["tokens_per_sec"] / row["tokens_per_sec"]
-    lines.append(f"{row['name']:18}{row['step_ms']:10.1f}{row['step_ms_min']:10.1f}"
-                 f"{row['seq_per_sec']:9.2f}{row['tokens_per_sec']:10.0f}{row['mfu']:7.3f}"
-                 f"{ratio:7.2f}x")
-  lines.append(f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "
-               "bertjax tokens/s / row tokens/s)")
+    lines.append(
+        f"{row['name']:18}{row['step_ms']:10.1f}{row['step_ms_min']:10.1f}"
+        f"{row['seq_per_sec']:9.2f}{row['tokens_per_sec']:10.0f}{row['mfu']:7.3f}"
+        f"{ratio:7.2f}x"
+    )
+  lines.append(
+      f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "
+      "bertjax tokens/s / row tokens/s)"
+  )
   return "\n".join(lines)

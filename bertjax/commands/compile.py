@@ -25,33 +25,74 @@ import sys
 
 from absl import flags
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 MESH_AXES = ("data", "fsdp", "tensor", "dcn_data", "dcn_fsdp", "dcn_tensor")
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
-_FLAGS = (("accelerator", "TYPE"), ("topology", "NAME"), ("mesh", "AXIS=N,..."),
-          ("devices", "N"), ("phase", "N"), ("suggest", ""), ("quick", ""),
-          ("device_memory_gb", "GB"))
+_FLAGS = (
+    ("accelerator", "TYPE"),
+    ("topology", "NAME"),
+    ("mesh", "AXIS=N,..."),
+    ("devices", "N"),
+    ("phase", "N"),
+    ("suggest", ""),
+    ("quick", ""),
+    ("device_memory_gb", "GB"),
+)
 
 
 def _define(fv: flags.FlagValues) -> None:
-  flags.DEFINE_string("accelerator", None, "Cloud TPU slice to compile for, as gcloud names it: "
-                      "v4-32, v5litepod-16, v5p-8, v6e-16 (needs libtpu)", flag_values=fv)
-  flags.DEFINE_string("topology", None, "raw libtpu topology to compile for, e.g. v5e:4x4 "
-                      "(needs libtpu)", flag_values=fv)
-  flags.DEFINE_string("mesh", None, "mesh axes, e.g. data=4,fsdp=2,tensor=1 (-1 fills); "
-                      "default: config.mesh", flag_values=fv)
-  flags.DEFINE_integer("devices", None, "fake CPU devices to compile for (default: the "
-                       "mesh's size, or 8)", flag_values=fv)
-  flags.DEFINE_integer("phase", None, "compile only this phase (1 or 2); default: all",
-                       flag_values=fv)
-  flags.DEFINE_bool("suggest", False, "compile mesh (fsdp 1 / all chips), remat (none / full) "
-                    "and microbatch (1 / 4) variants; print those that fit, fastest first",
-                    flag_values=fv)
-  flags.DEFINE_bool("quick", None, "compile at XLA's lowest execution-time effort: ~4x faster "
-                    "and it gives a step-time estimate; memory differs by a few % from the "
-                    "training compile (default: on with --suggest)", flag_values=fv)
-  flags.DEFINE_float("device_memory_gb", None, "memory of one target device: fail (exit 1) if "
-                     "the step needs more (default: the TPU compiler's limit; CPU: no check)",
-                     flag_values=fv)
+  flags.DEFINE_string(
+      "accelerator",
+      None,
+      "Cloud TPU slice to compile for, as gcloud names it: "
+      "v4-32, v5litepod-16, v5p-8, v6e-16 (needs libtpu)",
+      flag_values=fv,
+  )
+  flags.DEFINE_string(
+      "topology",
+      None,
+      "raw libtpu topology to compile for, e.g. v5e:4x4 " "(needs libtpu)",
+      flag_values=fv,
+  )
+  flags.DEFINE_string(
+      "mesh",
+      None,
+      "mesh axes, e.g. data=4,fsdp=2,tensor=1 (-1 fills); " "default: config.mesh",
+      flag_values=fv,
+  )
+  flags.DEFINE_integer(
+      "devices",
+      None,
+      "fake CPU devices to compile for (default: the " "mesh's size, or 8)",
+      flag_values=fv,
+  )
+  flags.DEFINE_integer(
+      "phase", None, "compile only this phase (1 or 2); default: all", flag_values=fv
+  )
+  flags.DEFINE_bool(
+      "suggest",
+      False,
+      "compile mesh (fsdp 1 / all chips), remat (none / full) "
+      "and microbatch (1 / 4) variants; print those that fit, fastest first",
+      flag_values=fv,
+  )
+  flags.DEFINE_bool(
+      "quick",
+      None,
+      "compile at XLA's lowest execution-time effort: ~4x faster "
+      "and it gives a step-time estimate; memory differs by a few % from the "
+      "training compile (default: on with --suggest)",
+      flag_values=fv,
+  )
+  flags.DEFINE_float(
+      "device_memory_gb",
+      None,
+      "memory of one target device: fail (exit 1) if "
+      "the step needs more (default: the TPU compiler's limit; CPU: no check)",
+      flag_values=fv,
+  )
 
 
 def _parse_mesh(text: str | None) -> dict[str, int]:
@@ -66,8 +107,10 @@ def _parse_mesh(text: str | None) -> dict[str, int]:
     try:
       out[name] = int(value)
     except ValueError:
-      raise ValueError(f"--mesh {text!r}: {name}={value.strip()!r} is not an integer; write "
-                       "e.g. --mesh data=4,fsdp=2 (-1 fills the devices left)") from None
+      raise ValueError(
+          f"--mesh {text!r}: {name}={value.strip()!r} is not an integer; write "
+          "e.g. --mesh data=4,fsdp=2 (-1 fills the devices left)"
+      ) from None
   return out
 
 
@@ -79,8 +122,9 @@ def main(argv: list[str]) -> int:
   from bertjax.training import tpu
   from bertjax.commands import pretrain
 
-  fv = pretrain.parse(argv, "bertjax compile", define_extra=_define, doc=__doc__,
-                      flag_metavars=_FLAGS)
+  fv = pretrain.parse(
+      argv, "bertjax compile", define_extra=_define, doc=__doc__, flag_metavars=_FLAGS
+  )
   if fv is None:
     return 0
   mesh_axes = _parse_mesh(fv.mesh)
@@ -90,11 +134,14 @@ def main(argv: list[str]) -> int:
     raise ValueError(f"--phase {fv.phase}: write 1 (seq {fv.config.data.seq_len}) or 2")
   target = None
   if fv.accelerator or fv.topology:
-    target = (tpu.parse_accelerator(fv.accelerator) if fv.accelerator
-              else tpu.parse_topology(fv.topology))
+    target = (
+        tpu.parse_accelerator(fv.accelerator) if fv.accelerator else tpu.parse_topology(fv.topology)
+    )
     if fv.devices:
-      raise ValueError("--devices is for fake CPU devices; a TPU target's size comes from "
-                       f"--{'accelerator' if fv.accelerator else 'topology'}")
+      raise ValueError(
+          "--devices is for fake CPU devices; a TPU target's size comes from "
+          f"--{'accelerator' if fv.accelerator else 'topology'}"
+      )
     missing = tpu.libtpu_missing()
     if missing:
       print(f"bertjax compile: cannot compile for {target.name}: {missing}", file=sys.stderr)
@@ -108,8 +155,9 @@ def main(argv: list[str]) -> int:
       sizes = [mesh_axes.get(k, fv.config.mesh.get(k, 1)) for k in ("data", "fsdp", "tensor")]
       n = max(1, sizes[0] * sizes[1] * sizes[2]) if -1 not in sizes else 8
     # must happen before jax initialises its backend
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={n}").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+    ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   quick = fv.suggest if fv.quick is None else fv.quick
   phase = None if fv.phase is None else fv.phase - 1
@@ -120,8 +168,9 @@ def main(argv: list[str]) -> int:
       raise ValueError("--phase 2: this config has one phase (config.phase2.fraction=0)")
   if fv.suggest:
     return suggest(fv.config, target, mesh_axes, quick=quick, phase=phase)
-  return compile_and_report(fv.config, mesh_axes, target, fv.device_memory_gb, quick=quick,
-                            phase=phase)
+  return compile_and_report(
+      fv.config, mesh_axes, target, fv.device_memory_gb, quick=quick, phase=phase
+  )
 
 
 # ----------------------------------------------------------------------------------- vocab
@@ -142,15 +191,18 @@ def resolve_vocab(config) -> tuple[int, str]:
       meta = records.load_metadata(c.data.path)
       return int(meta["tokenizer"]["vocab_size"]), f"{c.data.path}/metadata.json"
     except (OSError, KeyError, ValueError) as e:
-      return BERT_VOCAB, (f"assumed (BERT's): cannot read {c.data.path}/metadata.json "
-                          f"({type(e).__name__}); {hint}")
+      return BERT_VOCAB, (
+          f"assumed (BERT's): cannot read {c.data.path}/metadata.json "
+          f"({type(e).__name__}); {hint}"
+      )
   from bertjax.training import loop
   from bertjax.data import tokenizer
 
   path = c.data.tokenizer or str(loop.REPO_DATA / "tokenizer.model")
   try:
     return tokenizer.SentencePieceTokenizer(path).vocab_size, (
-        f"the bundled tokenizer, which `pretrain` uses without config.data.path; {hint}")
+        f"the bundled tokenizer, which `pretrain` uses without config.data.path; {hint}"
+    )
   except (OSError, ValueError) as e:
     return BERT_VOCAB, f"assumed (BERT's): cannot read {path} ({type(e).__name__}); {hint}"
 
@@ -194,12 +246,14 @@ def _bytes_per_device(tree) -> int:
   """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
   import jax
 
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-             for x in jax.tree.leaves(tree))
+  return sum(
+      math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+  )
 
 
-def compile_phases(config, mesh, quick: bool = False, phase: int | None = None,
-                   keep_hlo: bool = False) -> list[PhaseResult]:
+def compile_phases(
+    config, mesh, quick: bool = False, phase: int | None = None, keep_hlo: bool = False
+) -> list[PhaseResult]:
   """Lower + compile each phase's train step for `mesh` (config already resolved)."""
   import jax
 
@@ -212,18 +266,35 @@ def compile_phases(config, mesh, quick: bool = False, phase: int | None = None,
     if phase is not None and ph.index != phase:
       continue
     c = loop.phase_config(config, ph)
-    sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches,
-                              "config.train.batch_size" if ph.index == 0
-                              else "config.phase2.batch_size")
+    sharding.check_batch_size(
+        ph.batch_size,
+        mesh,
+        ph.microbatches,
+        "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size",
+    )
     s = train.setup(c, mesh)
     b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
-    shapes = dict(input_ids=(b, l), token_type_ids=(b, l), attention_mask=(b, l),
-                  masked_positions=(b, p), masked_ids=(b, p), masked_weights=(b, p),
-                  nsp_labels=(b,))
-    batch = {k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=s.batch_sharding)
-             for k, v in shapes.items()}
-    r = PhaseResult(ph.index, b, l, ph.microbatches,
-                    model_lib.count_params(s.abstract_state.params), dict(mesh.shape))
+    shapes = dict(
+        input_ids=(b, l),
+        token_type_ids=(b, l),
+        attention_mask=(b, l),
+        masked_positions=(b, p),
+        masked_ids=(b, p),
+        masked_weights=(b, p),
+        nsp_labels=(b,),
+    )
+    batch = {
+        k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=s.batch_sharding)
+        for k, v in shapes.items()
+    }
+    r = PhaseResult(
+        ph.index,
+        b,
+        l,
+        ph.microbatches,
+        model_lib.count_params(s.abstract_state.params),
+        dict(mesh.shape),
+    )
     r.model_flops = flops_lib.pretraining_flops_per_step(s.bert_config, b, l, p) / mesh.size
     peak = flops_lib.peak_flops_per_device(mesh.devices.flat[0])
     r.bound_s = r.model_flops / peak if peak else None
@@ -272,9 +343,9 @@ def _collective_line(r: PhaseResult) -> str:
       parts.append(f"{op} {len(cs)} ({runs}/step, {_gib(sum(c.bytes * c.runs for c in cs))})")
   text = ", ".join(parts) or "none"
   if r.windowed:
-    text += ("; matmuls with a fused all-gather/reduce-scatter (windowed einsums): "
-             + ", ".join(f"{'all-gather' if k == 'ag' else 'reduce-scatter'} {n}"
-                         for k, n in r.windowed.items()))
+    text += "; matmuls with a fused all-gather/reduce-scatter (windowed einsums): " + ", ".join(
+        f"{'all-gather' if k == 'ag' else 'reduce-scatter'} {n}" for k, n in r.windowed.items()
+    )
   return text
 
 
@@ -283,8 +354,9 @@ def _fix_hint(config, r: PhaseResult, chips: int) -> str:
   if config.model.remat == "none":
     tries.append("config.model.remat=full")
   if r.mesh.get("fsdp", 1) < chips and chips > 1:
-    tries.append(f"config.mesh.fsdp={chips}" + ("" if config.mesh.data in (-1, 1)
-                                                 else " config.mesh.data=1"))
+    tries.append(
+        f"config.mesh.fsdp={chips}" + ("" if config.mesh.data in (-1, 1) else " config.mesh.data=1")
+    )
   field = "train" if r.index == 0 else "phase2"
   shards = r.mesh.get("data", 1) * r.mesh.get("fsdp", 1)
   k = r.microbatches * 4
@@ -301,30 +373,45 @@ def _setup_target(target, mesh_axes, config, device_memory_gb):
     try:
       devices = tpu.devices(target)
     except Exception as e:  # unknown topology: say which
-      raise ValueError(f"--{'topology' if ':' in target.name else 'accelerator'} "
-                       f"{target.name}: libtpu cannot build topology {target.topology} "
-                       f"({type(e).__name__}: {str(e).splitlines()[0]})") from None
+      raise ValueError(
+          f"--{'topology' if ':' in target.name else 'accelerator'} "
+          f"{target.name}: libtpu cannot build topology {target.topology} "
+          f"({type(e).__name__}: {str(e).splitlines()[0]})"
+      ) from None
     limit, limit_src = tpu.usable_hbm_bytes(devices[0], target.generation.hbm_gib)
   if device_memory_gb:
     limit, limit_src = device_memory_gb * 2**30, "--device_memory_gb"
   m = config.mesh
-  mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, dcn_data=m.dcn_data,
-                            dcn_fsdp=m.dcn_fsdp, dcn_tensor=m.dcn_tensor, devices=devices)
+  mesh = sharding.make_mesh(
+      m.data,
+      m.fsdp,
+      m.tensor,
+      dcn_data=m.dcn_data,
+      dcn_fsdp=m.dcn_fsdp,
+      dcn_tensor=m.dcn_tensor,
+      devices=devices,
+  )
   return mesh, limit, limit_src
 
 
 def _header(target, vocab, source, limit, limit_src):
   if target is not None:
     g = target.generation
-    print(f"target {target.describe()}; HBM per chip {_gib(limit)} usable ({limit_src}; "
-          f"{g.hbm_gib:g} GiB nominal)")
-  print(f"vocab {vocab:,} ({source})" if "assumed" not in source
-        else f"vocab {vocab:,} {source}")
+    print(
+        f"target {target.describe()}; HBM per chip {_gib(limit)} usable ({limit_src}; "
+        f"{g.hbm_gib:g} GiB nominal)"
+    )
+  print(f"vocab {vocab:,} ({source})" if "assumed" not in source else f"vocab {vocab:,} {source}")
 
 
-def compile_and_report(config, mesh_axes: dict[str, int], target=None,
-                       device_memory_gb: float | None = None, quick: bool = False,
-                       phase: int | None = None) -> int:
+def compile_and_report(
+    config,
+    mesh_axes: dict[str, int],
+    target=None,
+    device_memory_gb: float | None = None,
+    quick: bool = False,
+    phase: int | None = None,
+) -> int:
   """Compile each phase for the target; print memory, cost, collectives. Exit status."""
   config, vocab, source = _resolve(config, mesh_axes)
   mesh, limit, limit_src = _setup_target(target, mesh_axes, config, device_memory_gb)
@@ -332,40 +419,55 @@ def compile_and_report(config, mesh_axes: dict[str, int], target=None,
   on_tpu = target is not None
   rc = 0
   for r in compile_phases(config, mesh, quick=quick, phase=phase):
-    where = (f"{mesh.devices.size} chips" if on_tpu
-             else f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}")
-    print(f"phase {r.index + 1}: {config.model.preset} ({r.params:,} params), batch {r.batch} "
-          f"x seq {r.seq_len}, microbatches {r.microbatches}, remat {config.model.remat}, "
-          f"mesh {r.mesh} on {where}" + (" (quick compile)" if quick else ""))
+    where = (
+        f"{mesh.devices.size} chips"
+        if on_tpu
+        else f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}"
+    )
+    print(
+        f"phase {r.index + 1}: {config.model.preset} ({r.params:,} params), batch {r.batch} "
+        f"x seq {r.seq_len}, microbatches {r.microbatches}, remat {config.model.remat}, "
+        f"mesh {r.mesh} on {where}" + (" (quick compile)" if quick else "")
+    )
     if r.memory is None and r.oom is None:
       print("  memory analysis not available on this backend")
       continue
     if r.memory is not None:
       mm = r.memory
       label = "HBM per chip" if on_tpu else "per device"
-      print(f"  {label}: arguments {_gib(mm['arguments'])}, outputs {_gib(mm['outputs'])} "
-            f"(donated {_gib(mm['donated'])}), temporaries {_gib(mm['temporaries'])}, code "
-            f"{_gib(mm['code'])} -> peak ~{_gib(r.peak)}"
-            + (f" of {_gib(limit)}" if limit else ""))
+      print(
+          f"  {label}: arguments {_gib(mm['arguments'])}, outputs {_gib(mm['outputs'])} "
+          f"(donated {_gib(mm['donated'])}), temporaries {_gib(mm['temporaries'])}, code "
+          f"{_gib(mm['code'])} -> peak ~{_gib(r.peak)}" + (f" of {_gib(limit)}" if limit else "")
+      )
     if on_tpu and r.oom is None:
       flops = f"{r.flops / 1e9:,.1f} GFLOP" if r.flops else "n/a"
-      est = (f"compiler's step-time estimate {r.estimate_s * 1e3:.1f} ms (an estimate, not a "
-             "measurement)" if r.estimate_s else
-             "no step-time estimate from the compiler at this effort (--quick gives one)")
+      est = (
+          f"compiler's step-time estimate {r.estimate_s * 1e3:.1f} ms (an estimate, not a "
+          "measurement)"
+          if r.estimate_s
+          else "no step-time estimate from the compiler at this effort (--quick gives one)"
+      )
       if r.bound_s:
         est += f"; >= {r.bound_s * 1e3:.2f} ms at the chip's peak FLOPs"
-      print(f"  compute per chip: {flops} in XLA's cost analysis (it counts a loop body once), "
-            f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}")
+      print(
+          f"  compute per chip: {flops} in XLA's cost analysis (it counts a loop body once), "
+          f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}"
+      )
       print(f"  collectives: {_collective_line(r)}")
     if limit and (r.oom or (r.peak and r.peak > limit)):
       name = target.name if target else "this device"
       need = f"{r.peak / 2**30:.2f} GiB" if r.peak else "more than that"
-      of = f"{limit / 2**30:.2f}" + (f" usable ({target.generation.hbm_gib:g} GiB HBM)"
-                                     if target else "")
+      of = f"{limit / 2**30:.2f}" + (
+          f" usable ({target.generation.hbm_gib:g} GiB HBM)" if target else ""
+      )
       chips = mesh.devices.size
       unit = "chip" if target else "device"
-      print(f"DOES NOT FIT on {name}: phase {r.index + 1} needs {need} per {unit} of {of}; try "
-            f"{_fix_hint(config, r, chips)}", file=sys.stderr)
+      print(
+          f"DOES NOT FIT on {name}: phase {r.index + 1} needs {need} per {unit} of {of}; try "
+          f"{_fix_hint(config, r, chips)}",
+          file=sys.stderr,
+      )
       rc = 1
   return rc
 
@@ -379,8 +481,14 @@ def _variants(config, chips: int):
   fsdps = sorted({1, chips})
   for fsdp in fsdps:
     for remat, micro in (("none", 1), ("full", 1), ("none", 4), ("full", 4)):
-      ov = {"mesh.data": -1, "mesh.fsdp": fsdp, "mesh.tensor": 1, "model.remat": remat,
-            "train.microbatches": micro, "phase2.microbatches": micro}
+      ov = {
+          "mesh.data": -1,
+          "mesh.fsdp": fsdp,
+          "mesh.tensor": 1,
+          "model.remat": remat,
+          "train.microbatches": micro,
+          "phase2.microbatches": micro,
+      }
       yield fsdp, remat, micro, ov
 
 
@@ -399,8 +507,11 @@ def suggest(config, target, mesh_axes, quick: bool = True, phase: int | None = N
   _header(target, vocab, source, limit, limit_src)
   phases = [ph for ph in loop.phases(config) if phase is None or ph.index == phase]
   steps = {ph.index: ph.end - ph.start for ph in phases}
-  print(f"trying fsdp in {sorted({1, chips})}, remat in (none, full), microbatches in (1, 4)"
-        + (" (quick compiles)" if quick else ""), flush=True)
+  print(
+      f"trying fsdp in {sorted({1, chips})}, remat in (none, full), microbatches in (1, 4)"
+      + (" (quick compiles)" if quick else ""),
+      flush=True,
+  )
   for fsdp, remat, micro, ov in _variants(config, chips):
     if any(f == fsdp and (r == "none" or r == remat) and m <= micro for f, r, m in fitted):
       skipped += 1
@@ -431,22 +542,29 @@ def suggest(config, target, mesh_axes, quick: bool = True, phase: int | None = N
     # The compiler's estimate can undercount loops (it came out below the peak-FLOPs bound
     # for FSDP and microbatched steps): rank by the larger of the two.
     ests = [max(r.estimate_s or 0, r.bound_s or 0) or None for r in rs]
-    total = (sum(e * steps[r.index] for e, r in zip(ests, rs)) if all(ests) else math.inf)
+    total = sum(e * steps[r.index] for e, r in zip(ests, rs)) if all(ests) else math.inf
     fits.append((total, [r.estimate_s for r in rs], [r.bound_s for r in rs], peaks, args))
     print(f"  fits ({' / '.join(f'{p / 2**30:.1f}' for p in peaks)} GiB): {args}", flush=True)
   if not fits:
-    print(f"DOES NOT FIT on {target.name} in any variant tried; use a larger slice or a "
-          "smaller config.train.batch_size", file=sys.stderr)
+    print(
+        f"DOES NOT FIT on {target.name} in any variant tried; use a larger slice or a "
+        "smaller config.train.batch_size",
+        file=sys.stderr,
+    )
     return 1
-  print(f"fit on {target.name}, fastest first by the compiler's step-time estimate or, when "
-        "larger, the model FLOPs at peak (estimates, not measurements); per phase: ms/step "
-        "(compiler, peak-FLOPs bound) and HBM per chip:")
+  print(
+      f"fit on {target.name}, fastest first by the compiler's step-time estimate or, when "
+      "larger, the model FLOPs at peak (estimates, not measurements); per phase: ms/step "
+      "(compiler, peak-FLOPs bound) and HBM per chip:"
+  )
   ms = lambda t: f"{t * 1e3:.1f}" if t else "n/a"  # noqa: E731
   for total, ests, bounds, peaks, args in sorted(fits, key=lambda f: f[0]):
     est = " / ".join(f"{ms(e)} (>= {ms(b)})" for e, b in zip(ests, bounds))
     mem = " / ".join(f"{p / 2**30:.1f}" for p in peaks)
     print(f"  est {est} ms, {mem} GiB:  {args}")
   if skipped:
-    print(f"({skipped} variants with more remat or microbatches than one that fits were not "
-          "compiled: they trade speed for memory)")
+    print(
+        f"({skipped} variants with more remat or microbatches than one that fits were not "
+        "compiled: they trade speed for memory)"
+    )
   return 0

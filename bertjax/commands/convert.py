@@ -20,29 +20,51 @@ from pathlib import Path
 
 from bertjax.cli import HelpFormatter
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 SOURCES = ("google", "hf", "bertjax")
 TARGETS = ("hf", "bertjax", "google")
-_SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-            "cls_token": "[CLS]", "mask_token": "[MASK]"}
+_SPECIAL = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="bertjax convert", description=__doc__,
-                              formatter_class=HelpFormatter)
-  p.add_argument("--from", dest="src_kind", required=True, choices=SOURCES,
-                 help="format of SRC: google (bert_model.ckpt + bert_config.json), hf "
-                      "(BertForPreTraining directory), bertjax (orbax checkpoint)")
+  p = argparse.ArgumentParser(
+      prog="bertjax convert", description=__doc__, formatter_class=HelpFormatter
+  )
+  p.add_argument(
+      "--from",
+      dest="src_kind",
+      required=True,
+      choices=SOURCES,
+      help="format of SRC: google (bert_model.ckpt + bert_config.json), hf "
+      "(BertForPreTraining directory), bertjax (orbax checkpoint)",
+  )
   p.add_argument("src", metavar="SRC", help="model directory or checkpoint prefix")
-  p.add_argument("--to", dest="dst_kind", required=True, choices=TARGETS,
-                 help="format to write")
+  p.add_argument("--to", dest="dst_kind", required=True, choices=TARGETS, help="format to write")
   p.add_argument("dst", metavar="DST", help="output directory")
-  p.add_argument("--bert-config", help="bert_config.json for --from google "
-                                       "(default: the one beside the checkpoint)")
-  p.add_argument("--vocab", help="tokenizer to record: vocab.txt or a SentencePiece .model "
-                                 "(default: the one found in SRC)")
-  p.add_argument("--lower-case", choices=("auto", "true", "false"), default="auto",
-                 help="WordPiece only: uncased model? auto reads tokenizer_config.json, else "
-                      "guesses from the vocab's capitals (default: auto)")
+  p.add_argument(
+      "--bert-config",
+      help="bert_config.json for --from google " "(default: the one beside the checkpoint)",
+  )
+  p.add_argument(
+      "--vocab",
+      help="tokenizer to record: vocab.txt or a SentencePiece .model "
+      "(default: the one found in SRC)",
+  )
+  p.add_argument(
+      "--lower-case",
+      choices=("auto", "true", "false"),
+      default="auto",
+      help="WordPiece only: uncased model? auto reads tokenizer_config.json, else "
+      "guesses from the vocab's capitals (default: auto)",
+  )
   return p
 
 
@@ -88,8 +110,10 @@ def _check_tokenizer(vocab: Path, cfg, lower_case):
 
   tok = wordpiece.load_tokenizer(vocab, lower_case)
   if tok.vocab_size > cfg.vocab_size:
-    raise ValueError(f"{vocab}: {tok.vocab_size} pieces but the model's vocab_size is "
-                     f"{cfg.vocab_size}; pass the tokenizer this model was trained with (--vocab)")
+    raise ValueError(
+        f"{vocab}: {tok.vocab_size} pieces but the model's vocab_size is "
+        f"{cfg.vocab_size}; pass the tokenizer this model was trained with (--vocab)"
+    )
   return tok
 
 
@@ -99,9 +123,15 @@ def write_hf_tokenizer(tok, dst: Path, max_len: int) -> list[str]:
 
   if isinstance(tok, wordpiece.WordPieceTokenizer):
     shutil.copyfile(tok.path, dst / "vocab.txt")
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tok.lower_case,
-              "tokenize_chinese_chars": True, "strip_accents": None,
-              "model_max_length": max_len, "clean_up_tokenization_spaces": True, **_SPECIAL}
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": tok.lower_case,
+        "tokenize_chinese_chars": True,
+        "strip_accents": None,
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": True,
+        **_SPECIAL,
+    }
     (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (dst / "special_tokens_map.json").write_text(json.dumps(_SPECIAL, indent=2) + "\n")
     return ["vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
@@ -123,23 +153,33 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import SpmConverter
   except ImportError as e:
-    print(f"convert: warning: {e}; wrote tokenizer.model only (see docs/interop.md)",
-          file=sys.stderr)
+    print(
+        f"convert: warning: {e}; wrote tokenizer.model only (see docs/interop.md)", file=sys.stderr
+    )
     return ["tokenizer.model"]
   proto = sentencepiece_model_pb2.ModelProto()
   proto.ParseFromString(Path(tok.path).read_bytes())
   backend = SpmConverter.build_tokenizer_from_spm_proto(
-      proto, [(p.piece, p.score) for p in proto.pieces])
+      proto, [(p.piece, p.score) for p in proto.pieces]
+  )
   if backend is None or proto.trainer_spec.model_type != 1:
-    print("convert: warning: only unigram SentencePiece models convert to tokenizer.json; "
-          "wrote tokenizer.model only (see docs/interop.md)", file=sys.stderr)
+    print(
+        "convert: warning: only unigram SentencePiece models convert to tokenizer.json; "
+        "wrote tokenizer.model only (see docs/interop.md)",
+        file=sys.stderr,
+    )
     return ["tokenizer.model"]
   backend.post_processor = processors.TemplateProcessing(
-      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-      special_tokens=[(p, tok.piece_to_id(p)) for p in ("[CLS]", "[SEP]")])
+      single="[CLS]:0 $A:0 [SEP]:0",
+      pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+      special_tokens=[(p, tok.piece_to_id(p)) for p in ("[CLS]", "[SEP]")],
+  )
   fast = PreTrainedTokenizerFast(
-      tokenizer_object=backend, model_max_length=max_len, **_SPECIAL,
-      model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+      tokenizer_object=backend,
+      model_max_length=max_len,
+      **_SPECIAL,
+      model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+  )
   fast.save_pretrained(str(dst))
   return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
@@ -157,13 +197,15 @@ def _save(args, cfg, params, vocab: Path | None, tok) -> None:
   elif args.dst_kind == "bertjax":
     from bertjax.training import checkpoint
 
-    checkpoint.save_pretrained(dst, cfg, params, tokenizer_path=str(vocab) if vocab else None,
-                               step=0)
+    checkpoint.save_pretrained(
+        dst, cfg, params, tokenizer_path=str(vocab) if vocab else None, step=0
+    )
     if tok is not None and hasattr(tok, "lower_case"):
       # vocab.txt does not say whether the model is uncased; this file beside it does, and
       # `wordpiece.load_tokenizer` reads it (as transformers does).
       (dst / "tokenizer_config.json").write_text(
-          json.dumps({"do_lower_case": tok.lower_case}) + "\n")
+          json.dumps({"do_lower_case": tok.lower_case}) + "\n"
+      )
     print(f"convert: wrote a bertjax checkpoint to {dst}")
   elif args.dst_kind == "google":
     from bertjax.interop import google_ckpt
@@ -186,18 +228,27 @@ def main(argv: list[str]) -> int:
   try:
     print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
     cfg, params, vocab = _load(args)
-    print(f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
-          f"vocab {cfg.vocab_size}", flush=True)
+    print(
+        f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
+        f"vocab {cfg.vocab_size}",
+        flush=True,
+    )
     tok = None
     if vocab is None:
-      print("convert: warning: no tokenizer found in SRC and no --vocab; the output has none",
-            file=sys.stderr)
+      print(
+          "convert: warning: no tokenizer found in SRC and no --vocab; the output has none",
+          file=sys.stderr,
+      )
     else:
       tok = _check_tokenizer(vocab, cfg, lower_case)
       print(f"convert: tokenizer {vocab} ({type(tok).__name__}, {tok.vocab_size} pieces)")
     _save(args, cfg, params, vocab, tok)
-  except (convert_lib.ConversionError, wordpiece.WordPieceError, FileNotFoundError,
-          ValueError) as e:
+  except (
+      convert_lib.ConversionError,
+      wordpiece.WordPieceError,
+      FileNotFoundError,
+      ValueError,
+  ) as e:
     print(f"bertjax convert: error: {e}", file=sys.stderr)
     return 1
   return 0

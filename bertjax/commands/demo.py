@@ -17,6 +17,9 @@ import pathlib
 
 from bertjax.cli import HelpFormatter
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 
 def _summary(workdir: pathlib.Path) -> str:
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
@@ -25,19 +28,28 @@ def _summary(workdir: pathlib.Path) -> str:
   lines = []
   if train:
     a, b = train[0], train[-1]
-    lines.append(f"MLM loss {a['mlm_loss']:.3f} (step {a['step']}) -> {b['mlm_loss']:.3f} "
-                 f"(step {b['step']}); NSP accuracy {b['nsp_accuracy']:.3f} (chance 0.5)")
+    lines.append(
+        f"MLM loss {a['mlm_loss']:.3f} (step {a['step']}) -> {b['mlm_loss']:.3f} "
+        f"(step {b['step']}); NSP accuracy {b['nsp_accuracy']:.3f} (chance 0.5)"
+    )
   if evals:
     e = evals[-1]
-    lines.append(f"held-out at step {e['step']}: MLM accuracy {e['eval_mlm_accuracy']:.3f}, "
-                 f"MLM perplexity {e['eval_mlm_perplexity']:.1f}, NSP accuracy "
-                 f"{e['eval_nsp_accuracy']:.3f}")
+    lines.append(
+        f"held-out at step {e['step']}: MLM accuracy {e['eval_mlm_accuracy']:.3f}, "
+        f"MLM perplexity {e['eval_mlm_perplexity']:.1f}, NSP accuracy "
+        f"{e['eval_nsp_accuracy']:.3f}"
+    )
     if "eval_mask_accuracy" in e:
       acc, const = e["eval_mask_accuracy"], e["eval_mask_constant_accuracy"]
-      lines.append(f"held-out accuracy at [MASK] positions: {acc:.3f}, against {const:.3f} for "
-                   f"the best constant guess ({acc / max(const, 1e-9):.1f}x): the model "
-                   + ("fills masks from context" if acc >= 2 * const else
-                      "has not yet learned to use context (train longer: --steps)"))
+      lines.append(
+          f"held-out accuracy at [MASK] positions: {acc:.3f}, against {const:.3f} for "
+          f"the best constant guess ({acc / max(const, 1e-9):.1f}x): the model "
+          + (
+              "fills masks from context"
+              if acc >= 2 * const
+              else "has not yet learned to use context (train longer: --steps)"
+          )
+      )
   return "\n".join(lines)
 
 
@@ -71,21 +83,39 @@ def fill_mask(workdir: pathlib.Path, data_dir: pathlib.Path, n: int = 5, k: int 
   lines = []
   for ids in _held_out_sentences(data_dir, n):
     # A one-piece word of 3+ letters in the middle of the sentence.
-    words = [i for i in range(2, len(ids) - 2) if tok.is_word_start(ids[i])
-             and tok.is_word_start(ids[i + 1]) and len(tok.id_to_piece(ids[i])) > 3]
+    words = [
+        i
+        for i in range(2, len(ids) - 2)
+        if tok.is_word_start(ids[i])
+        and tok.is_word_start(ids[i + 1])
+        and len(tok.id_to_piece(ids[i])) > 3
+    ]
     if not words:
       continue
     pos = words[len(words) // 2]
-    x = [tokenizer_lib.CLS_ID] + ids[:pos] + [tokenizer_lib.MASK_ID] + ids[pos + 1:] + [
-        tokenizer_lib.SEP_ID]
+    x = (
+        [tokenizer_lib.CLS_ID]
+        + ids[:pos]
+        + [tokenizer_lib.MASK_ID]
+        + ids[pos + 1 :]
+        + [tokenizer_lib.SEP_ID]
+    )
     arr = np.asarray([x], np.int32)
-    out = bert.apply({"params": pre.params}, arr, np.zeros_like(arr), np.ones_like(arr),
-                     np.asarray([[pos + 1]], np.int32), deterministic=True)
+    out = bert.apply(
+        {"params": pre.params},
+        arr,
+        np.zeros_like(arr),
+        np.ones_like(arr),
+        np.asarray([[pos + 1]], np.int32),
+        deterministic=True,
+    )
     top = np.argsort(-np.asarray(out.mlm_logits[0, 0]))[:k]
-    text = tok.decode(ids[:pos]) + " [MASK] " + tok.decode(ids[pos + 1:])
+    text = tok.decode(ids[:pos]) + " [MASK] " + tok.decode(ids[pos + 1 :])
     guesses = ", ".join(tok.id_to_piece(int(t)).lstrip(tokenizer_lib.WORD_START) for t in top)
-    lines.append(f"  {text}\n    answer {tok.id_to_piece(ids[pos]).lstrip(tokenizer_lib.WORD_START)!r}; "
-                 f"model's top {k}: {guesses}")
+    lines.append(
+        f"  {text}\n    answer {tok.id_to_piece(ids[pos]).lstrip(tokenizer_lib.WORD_START)!r}; "
+        f"model's top {k}: {guesses}"
+    )
   return lines
 
 
@@ -96,13 +126,18 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-  p = argparse.ArgumentParser(prog="bertjax demo", description=__doc__,
-                              formatter_class=HelpFormatter)
+  p = argparse.ArgumentParser(
+      prog="bertjax demo", description=__doc__, formatter_class=HelpFormatter
+  )
   p.add_argument("--workdir", default="runs/demo", help="output directory (default runs/demo)")
-  p.add_argument("--steps", type=_positive, default=None, help="training steps (default: the "
-                 "demo config's)")
-  p.add_argument("--train-tokenizer", action="store_true",
-                 help="train a new tokenizer on the corpus instead of data/tokenizer.model")
+  p.add_argument(
+      "--steps", type=_positive, default=None, help="training steps (default: the " "demo config's)"
+  )
+  p.add_argument(
+      "--train-tokenizer",
+      action="store_true",
+      help="train a new tokenizer on the corpus instead of data/tokenizer.model",
+  )
   args = p.parse_args(argv)
 
   from bertjax.training import loop
@@ -132,20 +167,35 @@ def main(argv: list[str]) -> int:
     from bertjax.data import prepare
 
     print(f"demo: preparing {corpus.name} with {tokenizer} -> {data_dir}", flush=True)
-    prepare.prepare(prepare.PrepareConfig(output=str(data_dir), tokenizer=str(tokenizer),
-                                          inputs=(str(corpus),), num_shards=8,
-                                          eval_fraction=0.02, processes=2, progress=False))
+    prepare.prepare(
+        prepare.PrepareConfig(
+            output=str(data_dir),
+            tokenizer=str(tokenizer),
+            inputs=(str(corpus),),
+            num_shards=8,
+            eval_fraction=0.02,
+            processes=2,
+            progress=False,
+        )
+    )
 
-  print(f"demo: pretraining a tiny BERT for {config.train.steps} steps "
-        f"(`bertjax pretrain --config experiments/pretrain.py:demo --workdir {workdir} "
-        f"--config.data.path={data_dir}` is the same run)", flush=True)
+  print(
+      f"demo: pretraining a tiny BERT for {config.train.steps} steps "
+      f"(`bertjax pretrain --config experiments/pretrain.py:demo --workdir {workdir} "
+      f"--config.data.path={data_dir}` is the same run)",
+      flush=True,
+  )
   rc = loop.train_and_evaluate(config, str(workdir))
   if (workdir / "metrics.jsonl").exists():
     print(_summary(workdir))
   if rc == 0:
-    print("fill-mask on held-out sentences:\n" + "\n".join(fill_mask(workdir, data_dir)),
-          flush=True)
-  print(f"checkpoints: {workdir / 'checkpoints'}\n"
-        f"TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}\n"
-        f"metrics:     {workdir / 'metrics.jsonl'}", flush=True)
+    print(
+        "fill-mask on held-out sentences:\n" + "\n".join(fill_mask(workdir, data_dir)), flush=True
+    )
+  print(
+      f"checkpoints: {workdir / 'checkpoints'}\n"
+      f"TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}\n"
+      f"metrics:     {workdir / 'metrics.jsonl'}",
+      flush=True,
+  )
   return rc

@@ -35,31 +35,56 @@ from pathlib import Path
 
 from bertjax.cli import HelpFormatter
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="bertjax extract", description=__doc__,
-                              formatter_class=HelpFormatter)
-  p.add_argument("--init", required=True,
-                 help="bertjax checkpoint (workdir, step dir or pretrained dir), Hugging Face "
-                      "model directory, or Google BERT directory")
+  p = argparse.ArgumentParser(
+      prog="bertjax extract", description=__doc__, formatter_class=HelpFormatter
+  )
+  p.add_argument(
+      "--init",
+      required=True,
+      help="bertjax checkpoint (workdir, step dir or pretrained dir), Hugging Face "
+      "model directory, or Google BERT directory",
+  )
   p.add_argument("--input", required=True, help="UTF-8 text file, one example per line")
   p.add_argument("--output", required=True, help="OUT.jsonl or OUT.npy")
-  p.add_argument("--layers", default=None,
-                 help="layers to output, as google's extract_features.py numbers them: 0 = "
-                      "first Transformer layer, -1 = last; 'embeddings' = the embedding "
-                      "output (default: -1,-2,-3,-4, or every layer of a smaller model)")
-  p.add_argument("--concat", action="store_true",
-                 help="concatenate the chosen layers into one vector per token")
-  p.add_argument("--pooling", choices=("none", "cls", "mean"), default="none",
-                 help="one vector per example: [CLS] or the mean over its tokens "
-                      "(default: none, per token)")
+  p.add_argument(
+      "--layers",
+      default=None,
+      help="layers to output, as google's extract_features.py numbers them: 0 = "
+      "first Transformer layer, -1 = last; 'embeddings' = the embedding "
+      "output (default: -1,-2,-3,-4, or every layer of a smaller model)",
+  )
+  p.add_argument(
+      "--concat",
+      action="store_true",
+      help="concatenate the chosen layers into one vector per token",
+  )
+  p.add_argument(
+      "--pooling",
+      choices=("none", "cls", "mean"),
+      default="none",
+      help="one vector per example: [CLS] or the mean over its tokens "
+      "(default: none, per token)",
+  )
   p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
-  p.add_argument("--max-seq-len", type=int, default=None,
-                 help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
-                      "(default: 128, or the model's max_position_embeddings if smaller)")
+  p.add_argument(
+      "--max-seq-len",
+      type=int,
+      default=None,
+      help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
+      "(default: 128, or the model's max_position_embeddings if smaller)",
+  )
   p.add_argument("--vocab", help="tokenizer (vocab.txt or .model) if the checkpoint has none")
-  p.add_argument("--lower-case", choices=("auto", "true", "false"), default="auto",
-                 help="WordPiece only: uncased? (default: auto)")
+  p.add_argument(
+      "--lower-case",
+      choices=("auto", "true", "false"),
+      default="auto",
+      help="WordPiece only: uncased? (default: auto)",
+  )
   return p
 
 
@@ -75,9 +100,10 @@ def _jsonl_record(example, feats, layers, concat: bool, pooling: str) -> dict:
 
   if pooling != "none":
     return {"linex_index": example.index, "pooling": pooling, "layers": entries(feats)}
-  return {"linex_index": example.index,
-          "features": [{"token": t, "layers": entries(feats[j])}
-                       for j, t in enumerate(example.tokens)]}
+  return {
+      "linex_index": example.index,
+      "features": [{"token": t, "layers": entries(feats[j])} for j, t in enumerate(example.tokens)],
+  }
 
 
 def _check_args(args) -> Path:
@@ -95,7 +121,7 @@ def _read_lines(path: str) -> list[str]:
   try:
     return Path(path).read_text(encoding="utf-8").splitlines()
   except UnicodeDecodeError as e:
-    line = Path(path).read_bytes()[:e.start].count(b"\n") + 1
+    line = Path(path).read_bytes()[: e.start].count(b"\n") + 1
     raise ValueError(f"{path}:{line}: invalid UTF-8") from None
 
 
@@ -104,7 +130,7 @@ def _join_layers(argv: list[str]) -> list[str]:
   out = list(argv)
   for i, a in enumerate(out[:-1]):
     if a == "--layers" and re.fullmatch(r"-\d+(,.*)?", out[i + 1]):
-      out[i:i + 2] = [f"--layers={out[i + 1]}"]
+      out[i : i + 2] = [f"--layers={out[i + 1]}"]
       break
   return out
 
@@ -117,8 +143,12 @@ def main(argv: list[str]) -> int:
   try:
     out = _check_args(args)
     return _run(args, out)
-  except (convert_lib.ConversionError, wordpiece.WordPieceError, FileNotFoundError,
-          ValueError) as e:
+  except (
+      convert_lib.ConversionError,
+      wordpiece.WordPieceError,
+      FileNotFoundError,
+      ValueError,
+  ) as e:
     print(f"bertjax extract: error: {str(e).removeprefix('extract: ')}", file=sys.stderr)
     return 1
 
@@ -134,28 +164,41 @@ def _run(args, out: Path) -> int:
 
   print(f"extract: loading {args.init}", file=sys.stderr, flush=True)
   lower = {"auto": None, "true": True, "false": False}[args.lower_case]
-  enc = encoder_lib.load_encoder(args.init, args.vocab, prefix="extract", tokenizer_flag="--vocab",
-                                 lower_case=lower)
+  enc = encoder_lib.load_encoder(
+      args.init, args.vocab, prefix="extract", tokenizer_flag="--vocab", lower_case=lower
+  )
   tok = enc.tokenizer
   cfg = enc.config
   if args.max_seq_len is None:
     args.max_seq_len = min(128, cfg.max_position_embeddings)
   if args.max_seq_len > cfg.max_position_embeddings:
-    raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's "
-                     f"max_position_embeddings={cfg.max_position_embeddings}")
-  layers = (features.default_layers(cfg.num_layers) if args.layers is None
-            else features.parse_layers(args.layers, cfg.num_layers))
+    raise ValueError(
+        f"--max-seq-len {args.max_seq_len} exceeds the model's "
+        f"max_position_embeddings={cfg.max_position_embeddings}"
+    )
+  layers = (
+      features.default_layers(cfg.num_layers)
+      if args.layers is None
+      else features.parse_layers(args.layers, cfg.num_layers)
+  )
   lines = _read_lines(args.input)
-  examples = [features.make_example(i, line, tok, args.max_seq_len)
-              for i, line in enumerate(tqdm(lines, desc="tokenize", unit="line",
-                                            file=sys.stderr, disable=len(lines) < 1000))]
+  examples = [
+      features.make_example(i, line, tok, args.max_seq_len)
+      for i, line in enumerate(
+          tqdm(lines, desc="tokenize", unit="line", file=sys.stderr, disable=len(lines) < 1000)
+      )
+  ]
   mesh = sharding.make_mesh(data=-1) if jax.process_count() == 1 else None
   k, h = len(layers), cfg.hidden_size
-  print(f"extract: {len(examples)} examples, {enc.source} model with {cfg.num_layers} layers, "
-        f"layers {layers}, pooling {args.pooling}{', concat' if args.concat else ''}",
-        file=sys.stderr, flush=True)
-  stream = features.extract(enc, examples, layers, args.pooling, args.batch_size,
-                            args.max_seq_len, mesh)
+  print(
+      f"extract: {len(examples)} examples, {enc.source} model with {cfg.num_layers} layers, "
+      f"layers {layers}, pooling {args.pooling}{', concat' if args.concat else ''}",
+      file=sys.stderr,
+      flush=True,
+  )
+  stream = features.extract(
+      enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh
+  )
   out.parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(total=len(examples), desc="extract", unit="ex", file=sys.stderr)
   if out.suffix == ".jsonl":
@@ -165,16 +208,18 @@ def _run(args, out: Path) -> int:
         bar.update(1)
   else:
     per_token = args.pooling == "none"
-    shape = ((len(examples),) + ((args.max_seq_len,) if per_token else ())
-             + ((k * h,) if args.concat else (k, h)))
+    shape = (
+        (len(examples),)
+        + ((args.max_seq_len,) if per_token else ())
+        + ((k * h,) if args.concat else (k, h))
+    )
     array = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=shape)
-    tokens = (out.with_suffix(".tokens.jsonl").open("w") if per_token
-              else contextlib.nullcontext())
+    tokens = out.with_suffix(".tokens.jsonl").open("w") if per_token else contextlib.nullcontext()
     with tokens as tokens_f:
       for e, x in stream:
         x = x.reshape(x.shape[:-2] + (k * h,)) if args.concat else x
         if per_token:  # rows past the example's tokens stay zero
-          array[e.index, :len(x)] = x
+          array[e.index, : len(x)] = x
           tokens_f.write(json.dumps({"linex_index": e.index, "tokens": e.tokens}) + "\n")
         else:
           array[e.index] = x
@@ -182,7 +227,13 @@ def _run(args, out: Path) -> int:
     array.flush()
     del array
   bar.close()
-  print(f"extract: wrote {out}" + (f" and {out.with_suffix('.tokens.jsonl')}"
-                                   if out.suffix == ".npy" and args.pooling == "none" else ""),
-        file=sys.stderr)
+  print(
+      f"extract: wrote {out}"
+      + (
+          f" and {out.with_suffix('.tokens.jsonl')}"
+          if out.suffix == ".npy" and args.pooling == "none"
+          else ""
+      ),
+      file=sys.stderr,
+  )
   return 0

@@ -5,54 +5,84 @@ from __future__ import annotations
 import argparse
 import sys
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 
 def add_encoder_args(p: argparse.ArgumentParser) -> None:
   """--init, --tokenizer, --preset: where the encoder and its tokenizer come from."""
-  p.add_argument("--init", required=True,
-                 help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
-                      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)")
-  p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer: a "
-                 "SentencePiece .model or a WordPiece vocab.txt")
+  p.add_argument(
+      "--init",
+      required=True,
+      help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
+      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)",
+  )
+  p.add_argument(
+      "--tokenizer",
+      default=None,
+      help="override the checkpoint's tokenizer: a "
+      "SentencePiece .model or a WordPiece vocab.txt",
+  )
   p.add_argument("--preset", default="tiny", help="model preset for --init random")
 
 
-def add_recipe_args(g, *, learning_rate: float, epochs: int, max_seq_len: int | None,
-                    eval_untrained: bool = True) -> None:
+def add_recipe_args(
+    g, *, learning_rate: float, epochs: int, max_seq_len: int | None, eval_untrained: bool = True
+) -> None:
   """The fine-tuning recipe: optimizer and its schedule, dropout, global batch sizes."""
   if max_seq_len is not None:
     g.add_argument("--max-seq-len", type=int, default=max_seq_len)
-  g.add_argument("--learning-rate", type=float, default=None,
-                 help=f"peak learning rate (default: by the encoder's width: {learning_rate:g} "
-                      "(BERT's) for base/large, 1e-4 up to hidden 512, 5e-4 up to 256, 1e-3 up "
-                      "to 128; printed)")
+  g.add_argument(
+      "--learning-rate",
+      type=float,
+      default=None,
+      help=f"peak learning rate (default: by the encoder's width: {learning_rate:g} "
+      "(BERT's) for base/large, 1e-4 up to hidden 512, 5e-4 up to 256, 1e-3 up "
+      "to 128; printed)",
+  )
   g.set_defaults(bert_learning_rate=learning_rate)
   g.add_argument("--epochs", type=int, default=epochs)
   g.add_argument("--batch-size", type=int, default=32, help="global batch size")
   g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
   g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
   g.add_argument("--weight-decay", type=float, default=0.01)
-  g.add_argument("--optimizer", choices=("bert_adamw", "adamw"), default=None,
-                 help="bert_adamw: google-research/bert's (no bias correction, its schedule); "
-                      "adamw: bias-corrected, warmup then linear decay (default: bert_adamw "
-                      "for base/large, adamw up to hidden 512; printed)")
+  g.add_argument(
+      "--optimizer",
+      choices=("bert_adamw", "adamw"),
+      default=None,
+      help="bert_adamw: google-research/bert's (no bias correction, its schedule); "
+      "adamw: bias-corrected, warmup then linear decay (default: bert_adamw "
+      "for base/large, adamw up to hidden 512; printed)",
+  )
   g.add_argument("--dropout", type=float, default=0.1)
   g.add_argument("--seed", type=int, default=0)
   g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
-  g.add_argument("--length-bucket", type=int, default=32,
-                 help="pad each batch to its longest row rounded up to a multiple of this (a "
-                      "few compiled shapes, the cost of the real tokens); 0: every row to "
-                      "--max-seq-len")
-  g.add_argument("--mesh", default="-1,1,1",
-                 help="data,fsdp,tensor device mesh as `bertjax pretrain`'s config.mesh (one "
-                      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP")
+  g.add_argument(
+      "--length-bucket",
+      type=int,
+      default=32,
+      help="pad each batch to its longest row rounded up to a multiple of this (a "
+      "few compiled shapes, the cost of the real tokens); 0: every row to "
+      "--max-seq-len",
+  )
+  g.add_argument(
+      "--mesh",
+      default="-1,1,1",
+      help="data,fsdp,tensor device mesh as `bertjax pretrain`'s config.mesh (one "
+      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP",
+  )
   if eval_untrained:
-    g.add_argument("--eval-untrained", action="store_true",
-                   help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)")
+    g.add_argument(
+        "--eval-untrained",
+        action="store_true",
+        help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)",
+    )
   g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
-                     announce: bool = True):
+def recipe_from_args(
+    args: argparse.Namespace, hidden_size: int, prefix: str, announce: bool = True
+):
   """The recipe of the flags; an unset --learning-rate or --optimizer follows the encoder's
   width (printed; the learning rate only when `announce`: a sweep prints its grid instead)."""
   from bertjax.tasks import finetuning
@@ -71,17 +101,29 @@ def recipe_from_args(args: argparse.Namespace, hidden_size: int, prefix: str,
   except ValueError:
     mesh = ()
   if len(mesh) != 3:
-    raise SystemExit(f"{prefix}: --mesh={args.mesh!r}: give three integers data,fsdp,tensor "
-                     "(one may be -1), e.g. 1,-1,1")
+    raise SystemExit(
+        f"{prefix}: --mesh={args.mesh!r}: give three integers data,fsdp,tensor "
+        "(one may be -1), e.g. 1,-1,1"
+    )
   if args.length_bucket < 0:
-    raise SystemExit(f"{prefix}: --length-bucket={args.length_bucket}: use 0 (no buckets) or "
-                     "a positive multiple, e.g. 32")
-  return finetuning.Recipe(learning_rate=lr, epochs=args.epochs,
-                           batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
-                           warmup_fraction=args.warmup, weight_decay=args.weight_decay,
-                           optimizer=optimizer, dropout=args.dropout, seed=args.seed,
-                           max_steps=args.max_steps, length_bucket=args.length_bucket,
-                           mesh=mesh)
+    raise SystemExit(
+        f"{prefix}: --length-bucket={args.length_bucket}: use 0 (no buckets) or "
+        "a positive multiple, e.g. 32"
+    )
+  return finetuning.Recipe(
+      learning_rate=lr,
+      epochs=args.epochs,
+      batch_size=args.batch_size,
+      eval_batch_size=args.eval_batch_size,
+      warmup_fraction=args.warmup,
+      weight_decay=args.weight_decay,
+      optimizer=optimizer,
+      dropout=args.dropout,
+      seed=args.seed,
+      max_steps=args.max_steps,
+      length_bucket=args.length_bucket,
+      mesh=mesh,
+  )
 
 
 def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
@@ -91,5 +133,7 @@ def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(skipped) + "\n")
   shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-  print(f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",
-        file=sys.stderr)
+  print(
+      f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",
+      file=sys.stderr,
+  )

@@ -20,6 +20,9 @@ from ml_collections import config_dict, config_flags
 
 from bertjax.training import config_checks
 
+# The library is imported inside the functions below, not at the top: `--help` and flag
+# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
 PRETRAIN_CONFIG = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "pretrain.py"
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]+)(=(.*))?$", re.S)
 # ml_collections' parser per field type (config_flags._FIELD_TYPE_TO_PARSER), for the checks.
@@ -34,13 +37,26 @@ def define_flags(sys_argv: list[str]) -> flags.FlagValues:
   it is not `sys.argv` when a command is called from Python (the demo, tests).
   """
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "the experiment config, e.g. "
-                                  "experiments/pretrain.py:tiny (required)",
-                                  flag_values=fv, lock_config=True, sys_argv=sys_argv)
-  flags.DEFINE_string("workdir", None, "output directory (local or gs://); reruns resume "
-                      "(required)", flag_values=fv)
-  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (multi-host; "
-                      "found automatically on TPU pods and under SLURM)", flag_values=fv)
+  config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "the experiment config, e.g. " "experiments/pretrain.py:tiny (required)",
+      flag_values=fv,
+      lock_config=True,
+      sys_argv=sys_argv,
+  )
+  flags.DEFINE_string(
+      "workdir",
+      None,
+      "output directory (local or gs://); reruns resume " "(required)",
+      flag_values=fv,
+  )
+  flags.DEFINE_string(
+      "coordinator_address",
+      None,
+      "HOST:PORT of process 0 (multi-host; " "found automatically on TPU pods and under SLURM)",
+      flag_values=fv,
+  )
   flags.DEFINE_integer("num_processes", None, "number of processes (multi-host)", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "this process's index (multi-host)", flag_values=fv)
   return fv
@@ -79,7 +95,8 @@ def load_config(spec: str) -> config_dict.ConfigDict:
   if not path or not os.path.isfile(path):
     raise FileNotFoundError(
         f"--config {spec}: no config file {path!r} (relative to {os.getcwd()}); e.g. --config "
-        f"experiments/pretrain.py:tiny, variants: {', '.join(variants())}")
+        f"experiments/pretrain.py:tiny, variants: {', '.join(variants())}"
+    )
   module = _load_module(path)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"--config {spec}: {path} defines no get_config(arg)")
@@ -102,13 +119,17 @@ def check_overrides(config: config_dict.ConfigDict, argv: list[str]) -> None:
     node, where, field_type = config, "config", None
     for key in path.split("."):
       if not isinstance(node, config_dict.ConfigDict):
-        raise ValueError(f"--config.{path}: {where} is a value, not a section; "
-                         f"override it as --{where}=VALUE")
+        raise ValueError(
+            f"--config.{path}: {where} is a value, not a section; "
+            f"override it as --{where}=VALUE"
+        )
       if key not in node:
         close = difflib.get_close_matches(key, list(node.keys()), n=1)
         hint = f" (did you mean {where}.{close[0]}?)" if close else ""
-        raise ValueError(f"--config.{path}: {where} has no field {key!r}{hint}; valid keys "
-                         f"of {where}: {', '.join(sorted(node.keys()))}")
+        raise ValueError(
+            f"--config.{path}: {where} has no field {key!r}{hint}; valid keys "
+            f"of {where}: {', '.join(sorted(node.keys()))}"
+        )
       field_type, node, where = node.get_type(key), node[key], f"{where}.{key}"
     if value is None and not negated and field_type is not bool:
       value = argv[i + 1] if i + 1 < len(argv) else None  # `--config.KEY VALUE`
@@ -119,8 +140,9 @@ def check_overrides(config: config_dict.ConfigDict, argv: list[str]) -> None:
       parser.parse(value)
     except (ValueError, TypeError):
       now = f" (this variant's: {node})" if node is not None else ""
-      raise ValueError(f"--config.{path}={value}: {where} takes {_TYPE_NAMES[field_type]}"
-                       f"{now}") from None
+      raise ValueError(
+          f"--config.{path}={value}: {where} takes {_TYPE_NAMES[field_type]}" f"{now}"
+      ) from None
 
 
 # ----------------------------------------------------------------------------- command line
@@ -148,24 +170,44 @@ def _fields(section, prefix: str = ""):
       yield f"{prefix}{key}", value
 
 
-def help_text(fv: flags.FlagValues, doc: str, argv: list[str],
-              flag_metavars: tuple[tuple[str, str], ...]) -> str:
+def help_text(
+    fv: flags.FlagValues, doc: str, argv: list[str], flag_metavars: tuple[tuple[str, str], ...]
+) -> str:
   """One help style for the config-file commands: usage, variants, flags with defaults."""
-  rows = [("--config FILE:VARIANT", fv["config"].help),
-          ("--config.SECTION.KEY=VALUE", "override one field of the config, e.g. "
-           "--config.train.steps=100 --config.data.source=synthetic; sections: model, data, "
-           "train, phase2, mesh, checkpoint, eval")]
+  rows = [
+      ("--config FILE:VARIANT", fv["config"].help),
+      (
+          "--config.SECTION.KEY=VALUE",
+          "override one field of the config, e.g. "
+          "--config.train.steps=100 --config.data.source=synthetic; sections: model, data, "
+          "train, phase2, mesh, checkpoint, eval",
+      ),
+  ]
   for name, metavar in flag_metavars:
     f = fv[name]
-    rows.append((f"--{name} {metavar}",
-                 f.help + (f" (default: {f.default})" if f.default is not None else "")))
+    rows.append(
+        (
+            f"--{name} {metavar}",
+            f.help + (f" (default: {f.default})" if f.default is not None else ""),
+        )
+    )
   rows.append(("--debug", "on an error, print the full traceback (or set BERTJAX_DEBUG=1)"))
   first, _, body = doc.strip().partition("\n")
   if first.startswith("`"):  # the docstring's first line is the usage
     first = "usage: " + first.rstrip(".").strip("`")
-  parts = [first + "\n" + body, "",
-           textwrap.fill("variants (experiments/pretrain.py:VARIANT): " + ", ".join(variants()),
-                         98, subsequent_indent="  "), "", "flags:", _rows(rows), ""]
+  parts = [
+      first + "\n" + body,
+      "",
+      textwrap.fill(
+          "variants (experiments/pretrain.py:VARIANT): " + ", ".join(variants()),
+          98,
+          subsequent_indent="  ",
+      ),
+      "",
+      "flags:",
+      _rows(rows),
+      "",
+  ]
   spec = _config_spec(argv)
   if spec:
     parts += [f"fields of {spec} and their values (override with --config.KEY=VALUE):"]
@@ -175,14 +217,21 @@ def help_text(fv: flags.FlagValues, doc: str, argv: list[str],
   return "\n".join(parts)
 
 
-_PRETRAIN_FLAGS = (("workdir", "DIR"), ("coordinator_address", "HOST:PORT"),
-                   ("num_processes", "N"), ("process_id", "I"))
+_PRETRAIN_FLAGS = (
+    ("workdir", "DIR"),
+    ("coordinator_address", "HOST:PORT"),
+    ("num_processes", "N"),
+    ("process_id", "I"),
+)
 
 
-def parse(argv: list[str], prog: str,
-          define_extra: Callable[[flags.FlagValues], None] | None = None,
-          doc: str = __doc__,
-          flag_metavars: tuple[tuple[str, str], ...] = _PRETRAIN_FLAGS) -> flags.FlagValues | None:
+def parse(
+    argv: list[str],
+    prog: str,
+    define_extra: Callable[[flags.FlagValues], None] | None = None,
+    doc: str = __doc__,
+    flag_metavars: tuple[tuple[str, str], ...] = _PRETRAIN_FLAGS,
+) -> flags.FlagValues | None:
   """Parsed and validated flags, or None after printing --help.
 
   User errors raise ValueError / FileNotFoundError / absl `flags.Error` naming the flag or
@@ -198,8 +247,10 @@ def parse(argv: list[str], prog: str,
     return None
   spec = _config_spec(argv)
   if not spec:
-    raise ValueError("--config is required, e.g. --config experiments/pretrain.py:tiny "
-                     f"(variants: {', '.join(variants())})")
+    raise ValueError(
+        "--config is required, e.g. --config experiments/pretrain.py:tiny "
+        f"(variants: {', '.join(variants())})"
+    )
   check_overrides(load_config(spec), argv)
   fv([prog] + argv)
   config_checks.validate(fv.config)
@@ -211,8 +262,9 @@ def main(argv: list[str]) -> int:
   if fv is None:
     return 0
   if not fv.workdir:
-    raise ValueError("--workdir is required (checkpoints, logs, metrics.jsonl), e.g. "
-                     "--workdir runs/tiny")
+    raise ValueError(
+        "--workdir is required (checkpoints, logs, metrics.jsonl), e.g. " "--workdir runs/tiny"
+    )
   from bertjax.runtime import distributed
 
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)

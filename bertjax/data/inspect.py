@@ -7,99 +7,117 @@ import pathlib
 
 import numpy as np
 
-from bertjax.data import wordpiece
-from bertjax.data import pretraining, records
+from bertjax.data import pretraining, records, wordpiece
 from bertjax.data.tokenizer import WORD_START
 
 
 def _tokenizer(data_dir: str):
-    """The data's own tokenizer: SentencePiece `Tokenizer` or `wordpiece.WordPieceTokenizer`."""
-    meta = records.load_metadata(data_dir)
-    return wordpiece.load_tokenizer(pathlib.Path(data_dir) / meta["tokenizer"]["file"])
+  """The data's own tokenizer: SentencePiece `Tokenizer` or `wordpiece.WordPieceTokenizer`."""
+  meta = records.load_metadata(data_dir)
+  return wordpiece.load_tokenizer(pathlib.Path(data_dir) / meta["tokenizer"]["file"])
 
 
 def _render(tok, ids: np.ndarray) -> str:
-    """Pieces joined as text; special tokens stay visible, e.g. "[MASK]"."""
-    special = {tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}
-    wordpiece_vocab = isinstance(tok, wordpiece.WordPieceTokenizer)
-    out = []
-    for i in ids:
-        piece = tok.id_to_piece(int(i))
-        if wordpiece_vocab:  # "##ing" continues a word; every other piece starts one
-            piece = piece[2:] if piece.startswith(wordpiece.SUFFIX) else " " + piece
-        elif piece.startswith(WORD_START):
-            piece = " " + piece[1:]
-        elif int(i) in special:
-            piece = " " + piece
-        out.append(piece)
-    return "".join(out).strip()
+  """Pieces joined as text; special tokens stay visible, e.g. "[MASK]"."""
+  special = {tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}
+  wordpiece_vocab = isinstance(tok, wordpiece.WordPieceTokenizer)
+  out = []
+  for i in ids:
+    piece = tok.id_to_piece(int(i))
+    if wordpiece_vocab:  # "##ing" continues a word; every other piece starts one
+      piece = piece[2:] if piece.startswith(wordpiece.SUFFIX) else " " + piece
+    elif piece.startswith(WORD_START):
+      piece = " " + piece[1:]
+    elif int(i) in special:
+      piece = " " + piece
+    out.append(piece)
+  return "".join(out).strip()
 
 
 def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str) -> str:
-    """One example as text: segments, masked tokens with their originals, label."""
-    n = int(batch["attention_mask"][row].sum())
-    ids, types = batch["input_ids"][row][:n], batch["token_type_ids"][row][:n]
-    seps = np.flatnonzero(ids == tok.sep_id)
-    a_end = seps[0] if len(seps) else n
-    lines = [f"segment A: {_render(tok, ids[1:a_end])}"]
-    if types.any():
-        lines.append(f"segment B: {_render(tok, ids[a_end + 1:n - 1])}")
-    shown = []
-    for pos, orig, w in zip(batch["masked_positions"][row], batch["masked_ids"][row],
-                            batch["masked_weights"][row]):
-        if w:
-            now = tok.id_to_piece(int(ids[pos]))
-            shown.append(f"{pos}:{now}<-{tok.id_to_piece(int(orig))}")
-    lines.append(f"masked ({len(shown)}): " + " ".join(shown))
-    label = int(batch["nsp_labels"][row])
-    names = {"nsp": ("IsNext", "NotNext"), "sop": ("InOrder", "Swapped"), "none": ("-", "-")}
-    lines.append(f"label: {label} ({names[pair_mode][label]}), length {n}")
-    return "\n".join(lines)
+  """One example as text: segments, masked tokens with their originals, label."""
+  n = int(batch["attention_mask"][row].sum())
+  ids, types = batch["input_ids"][row][:n], batch["token_type_ids"][row][:n]
+  seps = np.flatnonzero(ids == tok.sep_id)
+  a_end = seps[0] if len(seps) else n
+  lines = [f"segment A: {_render(tok, ids[1:a_end])}"]
+  if types.any():
+    lines.append(f"segment B: {_render(tok, ids[a_end + 1:n - 1])}")
+  shown = []
+  for pos, orig, w in zip(
+      batch["masked_positions"][row], batch["masked_ids"][row], batch["masked_weights"][row]
+  ):
+    if w:
+      now = tok.id_to_piece(int(ids[pos]))
+      shown.append(f"{pos}:{now}<-{tok.id_to_piece(int(orig))}")
+  lines.append(f"masked ({len(shown)}): " + " ".join(shown))
+  label = int(batch["nsp_labels"][row])
+  names = {"nsp": ("IsNext", "NotNext"), "sop": ("InOrder", "Swapped"), "none": ("-", "-")}
+  lines.append(f"label: {label} ({names[pair_mode][label]}), length {n}")
+  return "\n".join(lines)
 
 
 def preview(cfg: pretraining.InputConfig, n: int, split: str = "train") -> str:
-    tok = _tokenizer(cfg.path)
-    stream = pretraining.make_stream(cfg, global_batch_size=n, process_index=0, process_count=1,
-                                     split=split)
-    batch = next(stream)
-    return "\n\n".join(f"example {r}\n" + describe(tok, batch, r, cfg.pair_mode)
-                       for r in range(n))
+  tok = _tokenizer(cfg.path)
+  stream = pretraining.make_stream(
+      cfg, global_batch_size=n, process_index=0, process_count=1, split=split
+  )
+  batch = next(stream)
+  return "\n\n".join(f"example {r}\n" + describe(tok, batch, r, cfg.pair_mode) for r in range(n))
 
 
-def stats(cfg: pretraining.InputConfig, n: int, batch_size: int = 256,
-          split: str = "train") -> dict:
-    """Masking and label statistics over the first `n` examples of the stream."""
-    stream = pretraining.make_stream(cfg, global_batch_size=batch_size, process_index=0,
-                                     process_count=1, split=split)
-    ids_of = records.special_ids(records.load_metadata(cfg.path))
-    pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
-    c = dict.fromkeys(("examples", "real", "masked", "mask_token", "random", "unchanged",
-                       "positive", "length", "segment_b"), 0)
-    for batch in itertools.islice(stream, -(-n // batch_size)):
-        take = min(batch_size, n - c["examples"])
-        b = {k: v[:take] for k, v in batch.items()}
-        ids, w = b["input_ids"], b["masked_weights"].astype(bool)
-        now = np.take_along_axis(ids, b["masked_positions"], axis=1)[w]
-        orig = b["masked_ids"][w]
-        # Real non-special tokens: masked ones count by their original, which is never special.
-        special = (ids == pad_id) | (ids == cls_id) | (ids == sep_id)
-        c["real"] += int((~special).sum())
-        c["masked"] += int(w.sum())
-        c["mask_token"] += int((now == mask_id).sum())
-        c["unchanged"] += int((now == orig).sum())
-        c["random"] += int(((now != mask_id) & (now != orig)).sum())
-        c["positive"] += int((b["nsp_labels"] == 0).sum())
-        c["length"] += int(b["attention_mask"].sum())
-        c["segment_b"] += int(b["token_type_ids"].any(axis=1).sum())
-        c["examples"] += take
-    m = max(1, c["masked"])
-    return {"examples": c["examples"], "seq_len": cfg.seq_len, "pair_mode": cfg.pair_mode,
-            "whole_word_mask": cfg.whole_word_mask,
-            "masked_fraction": c["masked"] / max(1, c["real"]),
-            "mask_token_fraction": c["mask_token"] / m,
-            "random_token_fraction": c["random"] / m,
-            "unchanged_fraction": c["unchanged"] / m,
-            "nsp_positive_fraction": c["positive"] / max(1, c["examples"]),
-            "mean_real_length": c["length"] / max(1, c["examples"]),
-            "mean_masked_per_example": c["masked"] / max(1, c["examples"]),
-            "two_segment_fraction": c["segment_b"] / max(1, c["examples"])}
+def stats(
+    cfg: pretraining.InputConfig, n: int, batch_size: int = 256, split: str = "train"
+) -> dict:
+  """Masking and label statistics over the first `n` examples of the stream."""
+  stream = pretraining.make_stream(
+      cfg, global_batch_size=batch_size, process_index=0, process_count=1, split=split
+  )
+  ids_of = records.special_ids(records.load_metadata(cfg.path))
+  pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
+  c = dict.fromkeys(
+      (
+          "examples",
+          "real",
+          "masked",
+          "mask_token",
+          "random",
+          "unchanged",
+          "positive",
+          "length",
+          "segment_b",
+      ),
+      0,
+  )
+  for batch in itertools.islice(stream, -(-n // batch_size)):
+    take = min(batch_size, n - c["examples"])
+    b = {k: v[:take] for k, v in batch.items()}
+    ids, w = b["input_ids"], b["masked_weights"].astype(bool)
+    now = np.take_along_axis(ids, b["masked_positions"], axis=1)[w]
+    orig = b["masked_ids"][w]
+    # Real non-special tokens: masked ones count by their original, which is never special.
+    special = (ids == pad_id) | (ids == cls_id) | (ids == sep_id)
+    c["real"] += int((~special).sum())
+    c["masked"] += int(w.sum())
+    c["mask_token"] += int((now == mask_id).sum())
+    c["unchanged"] += int((now == orig).sum())
+    c["random"] += int(((now != mask_id) & (now != orig)).sum())
+    c["positive"] += int((b["nsp_labels"] == 0).sum())
+    c["length"] += int(b["attention_mask"].sum())
+    c["segment_b"] += int(b["token_type_ids"].any(axis=1).sum())
+    c["examples"] += take
+  m = max(1, c["masked"])
+  return {
+      "examples": c["examples"],
+      "seq_len": cfg.seq_len,
+      "pair_mode": cfg.pair_mode,
+      "whole_word_mask": cfg.whole_word_mask,
+      "masked_fraction": c["masked"] / max(1, c["real"]),
+      "mask_token_fraction": c["mask_token"] / m,
+      "random_token_fraction": c["random"] / m,
+      "unchanged_fraction": c["unchanged"] / m,
+      "nsp_positive_fraction": c["positive"] / max(1, c["examples"]),
+      "mean_real_length": c["length"] / max(1, c["examples"]),
+      "mean_masked_per_example": c["masked"] / max(1, c["examples"]),
+      "two_segment_fraction": c["segment_b"] / max(1, c["examples"]),
+  }

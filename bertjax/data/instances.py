@@ -24,118 +24,127 @@ Document = Sequence[np.ndarray]  # sentences of int32 token ids
 
 @dataclasses.dataclass(frozen=True)
 class PairSpec:
-    seq_len: int  # L, including [CLS] and [SEP]s
-    pair_mode: str  # "nsp" | "sop" | "none"
-    short_seq_prob: float  # chance an instance targets a random shorter length
+  seq_len: int  # L, including [CLS] and [SEP]s
+  pair_mode: str  # "nsp" | "sop" | "none"
+  short_seq_prob: float  # chance an instance targets a random shorter length
 
-    @property
-    def max_tokens(self) -> int:
-        return self.seq_len - (2 if self.pair_mode == "none" else 3)
+  @property
+  def max_tokens(self) -> int:
+    return self.seq_len - (2 if self.pair_mode == "none" else 3)
 
 
 @dataclasses.dataclass
 class Instance:
-    tokens_a: np.ndarray
-    tokens_b: np.ndarray  # empty in "none" mode
-    label: int  # nsp: 1 = NotNext; sop: 1 = swapped; none: 0
-    index: int  # instance number within its document, part of the masking key
+  tokens_a: np.ndarray
+  tokens_b: np.ndarray  # empty in "none" mode
+  label: int  # nsp: 1 = NotNext; sop: 1 = swapped; none: 0
+  index: int  # instance number within its document, part of the masking key
 
 
 _EMPTY = np.zeros((0,), np.int32)
 
 
-def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: random.Random
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """google-research/bert's truncate_seq_pair in closed form: trims the longer segment one
-    token at a time (ties trim B), each token from the front or the back at random."""
-    la, lb = len(a), len(b)
-    excess = la + lb - max_tokens
-    if excess <= 0:
-        return a, b
-    ra = min(excess, max(0, la - lb))
-    rb = min(excess - ra, max(0, lb - la))
-    rest = excess - ra - rb
-    ra, rb = ra + rest // 2, rb + rest - rest // 2
+def truncate_pair(
+    a: np.ndarray, b: np.ndarray, max_tokens: int, rng: random.Random
+) -> tuple[np.ndarray, np.ndarray]:
+  """google-research/bert's truncate_seq_pair in closed form: trims the longer segment one
+  token at a time (ties trim B), each token from the front or the back at random."""
+  la, lb = len(a), len(b)
+  excess = la + lb - max_tokens
+  if excess <= 0:
+    return a, b
+  ra = min(excess, max(0, la - lb))
+  rb = min(excess - ra, max(0, lb - la))
+  rest = excess - ra - rb
+  ra, rb = ra + rest // 2, rb + rest - rest // 2
 
-    def trim(x: np.ndarray, k: int) -> np.ndarray:
-        if k == 0:
-            return x
-        front = bin(rng.getrandbits(k)).count("1")
-        return x[front:len(x) - (k - front)]
+  def trim(x: np.ndarray, k: int) -> np.ndarray:
+    if k == 0:
+      return x
+    front = bin(rng.getrandbits(k)).count("1")
+    return x[front : len(x) - (k - front)]
 
-    return trim(a, ra), trim(b, rb)
+  return trim(a, ra), trim(b, rb)
 
 
-def _random_segment(others: Sequence[Document], current: int, target: int,
-                    rng: random.Random) -> np.ndarray:
-    """Sentences from a random document other than `current` (itself only if it is alone)."""
-    j = current
-    if len(others) > 1:
-        j = rng.randrange(len(others) - 1)
-        j += j >= current
-    doc = others[j]
-    start = rng.randrange(len(doc))
-    picked, n = [], 0
-    for sentence in doc[start:]:
-        picked.append(sentence)
-        n += len(sentence)
-        if n >= target:
-            break
-    return np.concatenate(picked)
+def _random_segment(
+    others: Sequence[Document], current: int, target: int, rng: random.Random
+) -> np.ndarray:
+  """Sentences from a random document other than `current` (itself only if it is alone)."""
+  j = current
+  if len(others) > 1:
+    j = rng.randrange(len(others) - 1)
+    j += j >= current
+  doc = others[j]
+  start = rng.randrange(len(doc))
+  picked, n = [], 0
+  for sentence in doc[start:]:
+    picked.append(sentence)
+    n += len(sentence)
+    if n >= target:
+      break
+  return np.concatenate(picked)
 
 
 def _split_chunk(chunk: list[np.ndarray], rng: random.Random) -> tuple[np.ndarray, np.ndarray, int]:
-    """A random split into A and B; returns (A, B, sentences of the chunk used by A)."""
-    if len(chunk) >= 2:
-        a_end = rng.randint(1, len(chunk) - 1)
-        return np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:]), a_end
-    only = chunk[0]
-    if len(only) < 2:
-        return only, _EMPTY, 1
-    cut = rng.randint(1, len(only) - 1)
-    return only[:cut], only[cut:], 1
+  """A random split into A and B; returns (A, B, sentences of the chunk used by A)."""
+  if len(chunk) >= 2:
+    a_end = rng.randint(1, len(chunk) - 1)
+    return np.concatenate(chunk[:a_end]), np.concatenate(chunk[a_end:]), a_end
+  only = chunk[0]
+  if len(only) < 2:
+    return only, _EMPTY, 1
+  cut = rng.randint(1, len(only) - 1)
+  return only[:cut], only[cut:], 1
 
 
-def _pair(chunk: list[np.ndarray], target: int, spec: PairSpec, others: Sequence[Document],
-          current: int, rng: random.Random) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(A, B, label, sentences to put back) for one chunk."""
-    if spec.pair_mode == "none":
-        return np.concatenate(chunk), _EMPTY, 0, 0
-    a, b, a_end = _split_chunk(chunk, rng)
-    if spec.pair_mode == "sop":
-        if len(b) and rng.random() < 0.5:
-            return b, a, 1, 0
-        return a, b, 0, 0
-    if len(b) == 0 or rng.random() < 0.5:
-        # NotNext: B from another document; the chunk's sentences after A are reused.
-        b = _random_segment(others, current, max(1, target - len(a)), rng)
-        return a, b, 1, len(chunk) - a_end
+def _pair(
+    chunk: list[np.ndarray],
+    target: int,
+    spec: PairSpec,
+    others: Sequence[Document],
+    current: int,
+    rng: random.Random,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+  """(A, B, label, sentences to put back) for one chunk."""
+  if spec.pair_mode == "none":
+    return np.concatenate(chunk), _EMPTY, 0, 0
+  a, b, a_end = _split_chunk(chunk, rng)
+  if spec.pair_mode == "sop":
+    if len(b) and rng.random() < 0.5:
+      return b, a, 1, 0
     return a, b, 0, 0
+  if len(b) == 0 or rng.random() < 0.5:
+    # NotNext: B from another document; the chunk's sentences after A are reused.
+    b = _random_segment(others, current, max(1, target - len(a)), rng)
+    return a, b, 1, len(chunk) - a_end
+  return a, b, 0, 0
 
 
-def create_instances(others: Sequence[Document], current: int, spec: PairSpec,
-                     rng: random.Random) -> list[Instance]:
-    """All instances of document `others[current]`; NotNext segments come from a uniformly
-    random other document of `others` (the stream passes a block of shuffled documents)."""
-    if spec.pair_mode not in ("nsp", "sop", "none"):
-        raise ValueError(f"pair_mode {spec.pair_mode!r}: valid options are nsp, sop, none")
-    doc = others[current]
-    out: list[Instance] = []
+def create_instances(
+    others: Sequence[Document], current: int, spec: PairSpec, rng: random.Random
+) -> list[Instance]:
+  """All instances of document `others[current]`; NotNext segments come from a uniformly
+  random other document of `others` (the stream passes a block of shuffled documents)."""
+  if spec.pair_mode not in ("nsp", "sop", "none"):
+    raise ValueError(f"pair_mode {spec.pair_mode!r}: valid options are nsp, sop, none")
+  doc = others[current]
+  out: list[Instance] = []
 
-    def new_target() -> int:
-        if rng.random() < spec.short_seq_prob:
-            return rng.randint(2, spec.max_tokens)
-        return spec.max_tokens
+  def new_target() -> int:
+    if rng.random() < spec.short_seq_prob:
+      return rng.randint(2, spec.max_tokens)
+    return spec.max_tokens
 
-    target, chunk, length, i = new_target(), [], 0, 0
-    while i < len(doc):
-        chunk.append(doc[i])
-        length += len(doc[i])
-        if i == len(doc) - 1 or length >= target:
-            a, b, label, put_back = _pair(chunk, target, spec, others, current, rng)
-            i -= put_back
-            a, b = truncate_pair(a, b, spec.max_tokens, rng)
-            out.append(Instance(a, b, label, len(out)))
-            target, chunk, length = new_target(), [], 0
-        i += 1
-    return out
+  target, chunk, length, i = new_target(), [], 0, 0
+  while i < len(doc):
+    chunk.append(doc[i])
+    length += len(doc[i])
+    if i == len(doc) - 1 or length >= target:
+      a, b, label, put_back = _pair(chunk, target, spec, others, current, rng)
+      i -= put_back
+      a, b = truncate_pair(a, b, spec.max_tokens, rng)
+      out.append(Instance(a, b, label, len(out)))
+      target, chunk, length = new_target(), [], 0
+    i += 1
+  return out

@@ -34,393 +34,461 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+import queue
 import random
 import sys
+import threading
+import time
 from typing import Iterator
 
+import jax
 import numpy as np
 
-from bertjax.data import instances as instances_lib
-from bertjax.data import masking, synthetic
+from bertjax.data import (
+    instances as instances_lib,
+    masking,
+    records,
+    synthetic,
+    tf_reader,
+    wordpiece,
+)
 
-FEATURES = ("input_ids", "attention_mask", "token_type_ids", "masked_positions", "masked_ids",
-            "masked_weights", "nsp_labels")
+FEATURES = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "masked_positions",
+    "masked_ids",
+    "masked_weights",
+    "nsp_labels",
+)
 _FILE_ORDER, _BLOCK_ORDER, _DOC_RNG = 21, 22, 23  # purposes of the stream's hashes
 
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
-    source: str = "prepared"  # "prepared" (shards from `bertjax prepare`) | "synthetic"
-    path: str = ""  # prepared data directory (metadata.json, *.tfrecord, tokenizer.model)
-    seq_len: int = 128  # L: tokens per example, [CLS] and [SEP]s included
-    max_predictions_per_seq: int = 20  # P: BERT used 20 at L=128, 80 at L=512
-    pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
-    mask_prob: float = 0.15  # predictions per token ([CLS]/[SEP] counted, as google's)
-    short_seq_prob: float = 0.1  # share of examples with a random shorter target length
-    whole_word_mask: bool = False  # mask all pieces of a word together ("▁x" / not "##x")
-    seed: int = 0  # the same seed gives the same stream
-    vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
-    shuffle_buffer: int = 1024  # documents whose instances are shuffled together
-    mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
-    random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
-    # Prepared shards' reader: "tf.data" (TensorFlow's threads; falls back to "python" with a
-    # warning when TensorFlow is not installed) | "python" (records.py). Same batches either way.
-    reader: str = "tf.data"
+  source: str = "prepared"  # "prepared" (shards from `bertjax prepare`) | "synthetic"
+  path: str = ""  # prepared data directory (metadata.json, *.tfrecord, tokenizer.model)
+  seq_len: int = 128  # L: tokens per example, [CLS] and [SEP]s included
+  max_predictions_per_seq: int = 20  # P: BERT used 20 at L=128, 80 at L=512
+  pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
+  mask_prob: float = 0.15  # predictions per token ([CLS]/[SEP] counted, as google's)
+  short_seq_prob: float = 0.1  # share of examples with a random shorter target length
+  whole_word_mask: bool = False  # mask all pieces of a word together ("▁x" / not "##x")
+  seed: int = 0  # the same seed gives the same stream
+  vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
+  shuffle_buffer: int = 1024  # documents whose instances are shuffled together
+  mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
+  random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
+  # Prepared shards' reader: "tf.data" (TensorFlow's threads; falls back to "python" with a
+  # warning when TensorFlow is not installed) | "python" (records.py). Same batches either way.
+  reader: str = "tf.data"
 
 
-def _check(cfg: InputConfig, global_batch_size: int, process_index: int,
-           process_count: int, split: str) -> None:
-    if cfg.source not in ("prepared", "synthetic"):
-        raise ValueError(f"source {cfg.source!r}: valid options are 'prepared', 'synthetic'")
-    if cfg.reader not in ("tf.data", "python"):
-        raise ValueError(f"InputConfig.reader {cfg.reader!r}: valid options are 'tf.data', "
-                         "'python'")
-    if cfg.pair_mode not in ("nsp", "sop", "none"):
-        raise ValueError(f"pair_mode {cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'")
-    if cfg.seq_len < (5 if cfg.pair_mode != "none" else 3):
-        raise ValueError(f"seq_len {cfg.seq_len} is too short for pair_mode {cfg.pair_mode!r}")
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    if global_batch_size % process_count:
-        raise ValueError(f"global_batch_size {global_batch_size} is not divisible by "
-                         f"process_count {process_count}")
-    if split not in ("train", "eval"):
-        raise ValueError(f"split {split!r}: valid options are 'train', 'eval'")
+def _check(
+    cfg: InputConfig, global_batch_size: int, process_index: int, process_count: int, split: str
+) -> None:
+  if cfg.source not in ("prepared", "synthetic"):
+    raise ValueError(f"source {cfg.source!r}: valid options are 'prepared', 'synthetic'")
+  if cfg.reader not in ("tf.data", "python"):
+    raise ValueError(f"InputConfig.reader {cfg.reader!r}: valid options are 'tf.data', " "'python'")
+  if cfg.pair_mode not in ("nsp", "sop", "none"):
+    raise ValueError(f"pair_mode {cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'")
+  if cfg.seq_len < (5 if cfg.pair_mode != "none" else 3):
+    raise ValueError(f"seq_len {cfg.seq_len} is too short for pair_mode {cfg.pair_mode!r}")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+  if global_batch_size % process_count:
+    raise ValueError(
+        f"global_batch_size {global_batch_size} is not divisible by "
+        f"process_count {process_count}"
+    )
+  if split not in ("train", "eval"):
+    raise ValueError(f"split {split!r}: valid options are 'train', 'eval'")
 
 
-def _fingerprint(cfg: InputConfig, global_batch_size: int, process_index: int,
-                 process_count: int, split: str) -> dict:
-    """What a saved state must agree with to resume exactly."""
-    return {"source": cfg.source, "split": split, "seed": cfg.seed, "seq_len": cfg.seq_len,
-            "pair_mode": cfg.pair_mode, "global_batch_size": global_batch_size,
-            "process_index": process_index, "process_count": process_count}
+def _fingerprint(
+    cfg: InputConfig, global_batch_size: int, process_index: int, process_count: int, split: str
+) -> dict:
+  """What a saved state must agree with to resume exactly."""
+  return {
+      "source": cfg.source,
+      "split": split,
+      "seed": cfg.seed,
+      "seq_len": cfg.seq_len,
+      "pair_mode": cfg.pair_mode,
+      "global_batch_size": global_batch_size,
+      "process_index": process_index,
+      "process_count": process_count,
+  }
 
 
 class SyntheticStream:
-    """Global batch at step s = f(seed, s); this host yields its slice of rows."""
+  """Global batch at step s = f(seed, s); this host yields its slice of rows."""
 
-    def __init__(self, cfg: InputConfig, spec: masking.MaskSpec, rows: np.ndarray,
-                 fingerprint: dict, step: int):
-        self.cfg, self.spec, self.rows, self.fingerprint, self.step = cfg, spec, rows, \
-            fingerprint, step
+  def __init__(
+      self, cfg: InputConfig, spec: masking.MaskSpec, rows: np.ndarray, fingerprint: dict, step: int
+  ):
+    self.cfg, self.spec, self.rows, self.fingerprint, self.step = cfg, spec, rows, fingerprint, step
 
-    def __iter__(self) -> "SyntheticStream":
-        return self
+  def __iter__(self) -> "SyntheticStream":
+    return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = synthetic.synthetic_batch(
-            seed=self.cfg.seed, step=self.step, rows=self.rows, seq_len=self.cfg.seq_len,
-            pair_mode=self.cfg.pair_mode, short_seq_prob=self.cfg.short_seq_prob,
-            spec=self.spec)
-        self.step += 1
-        return {k: batch[k] for k in FEATURES}
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = synthetic.synthetic_batch(
+        seed=self.cfg.seed,
+        step=self.step,
+        rows=self.rows,
+        seq_len=self.cfg.seq_len,
+        pair_mode=self.cfg.pair_mode,
+        short_seq_prob=self.cfg.short_seq_prob,
+        spec=self.spec,
+    )
+    self.step += 1
+    return {k: batch[k] for k in FEATURES}
 
-    def get_state(self) -> dict:
-        return {**self.fingerprint, "step": self.step}
+  def get_state(self) -> dict:
+    return {**self.fingerprint, "step": self.step}
 
 
 class PreparedStream:
-    """Batches built on the fly from this host's shards; see the module docstring."""
+  """Batches built on the fly from this host's shards; see the module docstring."""
 
-    def __init__(self, cfg: InputConfig, spec: masking.MaskSpec, shards: list[dict],
-                 rows: int, fingerprint: dict, state: dict, reader: str):
-        self.cfg, self.spec, self.shards, self.rows = cfg, spec, shards, rows
-        self.fingerprint, self.reader = fingerprint, reader
-        self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
-        self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
-        self.offset, self.step = state.get("offset", 0), state.get("step", 0)
-        self._blocks: Iterator | None = None  # (epoch, block) from the current block on
-        self._block_items: list | None = None  # the current block's (shard, record, instance)
+  def __init__(
+      self,
+      cfg: InputConfig,
+      spec: masking.MaskSpec,
+      shards: list[dict],
+      rows: int,
+      fingerprint: dict,
+      state: dict,
+      reader: str,
+  ):
+    self.cfg, self.spec, self.shards, self.rows = cfg, spec, shards, rows
+    self.fingerprint, self.reader = fingerprint, reader
+    self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
+    self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
+    self.offset, self.step = state.get("offset", 0), state.get("step", 0)
+    self._blocks: Iterator | None = None  # (epoch, block) from the current block on
+    self._block_items: list | None = None  # the current block's (shard, record, instance)
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        """Indices of this host's shards in the order epoch `epoch` reads them."""
-        order = list(range(len(self.shards)))
-        random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
-        return order
+  def _epoch_order(self, epoch: int) -> list[int]:
+    """Indices of this host's shards in the order epoch `epoch` reads them."""
+    order = list(range(len(self.shards)))
+    random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
+    return order
 
-    def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[tuple[int, list]]:
-        from bertjax.data import records
-
-        while True:
+  def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[tuple[int, list]]:
+    while True:
+      block = []
+      for shard in (self.shards[i] for i in self._epoch_order(epoch)):
+        if first_doc >= shard["documents"]:
+          first_doc -= shard["documents"]
+          continue
+        for record, doc in enumerate(
+            records.read_documents(shard["path"], first_doc), start=first_doc
+        ):
+          block.append((shard["id"], record, doc))
+          if len(block) == self.cfg.shuffle_buffer:
+            yield epoch, block
             block = []
-            for shard in (self.shards[i] for i in self._epoch_order(epoch)):
-                if first_doc >= shard["documents"]:
-                    first_doc -= shard["documents"]
-                    continue
-                for record, doc in enumerate(records.read_documents(shard["path"], first_doc),
-                                             start=first_doc):
-                    block.append((shard["id"], record, doc))
-                    if len(block) == self.cfg.shuffle_buffer:
-                        yield epoch, block
-                        block = []
-                first_doc = 0
-            if block:
-                yield epoch, block
-            epoch, first_doc = epoch + 1, 0
+        first_doc = 0
+      if block:
+        yield epoch, block
+      epoch, first_doc = epoch + 1, 0
 
-    def _read_blocks(self, epoch: int, first_doc: int, num_epochs: int | None = None
-                     ) -> Iterator[tuple[int, list]]:
-        """(epoch, block of (shard id, record, sentences)) from document `first_doc` of
-        `epoch` on, endlessly unless `num_epochs`; a block never spans two epochs."""
-        if self.reader == "tf.data":
-            from bertjax.data import tf_reader
+  def _read_blocks(
+      self, epoch: int, first_doc: int, num_epochs: int | None = None
+  ) -> Iterator[tuple[int, list]]:
+    """(epoch, block of (shard id, record, sentences)) from document `first_doc` of
+    `epoch` on, endlessly unless `num_epochs`; a block never spans two epochs."""
+    if self.reader == "tf.data":
+      return tf_reader.read_blocks(
+          self.shards, self._epoch_order, epoch, first_doc, self.cfg.shuffle_buffer, num_epochs
+      )
+    return self._python_blocks(epoch, first_doc)
 
-            return tf_reader.read_blocks(self.shards, self._epoch_order, epoch, first_doc,
-                                         self.cfg.shuffle_buffer, num_epochs)
-        return self._python_blocks(epoch, first_doc)
+  def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
+    """(shard id, record, sentences) of epoch `epoch` from document `first_doc` on."""
+    for e, block in self._read_blocks(epoch, first_doc, num_epochs=1):
+      if e != epoch:
+        return
+      yield from block
 
-    def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
-        """(shard id, record, sentences) of epoch `epoch` from document `first_doc` on."""
-        for e, block in self._read_blocks(epoch, first_doc, num_epochs=1):
-            if e != epoch:
-                return
-            yield from block
+  def _load_block(self) -> None:
+    """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
+    if self._blocks is None:
+      self._blocks = self._read_blocks(self.epoch, self.block * self.cfg.shuffle_buffer)
+    epoch, docs = next(self._blocks)
+    if epoch != self.epoch:  # the epoch is over
+      self.epoch, self.block = epoch, 0
+    sentences = [d[2] for d in docs]
+    if len(docs) == 1 and self.block > 0:
+      # The epoch's last block holds one document: its NotNext segments come from the
+      # block before, never from the document itself.
+      _, previous = next(
+          self._read_blocks(self.epoch, (self.block - 1) * self.cfg.shuffle_buffer, 1)
+      )
+      sentences += [d[2] for d in previous]
+    items = []
+    for j, (shard_id, record, _) in enumerate(docs):
+      rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, self.epoch, shard_id, record)))
+      items.extend(
+          (self.epoch, shard_id, record, inst)
+          for inst in instances_lib.create_instances(sentences, j, self.pairs, rng)
+      )
+    random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, self.epoch, self.block))).shuffle(
+        items
+    )
+    self._block_items = items
 
-    def _load_block(self) -> None:
-        """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
-        if self._blocks is None:
-            self._blocks = self._read_blocks(self.epoch, self.block * self.cfg.shuffle_buffer)
-        epoch, docs = next(self._blocks)
-        if epoch != self.epoch:  # the epoch is over
-            self.epoch, self.block = epoch, 0
-        sentences = [d[2] for d in docs]
-        if len(docs) == 1 and self.block > 0:
-            # The epoch's last block holds one document: its NotNext segments come from the
-            # block before, never from the document itself.
-            _, previous = next(self._read_blocks(self.epoch,
-                                                 (self.block - 1) * self.cfg.shuffle_buffer, 1))
-            sentences += [d[2] for d in previous]
-        items = []
-        for j, (shard_id, record, _) in enumerate(docs):
-            rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, self.epoch, shard_id,
-                                                record)))
-            items.extend((self.epoch, shard_id, record, inst) for inst in
-                         instances_lib.create_instances(sentences, j, self.pairs, rng))
-        random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, self.epoch,
-                                      self.block))).shuffle(items)
-        self._block_items = items
+  def __iter__(self) -> "PreparedStream":
+    return self
 
-    def __iter__(self) -> "PreparedStream":
-        return self
+  def __next__(self) -> dict[str, np.ndarray]:
+    picked = []
+    while len(picked) < self.rows:
+      if self._block_items is None:
+        self._load_block()
+      take = self._block_items[self.offset : self.offset + self.rows - len(picked)]
+      picked.extend(take)
+      self.offset += len(take)
+      if self.offset >= len(self._block_items):
+        self.block, self.offset, self._block_items = self.block + 1, 0, None
+    self.step += 1
+    return self._features(picked)
 
-    def __next__(self) -> dict[str, np.ndarray]:
-        picked = []
-        while len(picked) < self.rows:
-            if self._block_items is None:
-                self._load_block()
-            take = self._block_items[self.offset:self.offset + self.rows - len(picked)]
-            picked.extend(take)
-            self.offset += len(take)
-            if self.offset >= len(self._block_items):
-                self.block, self.offset, self._block_items = self.block + 1, 0, None
-        self.step += 1
-        return self._features(picked)
+  def _features(self, picked: list) -> dict[str, np.ndarray]:
+    B, L = len(picked), self.cfg.seq_len
+    cls_id, sep_id, pad_id = self.spec.cls_id, self.spec.sep_id, self.spec.pad_id
+    ids = np.full((B, L), pad_id, np.int32)
+    types = np.zeros((B, L), np.int32)
+    labels = np.zeros((B,), np.int32)
+    epoch_B, shard_B, record_B, index_B = (
+        np.array(x, np.int64) for x in zip(*[(e, s, r, inst.index) for e, s, r, inst in picked])
+    )
+    for row, (_, _, _, inst) in enumerate(picked):
+      a, b = inst.tokens_a, inst.tokens_b
+      la, lb = len(a), len(b)
+      ids[row, 0], ids[row, 1 : 1 + la], ids[row, 1 + la] = cls_id, a, sep_id
+      if lb:
+        ids[row, 2 + la : 2 + la + lb], ids[row, 2 + la + lb] = b, sep_id
+        types[row, 2 + la : 3 + la + lb] = 1
+      labels[row] = inst.label
+    # The masking key: (seed, epoch, document identity, instance number) and nothing else.
+    keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
+    masked = masking.mask_batch(ids, keys, self.spec)
+    return {
+        **masked,
+        "attention_mask": (ids != pad_id).astype(np.int32),
+        "token_type_ids": types,
+        "nsp_labels": labels,
+    }
 
-    def _features(self, picked: list) -> dict[str, np.ndarray]:
-        B, L = len(picked), self.cfg.seq_len
-        cls_id, sep_id, pad_id = self.spec.cls_id, self.spec.sep_id, self.spec.pad_id
-        ids = np.full((B, L), pad_id, np.int32)
-        types = np.zeros((B, L), np.int32)
-        labels = np.zeros((B,), np.int32)
-        epoch_B, shard_B, record_B, index_B = (np.array(x, np.int64) for x in zip(
-            *[(e, s, r, inst.index) for e, s, r, inst in picked]))
-        for row, (_, _, _, inst) in enumerate(picked):
-            a, b = inst.tokens_a, inst.tokens_b
-            la, lb = len(a), len(b)
-            ids[row, 0], ids[row, 1:1 + la], ids[row, 1 + la] = cls_id, a, sep_id
-            if lb:
-                ids[row, 2 + la:2 + la + lb], ids[row, 2 + la + lb] = b, sep_id
-                types[row, 2 + la:3 + la + lb] = 1
-            labels[row] = inst.label
-        # The masking key: (seed, epoch, document identity, instance number) and nothing else.
-        keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
-        masked = masking.mask_batch(ids, keys, self.spec)
-        return {**masked, "attention_mask": (ids != pad_id).astype(np.int32),
-                "token_type_ids": types, "nsp_labels": labels}
-
-    def get_state(self) -> dict:
-        return {**self.fingerprint, "epoch": self.epoch, "block": self.block,
-                "offset": self.offset, "step": self.step}
+  def get_state(self) -> dict:
+    return {
+        **self.fingerprint,
+        "epoch": self.epoch,
+        "block": self.block,
+        "offset": self.offset,
+        "step": self.step,
+    }
 
 
-def _mask_spec(cfg: InputConfig, vocab_size: int, word_start: np.ndarray | None,
-               special: dict[str, int] | None = None) -> masking.MaskSpec:
-    """special: the tokenizer's {pad, unk, cls, sep, mask} ids; None: the module constants."""
-    ids = {}
-    if special is not None:
-        ids = {f"{k}_id": special[k] for k in ("pad", "cls", "sep", "mask")}
-        ids["random_ids"] = masking.replacement_ids(vocab_size, special)
-    return masking.MaskSpec(vocab_size=vocab_size, max_predictions=cfg.max_predictions_per_seq,
-                            mask_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob,
-                            random_token_prob=cfg.random_token_prob,
-                            whole_word=cfg.whole_word_mask, word_start=word_start, **ids)
+def _mask_spec(
+    cfg: InputConfig,
+    vocab_size: int,
+    word_start: np.ndarray | None,
+    special: dict[str, int] | None = None,
+) -> masking.MaskSpec:
+  """special: the tokenizer's {pad, unk, cls, sep, mask} ids; None: the module constants."""
+  ids = {}
+  if special is not None:
+    ids = {f"{k}_id": special[k] for k in ("pad", "cls", "sep", "mask")}
+    ids["random_ids"] = masking.replacement_ids(vocab_size, special)
+  return masking.MaskSpec(
+      vocab_size=vocab_size,
+      max_predictions=cfg.max_predictions_per_seq,
+      mask_prob=cfg.mask_prob,
+      mask_token_prob=cfg.mask_token_prob,
+      random_token_prob=cfg.random_token_prob,
+      whole_word=cfg.whole_word_mask,
+      word_start=word_start,
+      **ids,
+  )
 
 
 def _reader(cfg: InputConfig) -> str:
-    """The engine that reads the shards: cfg.reader, or "python" when TensorFlow is missing."""
-    if cfg.reader == "tf.data":
-        from bertjax.data import tf_reader
-
-        if not tf_reader.available():
-            logging.warning("InputConfig.reader='tf.data' but TensorFlow is not installed: "
-                            "reading the shards with the Python reader (same batches)")
-            return "python"
-    return cfg.reader
-
-
-def host_shards(cfg: InputConfig, process_index: int, process_count: int,
-                split: str = "train") -> tuple[dict, list[dict]]:
-    """(metadata, this host's shards): whole files, `shards[process_index::process_count]`."""
-    from bertjax.data import records
-
-    meta = records.load_metadata(cfg.path)
-    shards = records.split_shards(meta, cfg.path, split)
-    for i, shard in enumerate(shards):
-        shard["id"] = i  # stable across host counts: part of every example's identity
-    if len(shards) < process_count:
-        raise ValueError(f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
-                         f"{process_count} hosts; every host needs at least one file: prepare "
-                         + (f"with --num-shards >= {process_count}" if split == "train" else
-                            f"with --eval-fraction > 0 and --eval-shards >= {process_count}"))
-    return meta, shards[process_index::process_count]
+  """The engine that reads the shards: cfg.reader, or "python" when TensorFlow is missing."""
+  if cfg.reader == "tf.data":
+    if not tf_reader.available():
+      logging.warning(
+          "InputConfig.reader='tf.data' but TensorFlow is not installed: "
+          "reading the shards with the Python reader (same batches)"
+      )
+      return "python"
+  return cfg.reader
 
 
-def make_stream(cfg: InputConfig, *, global_batch_size: int, process_index: int,
-                process_count: int, state: dict | None = None, split: str = "train"
-                ) -> SyntheticStream | PreparedStream:
-    """This host's endless stream of batches; `state` from `get_state()` resumes exactly."""
-    _check(cfg, global_batch_size, process_index, process_count, split)
-    rows = global_batch_size // process_count
-    fingerprint = _fingerprint(cfg, global_batch_size, process_index, process_count, split)
-    state = dict(state or {})
-    mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
-    if mismatched:
-        raise ValueError("input state was saved with different settings "
-                         f"(saved, now): {mismatched}; resume with the same config and hosts")
-    if cfg.source == "synthetic":
-        if not cfg.vocab_size:
-            raise ValueError("source 'synthetic' needs InputConfig.vocab_size")
-        word_start = synthetic.word_start_table(cfg.vocab_size)
-        return SyntheticStream(cfg, _mask_spec(cfg, cfg.vocab_size, word_start),
-                               np.arange(process_index * rows, (process_index + 1) * rows),
-                               fingerprint, state.get("step", 0))
-    meta, shards = host_shards(cfg, process_index, process_count, split)
-    vocab_size = meta["tokenizer"]["vocab_size"]
-    # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
-    if cfg.vocab_size and cfg.vocab_size < vocab_size:
-        raise ValueError(f"InputConfig.vocab_size={cfg.vocab_size} but {cfg.path} was "
-                         f"tokenized with vocab_size={vocab_size}; the model needs >= that")
-    word_start = None
-    if cfg.whole_word_mask:
-        from bertjax.data import wordpiece
+def host_shards(
+    cfg: InputConfig, process_index: int, process_count: int, split: str = "train"
+) -> tuple[dict, list[dict]]:
+  """(metadata, this host's shards): whole files, `shards[process_index::process_count]`."""
+  meta = records.load_metadata(cfg.path)
+  shards = records.split_shards(meta, cfg.path, split)
+  for i, shard in enumerate(shards):
+    shard["id"] = i  # stable across host counts: part of every example's identity
+  if len(shards) < process_count:
+    raise ValueError(
+        f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
+        f"{process_count} hosts; every host needs at least one file: prepare "
+        + (
+            f"with --num-shards >= {process_count}"
+            if split == "train"
+            else f"with --eval-fraction > 0 and --eval-shards >= {process_count}"
+        )
+    )
+  return meta, shards[process_index::process_count]
 
-        tok = wordpiece.load_tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
-        word_start = np.array(tok.word_start_table(), bool)
-    from bertjax.data import records
 
-    spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
-    return PreparedStream(cfg, spec, shards, rows, fingerprint, state, _reader(cfg))
+def make_stream(
+    cfg: InputConfig,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    state: dict | None = None,
+    split: str = "train",
+) -> SyntheticStream | PreparedStream:
+  """This host's endless stream of batches; `state` from `get_state()` resumes exactly."""
+  _check(cfg, global_batch_size, process_index, process_count, split)
+  rows = global_batch_size // process_count
+  fingerprint = _fingerprint(cfg, global_batch_size, process_index, process_count, split)
+  state = dict(state or {})
+  mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
+  if mismatched:
+    raise ValueError(
+        "input state was saved with different settings "
+        f"(saved, now): {mismatched}; resume with the same config and hosts"
+    )
+  if cfg.source == "synthetic":
+    if not cfg.vocab_size:
+      raise ValueError("source 'synthetic' needs InputConfig.vocab_size")
+    word_start = synthetic.word_start_table(cfg.vocab_size)
+    return SyntheticStream(
+        cfg,
+        _mask_spec(cfg, cfg.vocab_size, word_start),
+        np.arange(process_index * rows, (process_index + 1) * rows),
+        fingerprint,
+        state.get("step", 0),
+    )
+  meta, shards = host_shards(cfg, process_index, process_count, split)
+  vocab_size = meta["tokenizer"]["vocab_size"]
+  # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
+  if cfg.vocab_size and cfg.vocab_size < vocab_size:
+    raise ValueError(
+        f"InputConfig.vocab_size={cfg.vocab_size} but {cfg.path} was "
+        f"tokenized with vocab_size={vocab_size}; the model needs >= that"
+    )
+  word_start = None
+  if cfg.whole_word_mask:
+    tok = wordpiece.load_tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
+    word_start = np.array(tok.word_start_table(), bool)
+
+  spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
+  return PreparedStream(cfg, spec, shards, rows, fingerprint, state, _reader(cfg))
 
 
 def _feature_sharding(sharding, name: str, ndim: int):
-    """Per-feature sharding: a dict, or one NamedSharding whose first axis is the batch."""
-    if isinstance(sharding, dict):
-        return sharding[name]
-    import jax
+  """Per-feature sharding: a dict, or one NamedSharding whose first axis is the batch."""
+  if isinstance(sharding, dict):
+    return sharding[name]
 
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        batch_axis = sharding.spec[0] if len(sharding.spec) else None
-        spec = jax.sharding.PartitionSpec(batch_axis, *([None] * (ndim - 1)))
-        return jax.sharding.NamedSharding(sharding.mesh, spec)
-    return sharding
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    batch_axis = sharding.spec[0] if len(sharding.spec) else None
+    spec = jax.sharding.PartitionSpec(batch_axis, *([None] * (ndim - 1)))
+    return jax.sharding.NamedSharding(sharding.mesh, spec)
+  return sharding
 
 
 def global_batch(batch: dict[str, np.ndarray], sharding) -> dict:
-    """Host-local rows -> global jax.Arrays of global_batch_size rows on `sharding`."""
-    import jax
-
-    out = {}
-    for name, local in batch.items():
-        global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
-        out[name] = jax.make_array_from_process_local_data(
-            _feature_sharding(sharding, name, local.ndim), local, global_shape)
-    return out
+  """Host-local rows -> global jax.Arrays of global_batch_size rows on `sharding`."""
+  out = {}
+  for name, local in batch.items():
+    global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
+    out[name] = jax.make_array_from_process_local_data(
+        _feature_sharding(sharding, name, local.ndim), local, global_shape
+    )
+  return out
 
 
 class Prefetcher:
-    """Iterator of global batches, `size` ahead, built by a background thread.
+  """Iterator of global batches, `size` ahead, built by a background thread.
 
-    The thread draws host batches and starts their transfer while the device runs the current
-    step. `get_state()` is the input state *after the last batch handed out* (not after the
-    ones prefetched), which is what a checkpoint must store.
+  The thread draws host batches and starts their transfer while the device runs the current
+  step. `get_state()` is the input state *after the last batch handed out* (not after the
+  ones prefetched), which is what a checkpoint must store.
+  """
+
+  def __init__(self, iterator, sharding, size: int = 2):
+    self._it, self._sharding = iterator, sharding
+    self._queue: queue.Queue = queue.Queue(maxsize=max(1, size))
+    self._state = iterator.get_state() if hasattr(iterator, "get_state") else None
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._produce, daemon=True)
+    self._thread.start()
+
+  def _produce(self) -> None:
+    try:
+      for host_batch in self._it:
+        state = self._it.get_state() if hasattr(self._it, "get_state") else None
+        item = (global_batch(host_batch, self._sharding), state, None)
+        while not self._stop.is_set():
+          try:
+            self._queue.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if self._stop.is_set():
+          return
+    except BaseException as e:  # surfaced in the consumer, not lost in the thread
+      self._queue.put((None, None, e))
+      return
+    self._queue.put((None, None, StopIteration()))
+
+  def __iter__(self) -> "Prefetcher":
+    return self
+
+  def __next__(self) -> dict:
+    batch, state, error = self._queue.get()
+    if error is not None:
+      raise error
+    self._state = state
+    return batch
+
+  def get_state(self) -> dict | None:
+    return self._state
+
+  def close(self, timeout: float = 60.0) -> None:
+    """Stop the producer and wait for it.
+
+    A daemon thread still inside TensorFlow or XLA when the interpreter exits aborts the
+    process ("terminate called ... exception not rethrown"), so the thread is joined here.
     """
-
-    def __init__(self, iterator, sharding, size: int = 2):
-        import queue
-        import threading
-
-        self._it, self._sharding = iterator, sharding
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, size))
-        self._state = iterator.get_state() if hasattr(iterator, "get_state") else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, daemon=True)
-        self._thread.start()
-
-    def _produce(self) -> None:
-        import queue
-
-        try:
-            for host_batch in self._it:
-                state = self._it.get_state() if hasattr(self._it, "get_state") else None
-                item = (global_batch(host_batch, self._sharding), state, None)
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-        except BaseException as e:  # surfaced in the consumer, not lost in the thread
-            self._queue.put((None, None, e))
-            return
-        self._queue.put((None, None, StopIteration()))
-
-    def __iter__(self) -> "Prefetcher":
-        return self
-
-    def __next__(self) -> dict:
-        batch, state, error = self._queue.get()
-        if error is not None:
-            raise error
-        self._state = state
-        return batch
-
-    def get_state(self) -> dict | None:
-        return self._state
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Stop the producer and wait for it.
-
-        A daemon thread still inside TensorFlow or XLA when the interpreter exits aborts the
-        process ("terminate called ... exception not rethrown"), so the thread is joined here.
-        """
-        import queue
-        import time
-
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            try:  # make room for a producer blocked on a full queue
-                self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            self._thread.join(timeout=0.1)
-        if self._thread.is_alive():
-            print(f"warning: the input prefetch thread did not stop within {timeout:.0f} s",
-                  file=sys.stderr)
+    self._stop.set()
+    deadline = time.monotonic() + timeout
+    while self._thread.is_alive() and time.monotonic() < deadline:
+      try:  # make room for a producer blocked on a full queue
+        self._queue.get_nowait()
+      except queue.Empty:
+        pass
+      self._thread.join(timeout=0.1)
+    if self._thread.is_alive():
+      print(
+          f"warning: the input prefetch thread did not stop within {timeout:.0f} s", file=sys.stderr
+      )
 
 
 def prefetch_to_device(iterator, sharding, size: int = 2) -> Prefetcher:
-    """Global jax.Array batches from a host-batch iterator, overlapping host and device."""
-    return Prefetcher(iterator, sharding, size)
+  """Global jax.Array batches from a host-batch iterator, overlapping host and device."""
+  return Prefetcher(iterator, sharding, size)

@@ -29,270 +29,285 @@ SPLITS = ("train", "eval")
 
 
 def shard_name(split: str, index: int, total: int) -> str:
-    return f"{split}-{index:05d}-of-{total:05d}.tfrecord"
+  return f"{split}-{index:05d}-of-{total:05d}.tfrecord"
 
 
 def metadata_name(worker_index: int, num_workers: int) -> str:
-    if num_workers == 1:
-        return "metadata.json"
-    return f"metadata-{worker_index:05d}-of-{num_workers:05d}.json"
+  if num_workers == 1:
+    return "metadata.json"
+  return f"metadata-{worker_index:05d}-of-{num_workers:05d}.json"
 
 
 def _crc32c_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
+  table = []
+  for i in range(256):
+    c = i
+    for _ in range(8):
+      c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    table.append(c)
+  return table
 
 
 _CRC_TABLE = _crc32c_table()
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli), as TFRecord frames use; pure Python, ~10 MB/s."""
-    crc, table = 0xFFFFFFFF, _CRC_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+  """CRC-32C (Castagnoli), as TFRecord frames use; pure Python, ~10 MB/s."""
+  crc, table = 0xFFFFFFFF, _CRC_TABLE
+  for b in data:
+    crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+  return crc ^ 0xFFFFFFFF
 
 
 def _masked_crc(data: bytes) -> bytes:
-    crc = crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
+  crc = crc32c(data)
+  return ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
 
 
 def frame_record(data: bytes) -> bytes:
-    """One TFRecord: length, masked CRC of the length, data, masked CRC of the data."""
-    length = len(data).to_bytes(8, "little")
-    return length + _masked_crc(length) + data + _masked_crc(data)
+  """One TFRecord: length, masked CRC of the length, data, masked CRC of the data."""
+  length = len(data).to_bytes(8, "little")
+  return length + _masked_crc(length) + data + _masked_crc(data)
 
 
 def _varints(values: np.ndarray) -> bytes:
-    """Protobuf varints of non-negative integers, vectorised."""
-    v = np.asarray(values, np.uint64)
-    n = np.ones(v.shape, np.int64)
-    for k in range(1, 10):
-        n += v >= np.uint64(1 << (7 * k))
-    out = np.empty(int(n.sum()), np.uint8)
-    starts = np.cumsum(n) - n
-    for j in range(int(n.max(initial=1))):
-        live = n > j
-        byte = (v[live] >> np.uint64(7 * j)) & np.uint64(0x7F)
-        out[starts[live] + j] = byte | np.where(n[live] > j + 1, 0x80, 0).astype(np.uint64)
-    return out.tobytes()
+  """Protobuf varints of non-negative integers, vectorised."""
+  v = np.asarray(values, np.uint64)
+  n = np.ones(v.shape, np.int64)
+  for k in range(1, 10):
+    n += v >= np.uint64(1 << (7 * k))
+  out = np.empty(int(n.sum()), np.uint8)
+  starts = np.cumsum(n) - n
+  for j in range(int(n.max(initial=1))):
+    live = n > j
+    byte = (v[live] >> np.uint64(7 * j)) & np.uint64(0x7F)
+    out[starts[live] + j] = byte | np.where(n[live] > j + 1, 0x80, 0).astype(np.uint64)
+  return out.tobytes()
 
 
 def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varints([number << 3 | 2]) + _varints([len(payload)]) + payload
+  """A length-delimited protobuf field."""
+  return _varints([number << 3 | 2]) + _varints([len(payload)]) + payload
 
 
 def _int64_feature(name: str, values: np.ndarray) -> bytes:
-    # Features.feature map entry {key, value: Feature{int64_list: Int64List{packed value}}}.
-    int64_list = _field(1, _varints(values)) if len(values) else b""
-    return _field(1, _field(1, name.encode()) + _field(2, _field(3, int64_list)))
+  # Features.feature map entry {key, value: Feature{int64_list: Int64List{packed value}}}.
+  int64_list = _field(1, _varints(values)) if len(values) else b""
+  return _field(1, _field(1, name.encode()) + _field(2, _field(3, int64_list)))
 
 
 def encode_document(sentences: list[list[int]]) -> bytes:
-    """A serialized tf.train.Example, encoded without TensorFlow (prepare never imports it)."""
-    flat = np.fromiter((t for s in sentences for t in s), np.int64)
-    lengths = np.array([len(s) for s in sentences], np.int64)
-    features = (_int64_feature("token_ids", flat)
-                + _int64_feature("sentence_lengths", lengths))
-    return _field(1, features)
+  """A serialized tf.train.Example, encoded without TensorFlow (prepare never imports it)."""
+  flat = np.fromiter((t for s in sentences for t in s), np.int64)
+  lengths = np.array([len(s) for s in sentences], np.int64)
+  features = _int64_feature("token_ids", flat) + _int64_feature("sentence_lengths", lengths)
+  return _field(1, features)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if b < 0x80:
-            return value, pos
+  value = shift = 0
+  while True:
+    b = buf[pos]
+    value |= (b & 0x7F) << shift
+    pos, shift = pos + 1, shift + 7
+    if b < 0x80:
+      return value, pos
 
 
 def _fields(buf: memoryview):
-    """(field number, wire type, value) of one protobuf message; LEN values as memoryviews."""
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _read_varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-        elif wire == 2:
-            n, pos = _read_varint(buf, pos)
-            value, pos = buf[pos:pos + n], pos + n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            value, pos = bytes(buf[pos:pos + n]), pos + n
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield number, wire, value
+  """(field number, wire type, value) of one protobuf message; LEN values as memoryviews."""
+  pos = 0
+  while pos < len(buf):
+    tag, pos = _read_varint(buf, pos)
+    number, wire = tag >> 3, tag & 7
+    if wire == 0:
+      value, pos = _read_varint(buf, pos)
+    elif wire == 2:
+      n, pos = _read_varint(buf, pos)
+      value, pos = buf[pos : pos + n], pos + n
+    elif wire in (1, 5):
+      n = 8 if wire == 1 else 4
+      value, pos = bytes(buf[pos : pos + n]), pos + n
+    else:
+      raise ValueError(f"unsupported protobuf wire type {wire}")
+    yield number, wire, value
 
 
 def _decode_varints(buf: memoryview) -> np.ndarray:
-    """Packed protobuf varints -> int64 array, vectorised."""
-    b = np.frombuffer(buf, np.uint8)
-    if not len(b):
-        return np.zeros((0,), np.int64)
-    ends = np.flatnonzero(b < 0x80)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    shift = (np.arange(len(b)) - np.repeat(starts, ends - starts + 1)) * 7
-    parts = (b & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
-    return np.bitwise_or.reduceat(parts, starts).astype(np.int64)
+  """Packed protobuf varints -> int64 array, vectorised."""
+  b = np.frombuffer(buf, np.uint8)
+  if not len(b):
+    return np.zeros((0,), np.int64)
+  ends = np.flatnonzero(b < 0x80)
+  starts = np.concatenate([[0], ends[:-1] + 1])
+  shift = (np.arange(len(b)) - np.repeat(starts, ends - starts + 1)) * 7
+  parts = (b & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
+  return np.bitwise_or.reduceat(parts, starts).astype(np.int64)
 
 
 def decode_document(payload: bytes) -> list[np.ndarray]:
-    """A serialized tf.train.Example of `encode_document` -> int32 sentence arrays."""
-    features = {}
-    for number, _, features_msg in _fields(memoryview(payload)):
-        if number != 1:
-            continue
-        for _, _, entry in _fields(features_msg):
-            key, values = None, np.zeros((0,), np.int64)
-            for n, _, v in _fields(entry):
-                if n == 1:
-                    key = bytes(v).decode()
-                elif n == 2:
-                    for kind, _, lst in _fields(v):
-                        if kind == 3:  # int64_list; packed or not
-                            chunks = [_decode_varints(x) if w == 2 else np.array([x], np.int64)
-                                      for _, w, x in _fields(lst)]
-                            values = np.concatenate(chunks) if chunks else values
-            features[key] = values
-    tokens = features["token_ids"].astype(np.int32)
-    return np.split(tokens, np.cumsum(features["sentence_lengths"])[:-1])
+  """A serialized tf.train.Example of `encode_document` -> int32 sentence arrays."""
+  features = {}
+  for number, _, features_msg in _fields(memoryview(payload)):
+    if number != 1:
+      continue
+    for _, _, entry in _fields(features_msg):
+      key, values = None, np.zeros((0,), np.int64)
+      for n, _, v in _fields(entry):
+        if n == 1:
+          key = bytes(v).decode()
+        elif n == 2:
+          for kind, _, lst in _fields(v):
+            if kind == 3:  # int64_list; packed or not
+              chunks = [
+                  _decode_varints(x) if w == 2 else np.array([x], np.int64)
+                  for _, w, x in _fields(lst)
+              ]
+              values = np.concatenate(chunks) if chunks else values
+      features[key] = values
+  tokens = features["token_ids"].astype(np.int32)
+  return np.split(tokens, np.cumsum(features["sentence_lengths"])[:-1])
 
 
 def _open(path: str):
-    if "://" in path:  # gs://, s3://, hdfs:// ...: TensorFlow's file systems
-        import tensorflow as tf
+  if "://" in path:  # gs://, s3://, hdfs:// ...: TensorFlow's file systems
+    import tensorflow as tf  # only for remote paths; local shards need no TF
 
-        return tf.io.gfile.GFile(path, "rb")
-    return open(path, "rb")
+    return tf.io.gfile.GFile(path, "rb")
+  return open(path, "rb")
 
 
 def read_records(path: str, start: int = 0) -> Iterator[bytes]:
-    """Payloads of a TFRecord file from record `start` on (skipped records are not read)."""
-    with _open(path) as f:
-        index = 0
-        while True:
-            header = f.read(12)
-            if not header:
-                return
-            if len(header) < 12:
-                raise ValueError(f"{path}: truncated record header after record {index}")
-            n = int.from_bytes(header[:8], "little")
-            if header[8:12] != _masked_crc(header[:8]):
-                raise ValueError(f"{path}: corrupt length of record {index}")
-            if index < start:
-                f.seek(n + 4, 1)
-            else:
-                data = f.read(n + 4)
-                if len(data) < n + 4:
-                    raise ValueError(f"{path}: truncated record {index}")
-                yield data[:n]
-            index += 1
+  """Payloads of a TFRecord file from record `start` on (skipped records are not read)."""
+  with _open(path) as f:
+    index = 0
+    while True:
+      header = f.read(12)
+      if not header:
+        return
+      if len(header) < 12:
+        raise ValueError(f"{path}: truncated record header after record {index}")
+      n = int.from_bytes(header[:8], "little")
+      if header[8:12] != _masked_crc(header[:8]):
+        raise ValueError(f"{path}: corrupt length of record {index}")
+      if index < start:
+        f.seek(n + 4, 1)
+      else:
+        data = f.read(n + 4)
+        if len(data) < n + 4:
+          raise ValueError(f"{path}: truncated record {index}")
+        yield data[:n]
+      index += 1
 
 
 def read_documents(path: str, start: int = 0) -> Iterator[list[np.ndarray]]:
-    """Documents of one shard from record `start` on, each a list of int32 sentence arrays.
+  """Documents of one shard from record `start` on, each a list of int32 sentence arrays.
 
-    The plain-Python reader: the stream's reader without TensorFlow (or with
-    `InputConfig.reader="python"`), and the reference that tf_reader.py is tested against.
-    The data CRCs are not checked (tf.data checks them), the lengths are.
-    """
-    for payload in read_records(path, start):
-        yield decode_document(payload)
+  The plain-Python reader: the stream's reader without TensorFlow (or with
+  `InputConfig.reader="python"`), and the reference that tf_reader.py is tested against.
+  The data CRCs are not checked (tf.data checks them), the lengths are.
+  """
+  for payload in read_records(path, start):
+    yield decode_document(payload)
 
 
-def write_metadata(out_dir: str | os.PathLike, meta: dict, worker_index: int,
-                   num_workers: int) -> pathlib.Path:
-    path = pathlib.Path(out_dir) / metadata_name(worker_index, num_workers)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)  # a crash never leaves a half-written metadata.json
-    return path
+def write_metadata(
+    out_dir: str | os.PathLike, meta: dict, worker_index: int, num_workers: int
+) -> pathlib.Path:
+  path = pathlib.Path(out_dir) / metadata_name(worker_index, num_workers)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+  os.replace(tmp, path)  # a crash never leaves a half-written metadata.json
+  return path
 
 
 def _merge(parts: list[dict]) -> dict:
-    merged = dict(parts[0])
-    for key in ("documents", "sentences", "tokens", "input_bytes"):
-        merged[key] = sum(p.get(key, 0) for p in parts)
-    for key in ("skipped", "repaired", "warnings"):
-        total = collections.Counter()
-        for p in parts:
-            total.update(p.get(key, {}))
-        merged[key] = dict(sorted(total.items()))
-    merged["shards"] = [s for p in parts for s in p["shards"]]
-    merged["examples_of_problems"] = [e for p in parts for e in p.get("examples_of_problems", [])]
-    if len({p["tokenizer"]["sha256"] for p in parts}) > 1:
-        raise ValueError("metadata parts were prepared with different tokenizers")
-    return merged
+  merged = dict(parts[0])
+  for key in ("documents", "sentences", "tokens", "input_bytes"):
+    merged[key] = sum(p.get(key, 0) for p in parts)
+  for key in ("skipped", "repaired", "warnings"):
+    total = collections.Counter()
+    for p in parts:
+      total.update(p.get(key, {}))
+    merged[key] = dict(sorted(total.items()))
+  merged["shards"] = [s for p in parts for s in p["shards"]]
+  merged["examples_of_problems"] = [e for p in parts for e in p.get("examples_of_problems", [])]
+  if len({p["tokenizer"]["sha256"] for p in parts}) > 1:
+    raise ValueError("metadata parts were prepared with different tokenizers")
+  return merged
 
 
 def load_metadata(data_dir: str | os.PathLike) -> dict:
-    """metadata.json, or the merge of all workers' parts; clear errors when incomplete."""
-    data_dir = pathlib.Path(data_dir)
-    single = data_dir / "metadata.json"
-    if single.is_file():
-        return json.loads(single.read_text())
-    parts = sorted(glob.glob(str(data_dir / "metadata-*-of-*.json")))
-    if not parts:
-        raise FileNotFoundError(f"{data_dir}: no metadata.json; prepare the data with "
-                                "`bertjax prepare --output DIR`")
-    metas = [json.loads(pathlib.Path(p).read_text()) for p in parts]
-    expected = metas[0]["num_workers"]
-    have = sorted(m["worker_index"] for m in metas)
-    if have != list(range(expected)):
-        missing = sorted(set(range(expected)) - set(have))
-        raise FileNotFoundError(f"{data_dir}: metadata of workers {missing} of {expected} is "
-                                "missing; run `bertjax prepare --worker-index K` for them")
-    return _merge(metas)
+  """metadata.json, or the merge of all workers' parts; clear errors when incomplete."""
+  data_dir = pathlib.Path(data_dir)
+  single = data_dir / "metadata.json"
+  if single.is_file():
+    return json.loads(single.read_text())
+  parts = sorted(glob.glob(str(data_dir / "metadata-*-of-*.json")))
+  if not parts:
+    raise FileNotFoundError(
+        f"{data_dir}: no metadata.json; prepare the data with " "`bertjax prepare --output DIR`"
+    )
+  metas = [json.loads(pathlib.Path(p).read_text()) for p in parts]
+  expected = metas[0]["num_workers"]
+  have = sorted(m["worker_index"] for m in metas)
+  if have != list(range(expected)):
+    missing = sorted(set(range(expected)) - set(have))
+    raise FileNotFoundError(
+        f"{data_dir}: metadata of workers {missing} of {expected} is "
+        "missing; run `bertjax prepare --worker-index K` for them"
+    )
+  return _merge(metas)
 
 
 def special_ids(meta: dict) -> dict[str, int]:
-    """{pad, unk, cls, sep, mask} ids of the tokenizer the data was prepared with.
+  """{pad, unk, cls, sep, mask} ids of the tokenizer the data was prepared with.
 
-    Recorded by `prepare` (WordPiece: [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102 [MASK]=103 in
-    BERT's vocabs), so the stream knows them without loading the tokenizer; data prepared
-    before they were recorded used the SentencePiece constants.
-    """
-    default = {"pad": tokenizer_lib.PAD_ID, "unk": tokenizer_lib.UNK_ID,
-               "cls": tokenizer_lib.CLS_ID, "sep": tokenizer_lib.SEP_ID,
-               "mask": tokenizer_lib.MASK_ID}
-    return {**default, **meta["tokenizer"].get("special_ids", {})}
+  Recorded by `prepare` (WordPiece: [PAD]=0 [UNK]=100 [CLS]=101 [SEP]=102 [MASK]=103 in
+  BERT's vocabs), so the stream knows them without loading the tokenizer; data prepared
+  before they were recorded used the SentencePiece constants.
+  """
+  default = {
+      "pad": tokenizer_lib.PAD_ID,
+      "unk": tokenizer_lib.UNK_ID,
+      "cls": tokenizer_lib.CLS_ID,
+      "sep": tokenizer_lib.SEP_ID,
+      "mask": tokenizer_lib.MASK_ID,
+  }
+  return {**default, **meta["tokenizer"].get("special_ids", {})}
 
 
 def check_shards(meta: dict, data_dir: str | os.PathLike) -> None:
-    """Every shard metadata.json lists is there with its recorded size (local directories;
-    data prepared before sizes were recorded is checked for presence only)."""
-    if "://" in str(data_dir):
-        return
-    for s in meta["shards"]:
-        if not s.get("documents"):
-            continue
-        path = pathlib.Path(data_dir) / s["file"]
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing, but {data_dir}/metadata.json lists it "
-                                    "(an incomplete copy?); copy it again, or re-prepare with "
-                                    "`bertjax prepare ... --overwrite`")
-        if "bytes" in s and path.stat().st_size != s["bytes"]:
-            raise ValueError(f"{path}: {path.stat().st_size:,} bytes, but metadata.json records "
-                             f"{s['bytes']:,} (truncated or replaced); copy it again, or "
-                             "re-prepare with `bertjax prepare ... --overwrite`")
+  """Every shard metadata.json lists is there with its recorded size (local directories;
+  data prepared before sizes were recorded is checked for presence only)."""
+  if "://" in str(data_dir):
+    return
+  for s in meta["shards"]:
+    if not s.get("documents"):
+      continue
+    path = pathlib.Path(data_dir) / s["file"]
+    if not path.is_file():
+      raise FileNotFoundError(
+          f"{path}: missing, but {data_dir}/metadata.json lists it "
+          "(an incomplete copy?); copy it again, or re-prepare with "
+          "`bertjax prepare ... --overwrite`"
+      )
+    if "bytes" in s and path.stat().st_size != s["bytes"]:
+      raise ValueError(
+          f"{path}: {path.stat().st_size:,} bytes, but metadata.json records "
+          f"{s['bytes']:,} (truncated or replaced); copy it again, or "
+          "re-prepare with `bertjax prepare ... --overwrite`"
+      )
 
 
 def split_shards(meta: dict, data_dir: str | os.PathLike, split: str) -> list[dict]:
-    """The shards of one split, sorted by name, each with its absolute `path`."""
-    if split not in SPLITS:
-        raise ValueError(f"split {split!r}: valid options are {SPLITS}")
-    shards = sorted((s for s in meta["shards"] if s["split"] == split and s["documents"] > 0),
-                    key=lambda s: s["file"])
-    for s in shards:
-        s["path"] = str(pathlib.Path(data_dir) / s["file"])
-    return shards
+  """The shards of one split, sorted by name, each with its absolute `path`."""
+  if split not in SPLITS:
+    raise ValueError(f"split {split!r}: valid options are {SPLITS}")
+  shards = sorted(
+      (s for s in meta["shards"] if s["split"] == split and s["documents"] > 0),
+      key=lambda s: s["file"],
+  )
+  for s in shards:
+    s["path"] = str(pathlib.Path(data_dir) / s["file"])
+  return shards

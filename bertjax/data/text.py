@@ -26,91 +26,95 @@ SINGLE_DOCUMENT = "single-document file"
 
 @dataclasses.dataclass
 class Problem:
-    line: int  # 1-based, relative to the start of the chunk
-    reason: str
+  line: int  # 1-based, relative to the start of the chunk
+  reason: str
 
 
 def decode_line(raw: bytes, problems: list[Problem], lineno: int) -> str:
-    """Decodes one line; invalid UTF-8 is replaced by U+FFFD and NULs are dropped."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        problems.append(Problem(lineno, INVALID_UTF8))
-    if "\x00" in text:
-        text = text.replace("\x00", "")
-        problems.append(Problem(lineno, NUL_BYTES))
-    return text
+  """Decodes one line; invalid UTF-8 is replaced by U+FFFD and NULs are dropped."""
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError:
+    text = raw.decode("utf-8", errors="replace")
+    problems.append(Problem(lineno, INVALID_UTF8))
+  if "\x00" in text:
+    text = text.replace("\x00", "")
+    problems.append(Problem(lineno, NUL_BYTES))
+  return text
 
 
 def split_long(line: str, max_chars: int) -> list[str]:
-    """Cuts a line into pieces of <= max_chars, at the last space when there is one."""
-    pieces, start = [], 0
-    while len(line) - start > max_chars:
-        cut = line.rfind(" ", start + max_chars // 2, start + max_chars)
-        cut = start + max_chars if cut < 0 else cut
-        pieces.append(line[start:cut].strip())
-        start = cut
-    pieces.append(line[start:].strip())
-    return [p for p in pieces if p]
+  """Cuts a line into pieces of <= max_chars, at the last space when there is one."""
+  pieces, start = [], 0
+  while len(line) - start > max_chars:
+    cut = line.rfind(" ", start + max_chars // 2, start + max_chars)
+    cut = start + max_chars if cut < 0 else cut
+    pieces.append(line[start:cut].strip())
+    start = cut
+  pieces.append(line[start:].strip())
+  return [p for p in pieces if p]
 
 
-def clean_lines(data: bytes, max_line_chars: int, first_chunk: bool, continued: bool = False
-                ) -> tuple[list[tuple[int, str]], list[Problem]]:
-    """Bytes of one chunk -> [(line number, text)] with blank lines as "", plus problems.
+def clean_lines(
+    data: bytes, max_line_chars: int, first_chunk: bool, continued: bool = False
+) -> tuple[list[tuple[int, str]], list[Problem]]:
+  """Bytes of one chunk -> [(line number, text)] with blank lines as "", plus problems.
 
-    Long lines are split into several "sentences" with the same line number, so a 1 MB line
-    without spaces costs bounded tokenizer work and loses no text. `continued`: the chunk
-    starts inside a line that the previous chunk began (and counted if long).
-    """
-    problems: list[Problem] = []
-    if first_chunk and data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-        problems.append(Problem(1, BOM))
-    if b"\r" in data:
-        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        problems.append(Problem(1, CRLF))
-    out = []
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        text = decode_line(raw, problems, lineno).strip()
-        if len(text) > max_line_chars:
-            if not (continued and lineno == 1):
-                problems.append(Problem(lineno, LONG_LINE))
-            out.extend((lineno, piece) for piece in split_long(text, max_line_chars))
-        else:
-            out.append((lineno, text))
-    return out, problems
+  Long lines are split into several "sentences" with the same line number, so a 1 MB line
+  without spaces costs bounded tokenizer work and loses no text. `continued`: the chunk
+  starts inside a line that the previous chunk began (and counted if long).
+  """
+  problems: list[Problem] = []
+  if first_chunk and data.startswith(b"\xef\xbb\xbf"):
+    data = data[3:]
+    problems.append(Problem(1, BOM))
+  if b"\r" in data:
+    data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    problems.append(Problem(1, CRLF))
+  out = []
+  for lineno, raw in enumerate(data.split(b"\n"), start=1):
+    text = decode_line(raw, problems, lineno).strip()
+    if len(text) > max_line_chars:
+      if not (continued and lineno == 1):
+        problems.append(Problem(lineno, LONG_LINE))
+      out.extend((lineno, piece) for piece in split_long(text, max_line_chars))
+    else:
+      out.append((lineno, text))
+  return out, problems
 
 
 # Abbreviations after which a period does not end a sentence.
-_ABBREV = re.compile(r"(?:^|\s)(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Messrs|Col|Capt|Gen|Esq|Sir|Co|"
-                     r"Inc|Ltd|vs|viz|etc|e\.g|i\.e|No|Vol|ch|p|pp|[A-Z])\.$")
+_ABBREV = re.compile(
+    r"(?:^|\s)(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Messrs|Col|Capt|Gen|Esq|Sir|Co|"
+    r"Inc|Ltd|vs|viz|etc|e\.g|i\.e|No|Vol|ch|p|pp|[A-Z])\.$"
+)
 # Western end punctuation (+ closing quotes) before whitespace and a capital/digit/quote.
-_WESTERN_END = re.compile(r"(?<=[.!?])([\"'\u2019\u201d)\]_]*)\s+"
-                          r"(?=[\"'\u2018\u201c(\[_]*[A-Z0-9])")
+_WESTERN_END = re.compile(
+    r"(?<=[.!?])([\"'\u2019\u201d)\]_]*)\s+" r"(?=[\"'\u2018\u201c(\[_]*[A-Z0-9])"
+)
 # CJK end punctuation ends a sentence wherever it is.
 _CJK_END = re.compile(r"(?<=[\u3002\uff01\uff1f])([\u201d\u300d\u300f\uff09]*)")
 
 
 def split_sentences(paragraph: str) -> list[str]:
-    """Rule-based sentence splitter for English and Chinese; good enough for NSP pairs."""
-    pieces, start = [], 0
-    for m in _WESTERN_END.finditer(paragraph):
-        if _ABBREV.search(paragraph[start:m.start()]):
-            continue
-        pieces.append(paragraph[start:m.end(1)].strip())
-        start = m.end()
-    pieces.append(paragraph[start:].strip())
-    out = []
-    for piece in pieces:
-        if re.search(r"[\u3002\uff01\uff1f]", piece):
-            parts, s = [], 0
-            for m in _CJK_END.finditer(piece):
-                if m.end() > s:
-                    parts.append(piece[s:m.end()])
-                    s = m.end()
-            parts.append(piece[s:])
-            out.extend(p.strip() for p in parts)
-        else:
-            out.append(piece)
-    return [p for p in out if p]
+  """Rule-based sentence splitter for English and Chinese; good enough for NSP pairs."""
+  pieces, start = [], 0
+  for m in _WESTERN_END.finditer(paragraph):
+    if _ABBREV.search(paragraph[start : m.start()]):
+      continue
+    pieces.append(paragraph[start : m.end(1)].strip())
+    start = m.end()
+  pieces.append(paragraph[start:].strip())
+  out = []
+  for piece in pieces:
+    if re.search(r"[\u3002\uff01\uff1f]", piece):
+      parts, s = [], 0
+      for m in _CJK_END.finditer(piece):
+        if m.end() > s:
+          parts.append(piece[s : m.end()])
+          s = m.end()
+      parts.append(piece[s:])
+      out.extend(p.strip() for p in parts)
+    else:
+      out.append(piece)
+  return [p for p in out if p]

@@ -40,8 +40,16 @@ MAX_WORD_CHARS = 200  # google-research/bert's max_input_chars_per_word (transfo
 
 # CJK Unified Ideographs blocks, exactly as google-research/bert's _is_chinese_char. Hangul and
 # Japanese kana are not in them: those are split on whitespace like any alphabet.
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 class WordPieceError(ValueError):
@@ -60,15 +68,18 @@ def read_vocab(path: str | os.PathLike) -> list[str]:
   try:
     pieces = path.read_text(encoding="utf-8").split("\n")
   except UnicodeDecodeError as e:
-    raise WordPieceError(f"{path}: not UTF-8 text at byte {e.start}; is this a vocab.txt?"
-                         ) from None
+    raise WordPieceError(
+        f"{path}: not UTF-8 text at byte {e.start}; is this a vocab.txt?"
+    ) from None
   if pieces and pieces[-1] == "":
     pieces.pop()  # the final newline
   pieces = [p.strip() for p in pieces]
   missing = [s for s in SPECIAL_PIECES if s not in pieces]
   if missing:
-    raise WordPieceError(f"{path}: special token {missing[0]} is missing; a BERT vocab.txt "
-                         f"holds {', '.join(SPECIAL_PIECES)}")
+    raise WordPieceError(
+        f"{path}: special token {missing[0]} is missing; a BERT vocab.txt "
+        f"holds {', '.join(SPECIAL_PIECES)}"
+    )
   return pieces
 
 
@@ -134,8 +145,9 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
   words = []
   for token in "".join(chars).split():
     if lower_case:
-      token = "".join(c for c in unicodedata.normalize("NFD", token.lower())
-                      if unicodedata.category(c) != "Mn")
+      token = "".join(
+          c for c in unicodedata.normalize("NFD", token.lower()) if unicodedata.category(c) != "Mn"
+      )
     current = []
     for ch in token:
       if is_punctuation(ch):
@@ -180,11 +192,13 @@ class WordPieceTokenizer:
     self._pieces = read_vocab(self.path)
     # Later duplicates win, as in transformers' load_vocab; ids stay line numbers.
     self._vocab = {p: i for i, p in enumerate(self._pieces)}
-    self.lower_case = (infer_lower_case(self.path, self._pieces) if lower_case is None
-                       else bool(lower_case))
+    self.lower_case = (
+        infer_lower_case(self.path, self._pieces) if lower_case is None else bool(lower_case)
+    )
     self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        self._vocab[s] for s in SPECIAL_PIECES)
+        self._vocab[s] for s in SPECIAL_PIECES
+    )
     self._special = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}
     self._word_start = [not p.startswith(SUFFIX) for p in self._pieces]
 
@@ -229,8 +243,10 @@ class WordPieceTokenizer:
     return list(self._word_start)
 
   def __repr__(self) -> str:
-    return (f"WordPieceTokenizer({str(self.path)!r}, vocab_size={self.vocab_size}, "
-            f"lower_case={self.lower_case})")
+    return (
+        f"WordPieceTokenizer({str(self.path)!r}, vocab_size={self.vocab_size}, "
+        f"lower_case={self.lower_case})"
+    )
 
 
 def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
@@ -246,13 +262,16 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
         return load_tokenizer(path / name, lower_case)
     raise WordPieceError(f"{path}: no tokenizer.model or vocab.txt in this directory")
   if path.suffix == ".model":
+    # Here, not at the top: bertjax.data.tokenizer imports this module.
     from bertjax.data.tokenizer import SentencePieceTokenizer
 
     return SentencePieceTokenizer(path)
   if path.suffix == ".txt":
     return WordPieceTokenizer(path, lower_case)
-  raise WordPieceError(f"{path}: unknown tokenizer type; expected a SentencePiece .model or a "
-                       "WordPiece vocab .txt")
+  raise WordPieceError(
+      f"{path}: unknown tokenizer type; expected a SentencePiece .model or a "
+      "WordPiece vocab .txt"
+  )
 
 
 # ------------------------------------------------------------------------------ TF graph op
@@ -262,14 +281,16 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
 _CONTROL_RE = "[^\\P{Cc}\t\n\r]|\\p{Cf}|\\x{fffd}"
 
 
-def wordpiece_tf_tokenize(vocab_path: str | os.PathLike, lower_case: bool | None = None
-                          ) -> Callable:
+def wordpiece_tf_tokenize(
+    vocab_path: str | os.PathLike, lower_case: bool | None = None
+) -> Callable:
   """A function string tensor -> int32 ids, usable inside `tf.data.Dataset.map`.
 
   A [B] tensor gives a [B, None] `tf.RaggedTensor`; a scalar gives a 1-D int32 tensor.
   Same ids as `WordPieceTokenizer(vocab_path, lower_case).encode` (tests check both against
   transformers' `BertTokenizer`).
   """
+  # Here, not at the top: the pure-Python tokenizer above must not load TensorFlow.
   import tensorflow as tf
   import tensorflow_text as tf_text
 
@@ -281,13 +302,17 @@ def wordpiece_tf_tokenize(vocab_path: str | os.PathLike, lower_case: bool | None
   last = {p: i for i, p in enumerate(pieces)}
   pieces = [p if last[p] == i else f"[duplicate {i}]" for i, p in enumerate(pieces)]
   op = tf_text.FastBertTokenizer(
-      vocab=pieces, suffix_indicator=SUFFIX, token_out_type=tf.int32, unknown_token="[UNK]",
+      vocab=pieces,
+      suffix_indicator=SUFFIX,
+      token_out_type=tf.int32,
+      unknown_token="[UNK]",
       # Lowercasing and accent stripping happen below: the op's own normaliser also folds
       # compatibility forms (fullwidth "，" -> ","), which BERT's does not.
       lower_case_nfd_strip_accents=False,
       # Bytes, not characters: equal to google's 200-character limit for ASCII words; a
       # non-ASCII word of 51-200 characters (e.g. 101+ Cyrillic letters) is [UNK] here only.
-      max_bytes_per_word=MAX_WORD_CHARS)
+      max_bytes_per_word=MAX_WORD_CHARS,
+  )
 
   def tokenize(text):
     text = tf.convert_to_tensor(text, tf.string)

@@ -16,9 +16,12 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import flax.linen as nn
+import jax
 import numpy as np
 
-from bertjax.model import BertConfig
+from bertjax import model as model_lib
+from bertjax.model.config import BertConfig
 
 Params = dict[str, Any]
 
@@ -36,21 +39,28 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> BertConfig:
   """A `BertConfig` from a Hugging Face `config.json` dict."""
   act = hf.get("hidden_act", "gelu")
   if act not in _HF_ACT:
-    raise ConversionError(f"config.json: hidden_act={act!r} is not supported; "
-                          f"valid: {sorted(_HF_ACT)}")
+    raise ConversionError(
+        f"config.json: hidden_act={act!r} is not supported; " f"valid: {sorted(_HF_ACT)}"
+    )
   if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ConversionError("config.json: position_embedding_type="
-                          f"{hf['position_embedding_type']!r}; only 'absolute' is BERT")
+    raise ConversionError(
+        "config.json: position_embedding_type="
+        f"{hf['position_embedding_type']!r}; only 'absolute' is BERT"
+    )
   fields = dict(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=hf["num_attention_heads"],
       intermediate_size=hf["intermediate_size"],
       max_position_embeddings=hf.get("max_position_embeddings", 512),
-      type_vocab_size=hf.get("type_vocab_size", 2), hidden_act=_HF_ACT[act],
+      type_vocab_size=hf.get("type_vocab_size", 2),
+      hidden_act=_HF_ACT[act],
       hidden_dropout_rate=hf.get("hidden_dropout_prob", 0.1),
       attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
       layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      initializer_range=hf.get("initializer_range", 0.02))
+      initializer_range=hf.get("initializer_range", 0.02),
+  )
   fields.update(overrides)
   return BertConfig(**fields)
 
@@ -58,24 +68,35 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> BertConfig:
 def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
   """The `config.json` dict that `transformers.BertConfig` reads."""
   return {
-      "architectures": ["BertForPreTraining"], "model_type": "bert",
-      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size, "hidden_act": cfg.hidden_act,
+      "architectures": ["BertForPreTraining"],
+      "model_type": "bert",
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads,
+      "intermediate_size": cfg.intermediate_size,
+      "hidden_act": cfg.hidden_act,
       "hidden_dropout_prob": cfg.hidden_dropout_rate,
       "attention_probs_dropout_prob": cfg.attention_dropout_rate,
       "max_position_embeddings": cfg.max_position_embeddings,
-      "type_vocab_size": cfg.type_vocab_size, "initializer_range": cfg.initializer_range,
-      "layer_norm_eps": cfg.layer_norm_eps, "position_embedding_type": "absolute",
-      "pad_token_id": 0, "tie_word_embeddings": True,
+      "type_vocab_size": cfg.type_vocab_size,
+      "initializer_range": cfg.initializer_range,
+      "layer_norm_eps": cfg.layer_norm_eps,
+      "position_embedding_type": "absolute",
+      "pad_token_id": 0,
+      "tie_word_embeddings": True,
   }
 
 
 # ------------------------------------------------------------------------------- tensor table
 
 # An entry: our path (tuple of keys), the HF names it is made of, and the two layout maps.
-_Entry = tuple[tuple[str, ...], tuple[str, ...], Callable[..., np.ndarray],
-               Callable[[np.ndarray], tuple[np.ndarray, ...]]]
+_Entry = tuple[
+    tuple[str, ...],
+    tuple[str, ...],
+    Callable[..., np.ndarray],
+    Callable[[np.ndarray], tuple[np.ndarray, ...]],
+]
 
 
 def _same(x):
@@ -113,17 +134,30 @@ def _hf_entries(cfg: BertConfig) -> Iterator[_Entry]:
     ours = ("bert", "encoder", f"layer_{i}")
     hf = f"bert.encoder.layer.{i}"
     qkv = tuple(f"{hf}.attention.self.{m}" for m in ("query", "key", "value"))
-    yield (ours + ("attention", "qkv", "kernel"), tuple(q + ".weight" for q in qkv),
-           lambda *ws: np.stack([w.T for w in ws], axis=1).reshape(h, 3, n, d),
-           lambda k: tuple(np.ascontiguousarray(k.reshape(h, 3, h)[:, j].T) for j in range(3)))
-    yield (ours + ("attention", "qkv", "bias"), tuple(q + ".bias" for q in qkv),
-           lambda *bs: np.stack(bs).reshape(3, n, d),
-           lambda b: tuple(b.reshape(3, h)[j] for j in range(3)))
-    yield (ours + ("attention", "out", "kernel"), (f"{hf}.attention.output.dense.weight",),
-           lambda w: np.ascontiguousarray(w.T).reshape(n, d, h),
-           lambda k: (np.ascontiguousarray(k.reshape(h, h).T),))
-    yield (ours + ("attention", "out", "bias"), (f"{hf}.attention.output.dense.bias",), _same,
-           _one(_same))
+    yield (
+        ours + ("attention", "qkv", "kernel"),
+        tuple(q + ".weight" for q in qkv),
+        lambda *ws: np.stack([w.T for w in ws], axis=1).reshape(h, 3, n, d),
+        lambda k: tuple(np.ascontiguousarray(k.reshape(h, 3, h)[:, j].T) for j in range(3)),
+    )
+    yield (
+        ours + ("attention", "qkv", "bias"),
+        tuple(q + ".bias" for q in qkv),
+        lambda *bs: np.stack(bs).reshape(3, n, d),
+        lambda b: tuple(b.reshape(3, h)[j] for j in range(3)),
+    )
+    yield (
+        ours + ("attention", "out", "kernel"),
+        (f"{hf}.attention.output.dense.weight",),
+        lambda w: np.ascontiguousarray(w.T).reshape(n, d, h),
+        lambda k: (np.ascontiguousarray(k.reshape(h, h).T),),
+    )
+    yield (
+        ours + ("attention", "out", "bias"),
+        (f"{hf}.attention.output.dense.bias",),
+        _same,
+        _one(_same),
+    )
     yield from ln(ours + ("attention_layer_norm",), f"{hf}.attention.output.LayerNorm")
     yield from dense(ours + ("intermediate",), f"{hf}.intermediate.dense")
     yield from dense(ours + ("output",), f"{hf}.output.dense")
@@ -150,20 +184,24 @@ def _legacy_names(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def hf_to_params(state: dict[str, np.ndarray], cfg: BertConfig, source: str = "checkpoint"
-                 ) -> Params:
+def hf_to_params(
+    state: dict[str, np.ndarray], cfg: BertConfig, source: str = "checkpoint"
+) -> Params:
   """A bertjax `BertForPreTraining` parameter tree (unscanned) from HF tensors (numpy)."""
   state = _legacy_names(state)
   if "bert.embeddings.word_embeddings.weight" not in state and any(
-      k.startswith("embeddings.") for k in state):
+      k.startswith("embeddings.") for k in state
+  ):
     state = {("bert." + k if not k.startswith("cls.") else k): v for k, v in state.items()}
   params: Params = {}
   used = set()
   for path, names, to_ours, _ in _hf_entries(cfg):
     missing = [nm for nm in names if nm not in state]
     if missing:
-      raise ConversionError(f"{source}: tensor {missing[0]!r} is missing "
-                            f"(is this a BertForPreTraining checkpoint?)")
+      raise ConversionError(
+          f"{source}: tensor {missing[0]!r} is missing "
+          f"(is this a BertForPreTraining checkpoint?)"
+      )
     value = np.asarray(to_ours(*[np.asarray(state[nm], np.float32) for nm in names]))
     node = params
     for key in path[:-1]:
@@ -171,19 +209,19 @@ def hf_to_params(state: dict[str, np.ndarray], cfg: BertConfig, source: str = "c
     node[path[-1]] = value
     used.update(names)
   decoder = state.get("cls.predictions.decoder.weight")
-  if decoder is not None and not np.array_equal(np.asarray(decoder, np.float32),
-                                                params["bert"]["embeddings"]["word_embeddings"]
-                                                ["embedding"]):
-    raise ConversionError(f"{source}: cls.predictions.decoder.weight is not tied to the word "
-                          "embeddings; bertjax's MLM decoder is always tied, as in BERT")
+  if decoder is not None and not np.array_equal(
+      np.asarray(decoder, np.float32), params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  ):
+    raise ConversionError(
+        f"{source}: cls.predictions.decoder.weight is not tied to the word "
+        "embeddings; bertjax's MLM decoder is always tied, as in BERT"
+    )
   _check_shapes(params, cfg, source)
   return params
 
 
 def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, np.ndarray]:
   """HF `BertForPreTraining` tensors (numpy float32) from a bertjax parameter tree."""
-  from bertjax import model as model_lib
-
   if "layers" in params.get("bert", {}).get("encoder", {}):
     params = model_lib.unstack_layer_params(params)
   state: dict[str, np.ndarray] = {}
@@ -199,15 +237,16 @@ def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, np.ndarray]:
 
 
 def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
-  import flax.linen as nn
-  import jax
-
-  from bertjax import model as model_lib
-
   d = model_lib.dummy_inputs()
-  want = jax.eval_shape(lambda: model_lib.BertForPreTraining(cfg).init(
-      jax.random.key(0), d["input_ids"], d["token_type_ids"], d["attention_mask"],
-      d["masked_positions"]))["params"]
+  want = jax.eval_shape(
+      lambda: model_lib.BertForPreTraining(cfg).init(
+          jax.random.key(0),
+          d["input_ids"],
+          d["token_type_ids"],
+          d["attention_mask"],
+          d["masked_positions"],
+      )
+  )["params"]
   want = jax.tree_util.tree_leaves_with_path(nn.unbox(want))
   got = dict(jax.tree_util.tree_leaves_with_path(params))
   for path, w in want:
@@ -216,8 +255,9 @@ def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
     if g is None:
       raise ConversionError(f"{source}: no tensor for {name}")
     if tuple(w.shape) != tuple(g.shape):
-      raise ConversionError(f"{source}: {name} has shape {tuple(g.shape)}, the config implies "
-                            f"{tuple(w.shape)}")
+      raise ConversionError(
+          f"{source}: {name} has shape {tuple(g.shape)}, the config implies " f"{tuple(w.shape)}"
+      )
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -228,7 +268,7 @@ def read_hf_state(path: str | Path) -> dict[str, np.ndarray]:
   path = Path(path)
   st = path / "model.safetensors"
   if st.exists():
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file  # the `interop` extra, only for HF files
 
     try:
       return load_file(str(st))
@@ -236,7 +276,7 @@ def read_hf_state(path: str | Path) -> dict[str, np.ndarray]:
       raise ConversionError(f"{st}: not a readable safetensors file ({e})") from e
   shards = sorted(path.glob("model-*.safetensors"))
   if shards:
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file  # the `interop` extra, only for HF files
 
     state = {}
     for shard in shards:
@@ -244,11 +284,13 @@ def read_hf_state(path: str | Path) -> dict[str, np.ndarray]:
     return state
   binary = path / "pytorch_model.bin"
   if binary.exists():
-    try:
+    try:  # torch only for a legacy .bin; safetensors needs none
       import torch
     except ImportError as e:
-      raise ConversionError(f"{binary}: reading .bin checkpoints needs torch; install "
-                            "bertjax[interop] and torch, or convert to safetensors") from e
+      raise ConversionError(
+          f"{binary}: reading .bin checkpoints needs torch; install "
+          "bertjax[interop] and torch, or convert to safetensors"
+      ) from e
     # weights_only=True never runs pickled code from the file.
     tensors = torch.load(str(binary), map_location="cpu", weights_only=True)
     return {k: v.float().numpy() for k, v in tensors.items()}
@@ -274,7 +316,7 @@ def load_hf(path: str | Path, **config_overrides) -> tuple[BertConfig, Params]:
 
 def save_hf(params: Params, cfg: BertConfig, path: str | Path) -> None:
   """Write config.json + model.safetensors loadable by `BertForPreTraining.from_pretrained`."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save_file  # the `interop` extra, only for HF files
 
   path = Path(path)
   path.mkdir(parents=True, exist_ok=True)

@@ -23,14 +23,15 @@ TensorFlow is imported only inside the functions that touch the bundle.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
+import re
+import shutil
 from typing import Any
 
 import numpy as np
 
 from bertjax.interop import convert
-from bertjax.model import BertConfig
+from bertjax.model.config import BertConfig
 
 Params = dict[str, Any]
 
@@ -89,7 +90,7 @@ def find_checkpoint(src: str | Path) -> str:
   src = Path(src)
   for suffix in (".index", ".meta"):
     if src.name.endswith(suffix):
-      return str(src)[:-len(suffix)]
+      return str(src)[: -len(suffix)]
   if src.name.startswith(CKPT_NAME + ".data-"):
     return str(src.parent / CKPT_NAME)
   if src.is_dir():
@@ -97,11 +98,12 @@ def find_checkpoint(src: str | Path) -> str:
       return str(src / CKPT_NAME)
     indexes = sorted(src.glob("*.index"))
     if len(indexes) == 1:
-      return str(indexes[0])[:-len(".index")]
+      return str(indexes[0])[: -len(".index")]
     if len(indexes) > 1:
       raise convert.ConversionError(
           f"{src}: {len(indexes)} checkpoints ({', '.join(i.name for i in indexes[:3])}...); "
-          "pass the prefix of one, e.g. DIR/model.ckpt-1000")
+          "pass the prefix of one, e.g. DIR/model.ckpt-1000"
+      )
     raise convert.ConversionError(f"{src}: no {CKPT_NAME}.index (not a Google BERT directory)")
   if Path(str(src) + ".index").exists():
     return str(src)
@@ -117,8 +119,13 @@ def read_config(path: str | Path) -> BertConfig:
     raw = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise convert.ConversionError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
-  for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size"):
+  for field in (
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+  ):
     if field not in raw:
       raise convert.ConversionError(f"{path}: field {field!r} is missing")
   return convert.config_from_hf(raw)
@@ -126,9 +133,19 @@ def read_config(path: str | Path) -> BertConfig:
 
 def write_config(cfg: BertConfig, path: str | Path) -> None:
   hf = convert.config_to_hf(cfg)
-  keys = ("attention_probs_dropout_prob", "hidden_act", "hidden_dropout_prob", "hidden_size",
-          "initializer_range", "intermediate_size", "max_position_embeddings",
-          "num_attention_heads", "num_hidden_layers", "type_vocab_size", "vocab_size")
+  keys = (
+      "attention_probs_dropout_prob",
+      "hidden_act",
+      "hidden_dropout_prob",
+      "hidden_size",
+      "initializer_range",
+      "intermediate_size",
+      "max_position_embeddings",
+      "num_attention_heads",
+      "num_hidden_layers",
+      "type_vocab_size",
+      "vocab_size",
+  )
   Path(path).write_text(json.dumps({k: hf[k] for k in keys}, indent=2, sort_keys=True) + "\n")
 
 
@@ -138,7 +155,7 @@ def write_config(cfg: BertConfig, path: str | Path) -> None:
 def read_state(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
   """HF-named float32 tensors of a Google checkpoint, {HF name: Google name}, and the
   variables that were skipped (optimizer slots, step counters)."""
-  import tensorflow as tf
+  import tensorflow as tf  # here: converting to/from HF/bertjax needs no TF
 
   try:
     reader = tf.train.load_checkpoint(prefix)
@@ -158,8 +175,9 @@ def read_state(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str], list
   return state, origin, skipped
 
 
-def load_google(src: str | Path, config_path: str | Path | None = None
-                ) -> tuple[BertConfig, Params]:
+def load_google(
+    src: str | Path, config_path: str | Path | None = None
+) -> tuple[BertConfig, Params]:
   """Config and unscanned `BertForPreTraining` params from a Google BERT checkpoint.
 
   `src` is the model directory or the checkpoint prefix; `config_path` defaults to
@@ -173,7 +191,8 @@ def load_google(src: str | Path, config_path: str | Path | None = None
   if unused:
     raise convert.ConversionError(
         f"{prefix}: variable {origin[unused[0]]!r} is not part of BERT "
-        f"pretraining ({len(unused)} such); is this a fine-tuned or non-BERT checkpoint?")
+        f"pretraining ({len(unused)} such); is this a fine-tuned or non-BERT checkpoint?"
+    )
   try:
     return cfg, convert.hf_to_params(state, cfg, source=prefix)
   except convert.ConversionError as e:  # name the tensor as the user's checkpoint does
@@ -183,16 +202,15 @@ def load_google(src: str | Path, config_path: str | Path | None = None
     raise convert.ConversionError(msg) from None
 
 
-def save_google(params: Params, cfg: BertConfig, path: str | Path,
-                vocab_path: str | Path | None = None) -> str:
+def save_google(
+    params: Params, cfg: BertConfig, path: str | Path, vocab_path: str | Path | None = None
+) -> str:
   """Write `bert_model.ckpt.*`, `bert_config.json` (and `vocab.txt`) under `path`.
 
   The bundle is what google-research/bert's `run_pretraining.py --init_checkpoint` reads.
   Returns the checkpoint prefix.
   """
-  import shutil
-
-  import tensorflow as tf
+  import tensorflow as tf  # here: converting to/from HF/bertjax needs no TF
 
   path = Path(path)
   path.mkdir(parents=True, exist_ok=True)
@@ -206,10 +224,12 @@ def save_google(params: Params, cfg: BertConfig, path: str | Path,
     names.append(name)
     tensors.append(tf.constant(np.ascontiguousarray(value.T) if transpose else value))
   prefix = str(path / CKPT_NAME)
-  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                    tensors=tensors)
-  (path / "checkpoint").write_text(f'model_checkpoint_path: "{CKPT_NAME}"\n'
-                                   f'all_model_checkpoint_paths: "{CKPT_NAME}"\n')
+  tf.raw_ops.SaveV2(
+      prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+  )
+  (path / "checkpoint").write_text(
+      f'model_checkpoint_path: "{CKPT_NAME}"\n' f'all_model_checkpoint_paths: "{CKPT_NAME}"\n'
+  )
   write_config(cfg, path / CONFIG_NAME)
   if vocab_path is not None:
     shutil.copyfile(vocab_path, path / VOCAB_NAME)

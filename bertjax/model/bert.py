@@ -21,126 +21,23 @@ Logical axes: 'vocab', 'embed' (hidden), 'pos' (positions table), 'type' (segmen
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Any, Callable
-
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from bertjax.model import ops
+from bertjax.model.config import ACTIVATIONS, BertConfig
 
 Array = jax.Array
-Dtype = Any
-
-# name -> (num_layers, hidden_size, num_heads); intermediate is 4 * hidden as in BERT.
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
-}
-
-
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": ops.gelu_erf,  # exact erf GELU, as BERT
-    "gelu_new": functools.partial(nn.gelu, approximate=True),  # tanh approximation
-    "relu": nn.relu,
-}
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-  """Architecture and numerics of one BERT model. Defaults are BERT-base."""
-
-  vocab_size: int = 30522  # WordPiece vocabulary of the released English models
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072  # 4 * hidden_size
-  max_position_embeddings: int = 512  # learned absolute positions
-  type_vocab_size: int = 2  # segment A / segment B
-  hidden_act: str = "gelu"  # exact erf GELU; see _ACTIVATIONS for the alternatives
-  hidden_dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1  # > 0 in training uses the einsum path (see Attention)
-  layer_norm_eps: float = 1e-12
-  initializer_range: float = 0.02  # std of the normal, truncated at ±2 std, as BERT
-  dtype: str = "float32"  # compute dtype: "bfloat16" for mixed precision
-  param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
-  remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
-  scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
-  # Attention computed as this many independent slices of the batch (see `ops.over_batch_chunks`);
-  # 0 picks 2 on XLA's CPU backend and 1 elsewhere. The same function for every value.
-  attention_batch_chunks: int = 0
-
-  def __post_init__(self):
-    if self.hidden_size % self.num_heads:
-      raise ValueError(f"BertConfig: hidden_size={self.hidden_size} is not divisible by "
-                       f"num_heads={self.num_heads}")
-    if self.hidden_act not in _ACTIVATIONS:
-      raise ValueError(f"BertConfig: hidden_act={self.hidden_act!r}; valid: {sorted(_ACTIVATIONS)}")
-    for field in ("dtype", "param_dtype"):
-      if getattr(self, field) not in _DTYPES:
-        raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: {sorted(_DTYPES)}")
-    if self.remat not in ("none", "full", "dots"):
-      raise ValueError(f"BertConfig: remat={self.remat!r}; valid: 'none', 'full', 'dots'")
-    if self.attention_batch_chunks < 0:
-      raise ValueError(f"BertConfig: attention_batch_chunks={self.attention_batch_chunks}; "
-                       "valid: 0 (automatic) or a positive count")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def compute_dtype(self) -> Dtype:
-    return _DTYPES[self.dtype]
-
-  @property
-  def params_dtype(self) -> Dtype:
-    return _DTYPES[self.param_dtype]
-
-  def replace(self, **changes) -> "BertConfig":
-    return dataclasses.replace(self, **changes)
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"BertConfig: unknown fields {unknown}; valid: {sorted(known)}")
-    return cls(**d)
-
-  @classmethod
-  def from_preset(cls, name: str, **overrides) -> "BertConfig":
-    if name not in PRESETS:
-      raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    layers, hidden, heads = PRESETS[name]
-    base = dict(num_layers=layers, hidden_size=hidden, num_heads=heads,
-                intermediate_size=4 * hidden)
-    base.update(overrides)
-    return cls(**base)
-
-
-def from_preset(name: str, **overrides) -> BertConfig:
-  """`BertConfig.from_preset`: e.g. ``from_preset("tiny", vocab_size=8000)``."""
-  return BertConfig.from_preset(name, **overrides)
 
 
 def _init(cfg: BertConfig, names: tuple[str | None, ...]):
   # BERT's tf.truncated_normal_initializer: N(0, range²) redrawn outside ±2·range (so the
   # drawn values' std is 0.88·range); jax's truncated_normal is the same distribution.
   return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(cfg.initializer_range, lower=-2.0, upper=2.0), names)
+      nn.initializers.truncated_normal(cfg.initializer_range, lower=-2.0, upper=2.0), names
+  )
 
 
 def _zeros(names: tuple[str | None, ...]):
@@ -152,16 +49,27 @@ def _ones(names: tuple[str | None, ...]):
 
 
 def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-                      param_dtype=cfg.params_dtype, scale_init=_ones(("embed",)),
-                      bias_init=_zeros(("embed",)), name=name)
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype,
+      scale_init=_ones(("embed",)),
+      bias_init=_zeros(("embed",)),
+      name=name,
+  )
 
 
 def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str | None = None):
   """BERT's dense layer: `nn.Dense` with logical axes (kernel `axes`, bias `axes[1]`)."""
-  return nn.Dense(features, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                  kernel_init=_init(cfg, axes), bias_init=_zeros((axes[1],)),
-                  dot_general=ops.flat_dot_general, name=name)
+  return nn.Dense(
+      features,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype,
+      kernel_init=_init(cfg, axes),
+      bias_init=_zeros((axes[1],)),
+      dot_general=ops.flat_dot_general,
+      name=name,
+  )
 
 
 def _constrain(x: Array, names: tuple[str, ...]) -> Array:
@@ -175,26 +83,43 @@ class Embeddings(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.word_embeddings = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
-                                    param_dtype=cfg.params_dtype,
-                                    embedding_init=_init(cfg, ("vocab", "embed")))
-    self.position_embeddings = nn.Embed(cfg.max_position_embeddings, cfg.hidden_size,
-                                        dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                                        embedding_init=_init(cfg, ("pos", "embed")))
-    self.token_type_embeddings = nn.Embed(cfg.type_vocab_size, cfg.hidden_size,
-                                          dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
-                                          embedding_init=_init(cfg, ("type", "embed")))
+    self.word_embeddings = nn.Embed(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        embedding_init=_init(cfg, ("vocab", "embed")),
+    )
+    self.position_embeddings = nn.Embed(
+        cfg.max_position_embeddings,
+        cfg.hidden_size,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        embedding_init=_init(cfg, ("pos", "embed")),
+    )
+    self.token_type_embeddings = nn.Embed(
+        cfg.type_vocab_size,
+        cfg.hidden_size,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.params_dtype,
+        embedding_init=_init(cfg, ("type", "embed")),
+    )
     self.layer_norm = _layer_norm(cfg, "layer_norm")
     self.dropout = ops.Dropout(cfg.hidden_dropout_rate)
 
   def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array, deterministic: bool) -> Array:
     seq_len = input_ids_BxL.shape[1]
     if seq_len > self.cfg.max_position_embeddings:
-      raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings="
-                       f"{self.cfg.max_position_embeddings}")
+      raise ValueError(
+          f"sequence length {seq_len} exceeds max_position_embeddings="
+          f"{self.cfg.max_position_embeddings}"
+      )
     positions_1xL = jnp.arange(seq_len)[None, :]
-    x_BxLxH = (self.word_embeddings(input_ids_BxL) + self.position_embeddings(positions_1xL)
-               + self.token_type_embeddings(token_type_ids_BxL))
+    x_BxLxH = (
+        self.word_embeddings(input_ids_BxL)
+        + self.position_embeddings(positions_1xL)
+        + self.token_type_embeddings(token_type_ids_BxL)
+    )
     x_BxLxH = self.layer_norm(x_BxLxH)
     x_BxLxH = self.dropout(x_BxLxH, deterministic=deterministic)
     return _constrain(x_BxLxH, ("batch", "length", "act_embed"))
@@ -224,8 +149,7 @@ class Projection(nn.Module):
     keep = [i for i, c in enumerate(kernel_letters) if c in out_letters]  # the output's axes
     bias_shape = tuple(self.kernel_shape[i] for i in keep)
     bias_axes = tuple(self.kernel_axes[i] for i in keep)
-    kernel = self.param("kernel", _init(cfg, self.kernel_axes), self.kernel_shape,
-                        cfg.params_dtype)
+    kernel = self.param("kernel", _init(cfg, self.kernel_axes), self.kernel_shape, cfg.params_dtype)
     bias = self.param("bias", _zeros(bias_axes), bias_shape, cfg.params_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.compute_dtype)
     return jnp.einsum(self.equation, x, kernel) + bias
@@ -244,21 +168,37 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array) -> Array:
     cfg = self.cfg
-    qkv_BxLx3xNxD = Projection(cfg, "blh,hcnd->blcnd",
-                               (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim),
-                               ("embed", "qkv", "heads", "kv"), name="qkv")(x_BxLxH)
+    qkv_BxLx3xNxD = Projection(
+        cfg,
+        "blh,hcnd->blcnd",
+        (cfg.hidden_size, 3, cfg.num_heads, cfg.head_dim),
+        ("embed", "qkv", "heads", "kv"),
+        name="qkv",
+    )(x_BxLxH)
     q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (qkv_BxLx3xNxD[:, :, i] for i in range(3))
     batch, length = x_BxLxH.shape[:2]
     keep_BxNxLxL, keep_scale = None, 1.0
     if not self.deterministic and cfg.attention_dropout_rate > 0.0:
       keep_BxNxLxL, keep_scale = ops.Dropout(cfg.attention_dropout_rate).keep_mask(
-          (batch, cfg.num_heads, length, length))
-    out_BxLxNxD = ops.attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL,
-                                ops.attention_chunks(cfg.attention_batch_chunks, batch),
-                                keep_BxNxLxL, keep_scale)
+          (batch, cfg.num_heads, length, length)
+      )
+    out_BxLxNxD = ops.attention(
+        q_BxLxNxD,
+        k_BxLxNxD,
+        v_BxLxNxD,
+        mask_Bx1x1xL,
+        ops.attention_chunks(cfg.attention_batch_chunks, batch),
+        keep_BxNxLxL,
+        keep_scale,
+    )
     out_BxLxNxD = _constrain(out_BxLxNxD, ("batch", "length", "act_heads", "kv"))
-    return Projection(cfg, "blnd,ndh->blh", (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
-                      ("heads", "kv", "embed"), name="out")(out_BxLxNxD)
+    return Projection(
+        cfg,
+        "blnd,ndh->blh",
+        (cfg.num_heads, cfg.head_dim, cfg.hidden_size),
+        ("heads", "kv", "embed"),
+        name="out",
+    )(out_BxLxNxD)
 
 
 class Layer(nn.Module):
@@ -277,7 +217,7 @@ class Layer(nn.Module):
     x_BxLxH = _layer_norm(cfg, "attention_layer_norm")(x_BxLxH + attn_BxLxH)
 
     h_BxLxF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxH)
-    h_BxLxF = _ACTIVATIONS[cfg.hidden_act](h_BxLxF)
+    h_BxLxF = ACTIVATIONS[cfg.hidden_act](h_BxLxF)
     h_BxLxF = _constrain(h_BxLxF, ("batch", "length", "act_mlp"))
     h_BxLxH = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
     h_BxLxH = dropout(h_BxLxH, deterministic=self.deterministic)
@@ -304,19 +244,29 @@ class LayerStack(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array, deterministic: bool,
-               output_hidden_states: bool = False) -> tuple[Array, list[Array]]:
+  def __call__(
+      self,
+      x_BxLxH: Array,
+      mask_Bx1x1xL: Array,
+      deterministic: bool,
+      output_hidden_states: bool = False,
+  ) -> tuple[Array, list[Array]]:
     cfg = self.cfg
     layer_cls = Layer
     if cfg.remat != "none":
       layer_cls = nn.remat(Layer, policy=_remat_policy(cfg.remat), prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      scanned = nn.scan(layer_cls, variable_axes={"params": 0},
-                        split_rngs={"params": True, "dropout": True},
-                        in_axes=nn.broadcast, length=cfg.num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxLxH, hidden_SxBxLxH = scanned(cfg, deterministic, output_hidden_states,
-                                        name="layers")(x_BxLxH, mask_Bx1x1xL)
+      scanned = nn.scan(
+          layer_cls,
+          variable_axes={"params": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=nn.broadcast,
+          length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x_BxLxH, hidden_SxBxLxH = scanned(cfg, deterministic, output_hidden_states, name="layers")(
+          x_BxLxH, mask_Bx1x1xL
+      )
       return x_BxLxH, (list(hidden_SxBxLxH) if output_hidden_states else [])
     hidden = []
     for i in range(cfg.num_layers):
@@ -343,20 +293,28 @@ class BertModel(nn.Module):
     self.encoder = LayerStack(cfg)
     self.pooler = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
 
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
-               attention_mask_BxL: Array | None = None, *, deterministic: bool = True,
-               output_hidden_states: bool = False) -> EncoderOutput:
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      *,
+      deterministic: bool = True,
+      output_hidden_states: bool = False,
+  ) -> EncoderOutput:
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
     if attention_mask_BxL is None:
       attention_mask_BxL = jnp.ones_like(input_ids_BxL)
     emb_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-    x_BxLxH, hidden = self.encoder(emb_BxLxH, attention_mask_bias(attention_mask_BxL),
-                                   deterministic, output_hidden_states)
+    x_BxLxH, hidden = self.encoder(
+        emb_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic, output_hidden_states
+    )
     pooled_BxH = jnp.tanh(self.pooler(x_BxLxH[:, 0]))
     hidden_states = tuple([emb_BxLxH] + hidden) if output_hidden_states else ()
-    return EncoderOutput(sequence_output=x_BxLxH, pooled_output=pooled_BxH,
-                         hidden_states=hidden_states)
+    return EncoderOutput(
+        sequence_output=x_BxLxH, pooled_output=pooled_BxH, hidden_states=hidden_states
+    )
 
 
 @flax.struct.dataclass
@@ -395,23 +353,35 @@ class BertForPreTraining(nn.Module):
     self.bert = BertModel(cfg)
     self.mlm_transform = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
     self.mlm_layer_norm = _layer_norm(cfg, "mlm_layer_norm")
-    self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (cfg.vocab_size,),
-                               cfg.params_dtype)
+    self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
     self.nsp = dense(cfg, 2, ("embed", "classes"))
 
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
-               attention_mask_BxL: Array | None = None, masked_positions_BxP: Array | None = None,
-               *, deterministic: bool = True) -> PretrainingOutput:
-    enc = self.bert(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
-                    deterministic=deterministic)
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      masked_positions_BxP: Array | None = None,
+      *,
+      deterministic: bool = True,
+  ) -> PretrainingOutput:
+    enc = self.bert(
+        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    )
     x_BxLxH = enc.sequence_output
     # Score the vocabulary only where a token was masked: at seq 128 with 20 predictions this
     # skips ~85% of the decoder's FLOPs, the largest single cost of a small model.
-    x_BxPxH = x_BxLxH if masked_positions_BxP is None else gather_positions(
-        x_BxLxH, masked_positions_BxP)
-    x_BxPxH = _ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x_BxPxH))
+    x_BxPxH = (
+        x_BxLxH if masked_positions_BxP is None else gather_positions(x_BxLxH, masked_positions_BxP)
+    )
+    x_BxPxH = ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x_BxPxH))
     x_BxPxH = self.mlm_layer_norm(x_BxPxH)
     table_VxH = self.bert.embeddings.word_embeddings.embedding.astype(x_BxPxH.dtype)
-    return PretrainingOutput(mlm_hidden=x_BxPxH, mlm_table=table_VxH, mlm_bias=self.mlm_bias,
-                             nsp_logits=self.nsp(enc.pooled_output).astype(jnp.float32),
-                             sequence_output=x_BxLxH, pooled_output=enc.pooled_output)
+    return PretrainingOutput(
+        mlm_hidden=x_BxPxH,
+        mlm_table=table_VxH,
+        mlm_bias=self.mlm_bias,
+        nsp_logits=self.nsp(enc.pooled_output).astype(jnp.float32),
+        sequence_output=x_BxLxH,
+        pooled_output=enc.pooled_output,
+    )

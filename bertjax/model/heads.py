@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.model import ops
-from bertjax.model.bert import BertConfig, BertModel, dense
+from bertjax.model.bert import BertModel, dense
+from bertjax.model.config import BertConfig
 
 Array = jax.Array
 
@@ -28,11 +29,20 @@ class BertForSequenceClassification(nn.Module):
   num_labels: int
 
   @nn.compact
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
-               attention_mask_BxL: Array | None = None, *, deterministic: bool = True) -> Array:
-    enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
-                                           deterministic=deterministic)
-    x_BxH = ops.Dropout(self.cfg.hidden_dropout_rate)(enc.pooled_output, deterministic=deterministic)
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      *,
+      deterministic: bool = True,
+  ) -> Array:
+    enc = BertModel(self.cfg, name="bert")(
+        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    )
+    x_BxH = ops.Dropout(self.cfg.hidden_dropout_rate)(
+        enc.pooled_output, deterministic=deterministic
+    )
     logits_BxC = _head(self.cfg, self.num_labels, "classifier")(x_BxH)
     return logits_BxC.astype(jnp.float32)
 
@@ -43,11 +53,17 @@ class BertForQuestionAnswering(nn.Module):
   cfg: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
-               attention_mask_BxL: Array | None = None, *,
-               deterministic: bool = True) -> tuple[Array, Array]:
-    enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
-                                           deterministic=deterministic)
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      *,
+      deterministic: bool = True,
+  ) -> tuple[Array, Array]:
+    enc = BertModel(self.cfg, name="bert")(
+        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    )
     logits_BxLx2 = _head(self.cfg, 2, "qa_outputs")(enc.sequence_output)
     logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
     return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
@@ -60,11 +76,19 @@ class BertForTokenClassification(nn.Module):
   num_labels: int
 
   @nn.compact
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array | None = None,
-               attention_mask_BxL: Array | None = None, *, deterministic: bool = True) -> Array:
-    enc = BertModel(self.cfg, name="bert")(input_ids_BxL, token_type_ids_BxL, attention_mask_BxL,
-                                           deterministic=deterministic)
-    x_BxLxH = ops.Dropout(self.cfg.hidden_dropout_rate)(enc.sequence_output,
-                                                    deterministic=deterministic)
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      *,
+      deterministic: bool = True,
+  ) -> Array:
+    enc = BertModel(self.cfg, name="bert")(
+        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    )
+    x_BxLxH = ops.Dropout(self.cfg.hidden_dropout_rate)(
+        enc.sequence_output, deterministic=deterministic
+    )
     logits_BxLxC = _head(self.cfg, self.num_labels, "classifier")(x_BxLxH)
     return logits_BxLxC.astype(jnp.float32)

@@ -37,11 +37,12 @@ def gelu_erf(x: Array) -> Array:
   a cheaper rational approximation than its erfc, which matters on CPU (~3% of a BERT-mini
   training step).
   """
-  return 0.5 * x * (1.0 + jax.lax.erf(x * (2.0 ** -0.5)).astype(x.dtype))
+  return 0.5 * x * (1.0 + jax.lax.erf(x * (2.0**-0.5)).astype(x.dtype))
 
 
-def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
-                     preferred_element_type=None) -> Array:
+def flat_dot_general(
+    lhs: Array, rhs: Array, dimension_numbers, precision=None, preferred_element_type=None
+) -> Array:
   """`nn.Dense`'s product with the input's leading axes merged first: [B, L, H] -> [B·L, H].
 
   The same function as `lax.dot_general` on the rank-3 input. The difference is the weight
@@ -53,12 +54,21 @@ def flat_dot_general(lhs: Array, rhs: Array, dimension_numbers, precision=None,
   and the batch axis stays the major one, so its sharding carries over.
   """
   (lhs_contract, rhs_contract), batch_dims = dimension_numbers
-  if (lhs.ndim <= 2 or lhs_contract != (lhs.ndim - 1,) or rhs_contract != (0,)
-      or any(batch_dims)):
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type)
-  out = jax.lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())),
-                            precision=precision, preferred_element_type=preferred_element_type)
+  if lhs.ndim <= 2 or lhs_contract != (lhs.ndim - 1,) or rhs_contract != (0,) or any(batch_dims):
+    return jax.lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+  out = jax.lax.dot_general(
+      lhs.reshape(-1, lhs.shape[-1]),
+      rhs,
+      (((1,), (0,)), ((), ())),
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+  )
   return out.reshape(lhs.shape[:-1] + rhs.shape[1:])
 
 
@@ -73,7 +83,8 @@ def _threefry2x32(k0: Array, k1: Array, x0: Array, x1: Array) -> tuple[Array, Ar
   Written out, the whole hash is one elementwise fusion that stays in registers.
   """
   rotl = lambda v, r: jax.lax.shift_left(v, np.uint32(r)) | jax.lax.shift_right_logical(
-      v, np.uint32(32 - r))
+      v, np.uint32(32 - r)
+  )
   ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
   x0, x1 = x0 + ks[0], x1 + ks[1]
   for i in range(5):
@@ -93,8 +104,12 @@ def random_bits(key: Array, shape: tuple[int, ...]) -> Array:
   other key implementations, and arrays of 2**32 elements or more, go to `jax.random.bits`.
   """
   size = math.prod(shape)
-  if (str(jax.random.key_impl(key)) != "threefry2x32" or not jax.config.jax_threefry_partitionable
-      or size >= 2**32 or len(shape) == 0):
+  if (
+      str(jax.random.key_impl(key)) != "threefry2x32"
+      or not jax.config.jax_threefry_partitionable
+      or size >= 2**32
+      or len(shape) == 0
+  ):
     return jax.random.bits(key, shape, jnp.uint32)
   words = jax.random.key_data(key)
   counts = jax.lax.iota(jnp.uint32, size).reshape(shape)
@@ -125,8 +140,9 @@ class Dropout(nn.Module):
     threshold = max(1, min(65536, round((1.0 - self.rate) * 65536)))
     n = shape[-1]
     bits = random_bits(self.make_rng("dropout"), tuple(shape[:-1]) + ((n + 1) // 2,))
-    keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold],
-                           axis=-1)[..., :n]
+    keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold], axis=-1)[
+        ..., :n
+    ]
     return keep, 65536.0 / threshold
 
   @nn.compact
@@ -166,8 +182,14 @@ def over_batch_chunks(fn: Callable[..., Array], chunks: int, *arrays_B: Array) -
   return out.reshape((batch,) + out.shape[2:])
 
 
-def einsum_attention(q_BxLxNxD: Array, k_BxLxNxD: Array, v_BxLxNxD: Array, mask_Bx1x1xL: Array,
-                     keep_BxNxLxL: Array | None = None, keep_scale: float = 1.0) -> Array:
+def einsum_attention(
+    q_BxLxNxD: Array,
+    k_BxLxNxD: Array,
+    v_BxLxNxD: Array,
+    mask_Bx1x1xL: Array,
+    keep_BxNxLxL: Array | None = None,
+    keep_scale: float = 1.0,
+) -> Array:
   """Plain softmax attention; the reference that `jax.nn.dot_product_attention` must match.
 
   With `keep_BxNxLxL` (from `Dropout.keep_mask`), dropout on the attention probabilities:
@@ -179,13 +201,19 @@ def einsum_attention(q_BxLxNxD: Array, k_BxLxNxD: Array, v_BxLxNxD: Array, mask_
   logits_BxNxLxL = jnp.where(mask_Bx1x1xL, logits_BxNxLxL, big_neg)
   probs_BxNxLxL = jax.nn.softmax(logits_BxNxLxL, axis=-1).astype(v_BxLxNxD.dtype)
   if keep_BxNxLxL is not None:
-    probs_BxNxLxL = jnp.where(keep_BxNxLxL, probs_BxNxLxL * keep_scale, 0.0).astype(
-        v_BxLxNxD.dtype)
+    probs_BxNxLxL = jnp.where(keep_BxNxLxL, probs_BxNxLxL * keep_scale, 0.0).astype(v_BxLxNxD.dtype)
   return jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL, v_BxLxNxD)
 
 
-def attention(q_BxLxNxD: Array, k_BxLxNxD: Array, v_BxLxNxD: Array, mask_Bx1x1xL: Array,
-              chunks: int, keep_BxNxLxL: Array | None = None, keep_scale: float = 1.0) -> Array:
+def attention(
+    q_BxLxNxD: Array,
+    k_BxLxNxD: Array,
+    v_BxLxNxD: Array,
+    mask_Bx1x1xL: Array,
+    chunks: int,
+    keep_BxNxLxL: Array | None = None,
+    keep_scale: float = 1.0,
+) -> Array:
   """Softmax attention of every head, run as `chunks` interleaved batch slices.
 
   With `keep_BxNxLxL` (from `Dropout.keep_mask`, drawn for the whole batch before slicing, so
@@ -195,7 +223,8 @@ def attention(q_BxLxNxD: Array, k_BxLxNxD: Array, v_BxLxNxD: Array, mask_Bx1x1xL
   """
   if keep_BxNxLxL is not None:
     attend = lambda q, k, v, m, keep: einsum_attention(q, k, v, m, keep, keep_scale)
-    return over_batch_chunks(attend, chunks, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL,
-                             keep_BxNxLxL)
+    return over_batch_chunks(
+        attend, chunks, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL, keep_BxNxLxL
+    )
   attend = lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m)
   return over_batch_chunks(attend, chunks, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL)

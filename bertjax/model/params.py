@@ -10,11 +10,12 @@ Array = jax.Array
 
 
 def _is_layer_key(k: str) -> bool:
-  return k.startswith("layer_") and k[len("layer_"):].isdigit()
+  return k.startswith("layer_") and k[len("layer_") :].isdigit()
 
 
 def stack_layer_params(params: dict, num_layers: int) -> dict:
   """Convert a tree with `encoder/layer_{i}` subtrees into the `scan_layers` layout."""
+
   def walk(tree):
     if not isinstance(tree, dict):
       return tree
@@ -22,11 +23,13 @@ def stack_layer_params(params: dict, num_layers: int) -> dict:
       layers = [tree[f"layer_{i}"] for i in range(num_layers)]
       return {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
     return {k: walk(v) for k, v in tree.items()}
+
   return walk(nn.unbox(params) if _has_boxes(params) else params)
 
 
 def unstack_layer_params(params: dict) -> dict:
   """Inverse of `stack_layer_params`: `encoder/layers` (leading layer axis) -> `layer_{i}`."""
+
   def walk(tree):
     if not isinstance(tree, dict):
       return tree
@@ -35,12 +38,15 @@ def unstack_layer_params(params: dict) -> dict:
       n = leaves[0].shape[0]
       return {f"layer_{i}": jax.tree.map(lambda x: x[i], tree["layers"]) for i in range(n)}
     return {k: walk(v) for k, v in tree.items()}
+
   return walk(nn.unbox(params) if _has_boxes(params) else params)
 
 
 def _has_boxes(tree) -> bool:
-  return any(isinstance(x, nn.Partitioned)
-             for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nn.Partitioned)))
+  return any(
+      isinstance(x, nn.Partitioned)
+      for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  )
 
 
 def count_params(params) -> int:
@@ -50,5 +56,9 @@ def count_params(params) -> int:
 def dummy_inputs(batch: int = 1, seq_len: int = 8, num_masked: int = 2) -> dict[str, Array]:
   """Zero inputs of the right shapes, for `init` and `jax.eval_shape`."""
   z = jnp.zeros((batch, seq_len), jnp.int32)
-  return dict(input_ids=z, token_type_ids=z, attention_mask=jnp.ones_like(z),
-              masked_positions=jnp.zeros((batch, num_masked), jnp.int32))
+  return dict(
+      input_ids=z,
+      token_type_ids=z,
+      attention_mask=jnp.ones_like(z),
+      masked_positions=jnp.zeros((batch, num_masked), jnp.int32),
+  )

@@ -16,6 +16,7 @@ import signal
 import threading
 
 import jax
+from jax.experimental import multihost_utils
 
 from bertjax.runtime import host_malloc
 
@@ -39,8 +40,11 @@ def _auto_detected() -> str | None:
   return None
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> bool:
   """Join the distributed system; returns True if this run is multi-process.
 
   Explicit arguments win; otherwise jax's cluster detection is used where one is present
@@ -54,9 +58,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if not explicit and where is None:
     return False
   if explicit and (coordinator_address is None or num_processes is None or process_id is None):
-    raise ValueError("multi-host: give all of --coordinator_address, --num_processes and "
-                     f"--process_id (got {coordinator_address!r}, {num_processes!r}, "
-                     f"{process_id!r})")
+    raise ValueError(
+        "multi-host: give all of --coordinator_address, --num_processes and "
+        f"--process_id (got {coordinator_address!r}, {num_processes!r}, "
+        f"{process_id!r})"
+    )
   jax.config.update("jax_cpu_collectives_implementation", "gloo")  # affects CPU devices only
   if explicit:
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
@@ -82,7 +88,6 @@ class PreemptionWatcher:
 
   def should_stop(self, step: int) -> bool:
     if self._multi:
-      from jax.experimental import multihost_utils
       try:
         return multihost_utils.reached_preemption_sync_point(step)
       except RuntimeError:  # preemption service disabled

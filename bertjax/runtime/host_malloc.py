@@ -27,12 +27,14 @@ import platform
 import sys
 from typing import Mapping
 
-TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-            "glibc.malloc.trim_threshold=68719476736")  # 64 GiB
+TUNABLES = (
+    "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:" "glibc.malloc.trim_threshold=68719476736"
+)  # 64 GiB
 ENV_SWITCH = "BERTJAX_MALLOC_TUNING"  # auto (default) | 0 | 1
 # Commands that run XLA programs; the data-only commands keep glibc's defaults.
-XLA_COMMANDS = frozenset({"demo", "pretrain", "compile", "glue", "squad", "ner", "extract",
-                          "bench"})
+XLA_COMMANDS = frozenset(
+    {"demo", "pretrain", "compile", "glue", "squad", "ner", "extract", "bench"}
+)
 
 
 def runs_xla(command: str, args: list[str]) -> bool:
@@ -49,8 +51,9 @@ def _accelerator_present() -> bool:
   return bool(glob.glob("/dev/nvidia[0-9]*")) or tpu_device_files_present()
 
 
-def decide(environ: Mapping[str, str], *, system: str, libc: str,
-           accelerator_present: bool) -> tuple[bool, str]:
+def decide(
+    environ: Mapping[str, str], *, system: str, libc: str, accelerator_present: bool
+) -> tuple[bool, str]:
   """(apply?, why) for one process start; pure, so every branch is testable."""
   switch = environ.get(ENV_SWITCH, "auto").strip().lower()
   if switch in ("0", "off", "false", "no"):
@@ -79,8 +82,12 @@ def maybe_reexec(command: str, args: list[str]) -> None:
   """
   if not runs_xla(command, args):
     return
-  apply, _ = decide(os.environ, system=platform.system(), libc=platform.libc_ver()[0],
-                    accelerator_present=_accelerator_present())
+  apply, _ = decide(
+      os.environ,
+      system=platform.system(),
+      libc=platform.libc_ver()[0],
+      accelerator_present=_accelerator_present(),
+  )
   if not apply:
     return
   os.environ["GLIBC_TUNABLES"] = TUNABLES

@@ -51,8 +51,7 @@ def _alive(holder: dict) -> bool:
 class Lock:
   """`with Lock(directory, "bertjax pretrain"):` holds `directory`'s lock for the block."""
 
-  def __init__(self, directory: str, command: str, enabled: bool = True,
-               name: str = LOCK_NAME):
+  def __init__(self, directory: str, command: str, enabled: bool = True, name: str = LOCK_NAME):
     self.path = os.path.join(os.path.abspath(directory), name)
     self.command = command
     self.enabled = enabled and "://" not in str(directory)
@@ -62,8 +61,13 @@ class Lock:
     if not self.enabled:
       return
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()),
-          "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": self.command}
+    me = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start_ticks": _start_ticks(os.getpid()),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": self.command,
+    }
     for _ in range(3):
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -73,8 +77,12 @@ class Lock:
           time.sleep(0.2)
           holder = self._read() or {}
         if holder.get("host") == me["host"] and not _alive(holder):
-          print(f"{self.command}: taking over the stale lock {self.path} of "
-                f"{_describe(holder)} (that process is gone)", file=sys.stderr, flush=True)
+          print(
+              f"{self.command}: taking over the stale lock {self.path} of "
+              f"{_describe(holder)} (that process is gone)",
+              file=sys.stderr,
+              flush=True,
+          )
           try:
             os.remove(self.path)
           except FileNotFoundError:
@@ -83,13 +91,15 @@ class Lock:
         where = os.path.dirname(self.path)
         raise WorkdirBusyError(
             f"{where} is in use by {_describe(holder)}; wait for it to finish, use another "
-            f"directory, or delete {self.path} if that process is certainly gone")
+            f"directory, or delete {self.path} if that process is certainly gone"
+        )
       with os.fdopen(fd, "w") as f:
         json.dump(me, f)
       self._held = True
       return
-    raise WorkdirBusyError(f"{self.path}: could not take the lock (another process keeps "
-                           "taking it)")
+    raise WorkdirBusyError(
+        f"{self.path}: could not take the lock (another process keeps " "taking it)"
+    )
 
   def _read(self) -> dict | None:
     try:
@@ -117,5 +127,7 @@ class Lock:
 def _describe(holder: dict) -> str:
   if not holder:
     return "another process (lock file unreadable)"
-  return (f"`{holder.get('command', '?')}` (pid {holder.get('pid', '?')} on "
-          f"{holder.get('host', '?')}, started {holder.get('started', '?')})")
+  return (
+      f"`{holder.get('command', '?')}` (pid {holder.get('pid', '?')} on "
+      f"{holder.get('host', '?')}, started {holder.get('started', '?')})"
+  )

@@ -58,9 +58,14 @@ def _tokenizer_in(directory: Path) -> str | None:
   return None
 
 
-def load_encoder(init: str, tokenizer: str | None = None, preset: str = "tiny",
-                 prefix: str = "glue", tokenizer_flag: str = "--tokenizer",
-                 lower_case: bool | None = None) -> Encoder:
+def load_encoder(
+    init: str,
+    tokenizer: str | None = None,
+    preset: str = "tiny",
+    prefix: str = "glue",
+    tokenizer_flag: str = "--tokenizer",
+    lower_case: bool | None = None,
+) -> Encoder:
   """The encoder and tokenizer behind `--init` (see the module docstring for the kinds).
 
   `prefix` (the command: "glue", "squad", "ner", "extract") starts the error messages and
@@ -71,18 +76,23 @@ def load_encoder(init: str, tokenizer: str | None = None, preset: str = "tiny",
     if not tokenizer:
       raise ValueError(f"{prefix}: --init random needs {tokenizer_flag} (a .model or vocab.txt)")
     tok = wordpiece.load_tokenizer(tokenizer, lower_case)
-    return Encoder(model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok,
-                   f"random:{preset}")
+    return Encoder(
+        model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
+    )
   if not (os.path.exists(init) or os.path.exists(init + ".index")):
     raise FileNotFoundError(f"{prefix}: --init {init}: no such checkpoint or directory")
   cfg, bert_params, tok_path, kind = read_encoder(init)
   tok_path = tokenizer or tok_path
   if not tok_path:
-    raise ValueError(f"{prefix}: --init {init}: no tokenizer recorded with it or found beside it; "
-                     f"pass {tokenizer_flag} PATH (.model or vocab.txt)")
+    raise ValueError(
+        f"{prefix}: --init {init}: no tokenizer recorded with it or found beside it; "
+        f"pass {tokenizer_flag} PATH (.model or vocab.txt)"
+    )
   tok = wordpiece.load_tokenizer(tok_path, lower_case)
   if tok.vocab_size > cfg.vocab_size:
-    raise ValueError(f"{prefix}: tokenizer {tok_path} has {tok.vocab_size} ids but the model's "
-                     f"vocab_size is {cfg.vocab_size}; pass the tokenizer it was "
-                     f"pretrained with ({tokenizer_flag})")
+    raise ValueError(
+        f"{prefix}: tokenizer {tok_path} has {tok.vocab_size} ids but the model's "
+        f"vocab_size is {cfg.vocab_size}; pass the tokenizer it was "
+        f"pretrained with ({tokenizer_flag})"
+    )
   return Encoder(cfg, bert_params, tok, f"{kind}:{init}")

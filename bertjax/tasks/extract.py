@@ -44,7 +44,7 @@ EMBEDDINGS = "embeddings"  # the --layers name of the embedding output
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int | str]:
-  """"-1,-2,embeddings" -> [-1, -2, "embeddings"]: google's Transformer layer indexes (0 =
+  """ "-1,-2,embeddings" -> [-1, -2, "embeddings"]: google's Transformer layer indexes (0 =
   first, -1 = last) or EMBEDDINGS, checked against a `num_layers`-layer model."""
   example = "e.g. -1,-2,-3,-4 (the last four layers) or embeddings,-1"
   names = [x.strip() for x in spec.split(",") if x.strip()]
@@ -58,12 +58,15 @@ def parse_layers(spec: str, num_layers: int) -> list[int | str]:
     try:
       i = int(name)
     except ValueError:
-      raise ValueError(f"--layers {spec!r}: {name!r} is not a layer index or {EMBEDDINGS!r}; "
-                       f"{example}") from None
+      raise ValueError(
+          f"--layers {spec!r}: {name!r} is not a layer index or {EMBEDDINGS!r}; " f"{example}"
+      ) from None
     if not -num_layers <= i < num_layers:
-      raise ValueError(f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
-                       f"0 = first .. {num_layers - 1}, -1 = last .. -{num_layers}, or "
-                       f"{EMBEDDINGS})")
+      raise ValueError(
+          f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
+          f"0 = first .. {num_layers - 1}, -1 = last .. -{num_layers}, or "
+          f"{EMBEDDINGS})"
+      )
     layers.append(i)
   return layers
 
@@ -83,8 +86,9 @@ def default_layers(num_layers: int) -> list[int]:
 def make_example(index: int, line: str, tok: Tokenizer, max_seq_len: int) -> Example:
   """[CLS] a [SEP] (b [SEP]) for "a" or "a ||| b"; the longer side is truncated first."""
   a, _, b = line.partition(" ||| ")
-  ids, types = inputs.segments(tok.encode(a.strip()), tok.encode(b.strip()) if b else None,
-                               max_seq_len, tok)
+  ids, types = inputs.segments(
+      tok.encode(a.strip()), tok.encode(b.strip()) if b else None, max_seq_len, tok
+  )
   return Example(index, [tok.id_to_piece(i) for i in ids], ids, types)
 
 
@@ -93,8 +97,12 @@ def _padded_len(n: int, max_seq_len: int) -> int:
   return min(max_seq_len, max(16, 1 << (n - 1).bit_length()))
 
 
-def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int | str], pooling: str,
-                    mesh: jax.sharding.Mesh | None = None):
+def make_extract_fn(
+    cfg: model_lib.BertConfig,
+    layers: Sequence[int | str],
+    pooling: str,
+    mesh: jax.sharding.Mesh | None = None,
+):
   """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
   for `layers` as `parse_layers` returns them."""
   if pooling not in POOLINGS:
@@ -103,8 +111,14 @@ def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int | str], pool
   layers = tuple(hidden_state_index(i, cfg.num_layers) for i in layers)
 
   def fn(params, ids_BxL, types_BxL, mask_BxL):
-    out = model.apply({"params": params}, ids_BxL, types_BxL, mask_BxL, deterministic=True,
-                      output_hidden_states=True)
+    out = model.apply(
+        {"params": params},
+        ids_BxL,
+        types_BxL,
+        mask_BxL,
+        deterministic=True,
+        output_hidden_states=True,
+    )
     x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
     if pooling == "cls":
       return x_BxLxKxH[:, 0]
@@ -116,13 +130,18 @@ def make_extract_fn(cfg: model_lib.BertConfig, layers: Sequence[int | str], pool
   if mesh is None:
     return jax.jit(fn)
   rows = sharding.batch_sharding(mesh)
-  return jax.jit(fn, in_shardings=(sharding.replicated(mesh), rows, rows, rows),
-                 out_shardings=rows)
+  return jax.jit(fn, in_shardings=(sharding.replicated(mesh), rows, rows, rows), out_shardings=rows)
 
 
-def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int | str],
-            pooling: str = "none", batch_size: int = 32, max_seq_len: int = 128,
-            mesh: jax.sharding.Mesh | None = None) -> Iterator[tuple[Example, np.ndarray]]:
+def extract(
+    encoder: Encoder,
+    examples: Sequence[Example],
+    layers: Sequence[int | str],
+    pooling: str = "none",
+    batch_size: int = 32,
+    max_seq_len: int = 128,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Iterator[tuple[Example, np.ndarray]]:
   """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).
 
   Batches are padded to `batch_size` rows (a multiple of the mesh's batch shards) and to a
@@ -136,7 +155,7 @@ def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int 
     params = encoder.bert_params
   fn = make_extract_fn(encoder.config, layers, pooling, mesh)
   for start in range(0, len(examples), batch_size):
-    chunk = examples[start:start + batch_size]
+    chunk = examples[start : start + batch_size]
     length = _padded_len(max(len(e.input_ids) for e in chunk), max_seq_len)
     ids_BxL = np.zeros((batch_size, length), np.int32)
     types_BxL = np.zeros_like(ids_BxL)
@@ -146,4 +165,4 @@ def extract(encoder: Encoder, examples: Sequence[Example], layers: Sequence[int 
       ids_BxL[r, :n], types_BxL[r, :n], mask_BxL[r, :n] = e.input_ids, e.token_type_ids, 1
     feats = np.asarray(fn(params, ids_BxL, types_BxL, mask_BxL))
     for r, e in enumerate(chunk):
-      yield e, (feats[r] if pooling != "none" else feats[r, :len(e.input_ids)])
+      yield e, (feats[r] if pooling != "none" else feats[r, : len(e.input_ids)])

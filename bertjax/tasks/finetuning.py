@@ -46,11 +46,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
 
 from bertjax import model as model_lib
-
-from bertjax.training import optim, sharding
 from bertjax.tasks.encoder import Encoder
+from bertjax.training import optim, sharding
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 LossFn = Callable[[Any, dict], jax.Array]  # (model outputs, batch) -> mean loss
@@ -87,13 +88,18 @@ _LEARNING_RATES = (  # (largest hidden size, default, sweep grid)
 BERT_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)  # the BERT paper's GLUE grid
 
 
-def learning_rates_for(hidden_size: int, bert_default: float = 2e-5
-                       ) -> tuple[float, tuple[float, ...], str]:
+def learning_rates_for(
+    hidden_size: int, bert_default: float = 2e-5
+) -> tuple[float, tuple[float, ...], str]:
   """(default peak lr, --sweep grid, why) for an encoder of `hidden_size`; `bert_default` is
   the command's BERT-base value (GLUE 2e-5, SQuAD 3e-5, NER 5e-5)."""
   for width, lr, grid in _LEARNING_RATES:
     if hidden_size <= width:
-      return lr, grid, f"for hidden size {hidden_size} (<= {width}); BERT's {bert_default:g} is for base/large"
+      return (
+          lr,
+          grid,
+          f"for hidden size {hidden_size} (<= {width}); BERT's {bert_default:g} is for base/large",
+      )
   return bert_default, BERT_LEARNING_RATES, f"BERT's, for hidden size {hidden_size}"
 
 
@@ -116,8 +122,10 @@ def optimizer_for(hidden_size: int) -> tuple[str, str]:
   width = _LEARNING_RATES[-1][0]
   if hidden_size > width:
     return "bert_adamw", f"BERT's, for hidden size {hidden_size}"
-  return "adamw", (f"bias-corrected, for hidden size {hidden_size} (<= {width}); BERT's "
-                   "bert_adamw is for base/large")
+  return "adamw", (
+      f"bias-corrected, for hidden size {hidden_size} (<= {width}); BERT's "
+      "bert_adamw is for base/large"
+  )
 
 
 def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransformation:
@@ -138,10 +146,13 @@ def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransforma
   elif recipe.optimizer == "adamw":
     shape, opt = optim.warmup_linear_decay(1.0, warmup, total_steps), optim.adamw
   else:
-    raise ValueError(f"Recipe.optimizer={recipe.optimizer!r}; valid: "
-                     f"{', '.join(map(repr, OPTIMIZERS))}")
-  return optax.chain(optax.clip_by_global_norm(recipe.clip_norm),
-                     opt(shape, b1=0.9, b2=0.999, eps=1e-6, weight_decay=recipe.weight_decay))
+    raise ValueError(
+        f"Recipe.optimizer={recipe.optimizer!r}; valid: " f"{', '.join(map(repr, OPTIMIZERS))}"
+    )
+  return optax.chain(
+      optax.clip_by_global_norm(recipe.clip_norm),
+      opt(shape, b1=0.9, b2=0.999, eps=1e-6, weight_decay=recipe.weight_decay),
+  )
 
 
 def init_train_state(model, tx, bert_params, key, learning_rate):
@@ -152,8 +163,13 @@ def init_train_state(model, tx, bert_params, key, learning_rate):
   params = nn.unbox(boxed)
   if bert_params is not None:
     params = {**params, "bert": bert_params}  # the head stays new
-  return boxed, State(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=dropout_key, learning_rate=jnp.asarray(learning_rate, jnp.float32))
+  return boxed, State(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=dropout_key,
+      learning_rate=jnp.asarray(learning_rate, jnp.float32),
+  )
 
 
 def check_encoder(want_boxed, got_abs, source: str, prefix: str) -> None:
@@ -167,8 +183,10 @@ def check_encoder(want_boxed, got_abs, source: str, prefix: str) -> None:
     if path not in got:
       raise ValueError(f"{prefix}: {source}: encoder has no {name}")
     if tuple(got[path].shape) != tuple(w.shape):
-      raise ValueError(f"{prefix}: {source}: {name} has shape {tuple(got[path].shape)}, its "
-                       f"config implies {tuple(w.shape)}")
+      raise ValueError(
+          f"{prefix}: {source}: {name} has shape {tuple(got[path].shape)}, its "
+          f"config implies {tuple(w.shape)}"
+      )
 
 
 def to_global(batch: dict, sh) -> dict:
@@ -178,15 +196,18 @@ def to_global(batch: dict, sh) -> dict:
   out = {}
   for k, v in batch.items():
     per = v.shape[0] // pc
-    out[k] = jax.make_array_from_process_local_data(sh, v[pi * per:(pi + 1) * per], v.shape)
+    out[k] = jax.make_array_from_process_local_data(sh, v[pi * per : (pi + 1) * per], v.shape)
   return out
 
 
 def progress_bar(total: int, desc: str, enabled: bool):
-  from tqdm import tqdm
-
-  return tqdm(total=total, desc=desc, disable=not enabled or jax.process_index() != 0,
-              leave=True, dynamic_ncols=True)
+  return tqdm(
+      total=total,
+      desc=desc,
+      disable=not enabled or jax.process_index() != 0,
+      leave=True,
+      dynamic_ncols=True,
+  )
 
 
 def masked_mean(per_example_B: jax.Array, weights_B: jax.Array) -> jax.Array:
@@ -200,15 +221,25 @@ def _train_step(state: State, batch: dict, *, model, tx, loss_fn: LossFn):
   key = jax.random.fold_in(state.rng, state.step)
 
   def loss_of(params):
-    out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=False,
-                      rngs={"dropout": key})
+    out = model.apply(
+        {"params": params},
+        *(batch[k] for k in MODEL_INPUTS),
+        deterministic=False,
+        rngs={"dropout": key},
+    )
     return loss_fn(out, batch)
 
   loss, grads = jax.value_and_grad(loss_of)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   updates = jax.tree.map(lambda u: u * state.learning_rate, updates)
-  return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                       opt_state=opt_state), loss
+  return (
+      state.replace(
+          step=state.step + 1,
+          params=optax.apply_updates(state.params, updates),
+          opt_state=opt_state,
+      ),
+      loss,
+  )
 
 
 def _predict_step(params, batch: dict, *, model):
@@ -219,9 +250,16 @@ class Trainer:
   """Model, optimizer, shardings and jitted steps for one (head, encoder, recipe); `name`
   ("glue", "squad", "ner") prefixes its messages."""
 
-  def __init__(self, make_model: Callable[[model_lib.BertConfig], nn.Module], enc: Encoder,
-               recipe: Recipe, total_steps: int, loss_fn: LossFn, name: str,
-               mesh: jax.sharding.Mesh | None = None):
+  def __init__(
+      self,
+      make_model: Callable[[model_lib.BertConfig], nn.Module],
+      enc: Encoder,
+      recipe: Recipe,
+      total_steps: int,
+      loss_fn: LossFn,
+      name: str,
+      mesh: jax.sharding.Mesh | None = None,
+  ):
     self.name = name
     if mesh is None:
       try:
@@ -233,54 +271,76 @@ class Trainer:
     shards = sharding.num_batch_shards(self.mesh) * jax.process_count()
     for field in ("batch_size", "eval_batch_size"):
       if getattr(recipe, field) % shards:
-        raise ValueError(f"{name}: --{field.replace('_', '-')}={getattr(recipe, field)} is not "
-                         f"divisible by the {shards} batch shards; use a multiple of {shards}")
+        raise ValueError(
+            f"{name}: --{field.replace('_', '-')}={getattr(recipe, field)} is not "
+            f"divisible by the {shards} batch shards; use a multiple of {shards}"
+        )
     # Fine-tuning runs unscanned, without remat, at the recipe's dropout.
-    self.cfg = enc.config.replace(hidden_dropout_rate=recipe.dropout,
-                                  attention_dropout_rate=recipe.dropout, scan_layers=False,
-                                  remat="none")
+    self.cfg = enc.config.replace(
+        hidden_dropout_rate=recipe.dropout,
+        attention_dropout_rate=recipe.dropout,
+        scan_layers=False,
+        remat="none",
+    )
     self.model = make_model(self.cfg)
     self.tx = make_optimizer(recipe, total_steps)
     self.bert_params = enc.bert_params
     bert_abs = None
     if enc.bert_params is not None:
-      bert_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.float32),
-                              enc.bert_params)
+      bert_abs = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.float32), enc.bert_params
+      )
     init = functools.partial(init_train_state, self.model, self.tx)
     boxed_abs, state_abs = jax.eval_shape(init, bert_abs, jax.random.key(0), 0.0)
     check_encoder(boxed_abs["bert"], bert_abs, enc.source, name)
     param_sh = sharding.state_shardings(boxed_abs, self.mesh)
     repl = sharding.replicated(self.mesh)
     opt_sh = optax.tree_utils.tree_map_params(
-        self.tx, lambda _, s: s, state_abs.opt_state, param_sh,
+        self.tx,
+        lambda _, s: s,
+        state_abs.opt_state,
+        param_sh,
         transform_non_params=lambda _: repl,
-        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    self.state_sh = State(step=repl, params=param_sh, opt_state=opt_sh, rng=repl,
-                          learning_rate=repl)
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+    )
+    self.state_sh = State(
+        step=repl, params=param_sh, opt_state=opt_sh, rng=repl, learning_rate=repl
+    )
     self.param_sh, self.batch_sh = param_sh, sharding.batch_sharding(self.mesh)
     self._init_compiled = None
-    self._init = jax.jit(lambda b, k, lr: init(b, k, lr)[1],
-                         in_shardings=(None if bert_abs is None else param_sh["bert"], repl,
-                                       repl),
-                         out_shardings=self.state_sh)
+    self._init = jax.jit(
+        lambda b, k, lr: init(b, k, lr)[1],
+        in_shardings=(None if bert_abs is None else param_sh["bert"], repl, repl),
+        out_shardings=self.state_sh,
+    )
     self.traces = {"train": 0, "predict": 0}
-    self._train = jax.jit(self._counted("train", functools.partial(
-                              _train_step, model=self.model, tx=self.tx, loss_fn=loss_fn)),
-                          in_shardings=(self.state_sh, self.batch_sh),
-                          out_shardings=(self.state_sh, repl), donate_argnums=0)
+    self._train = jax.jit(
+        self._counted(
+            "train", functools.partial(_train_step, model=self.model, tx=self.tx, loss_fn=loss_fn)
+        ),
+        in_shardings=(self.state_sh, self.batch_sh),
+        out_shardings=(self.state_sh, repl),
+        donate_argnums=0,
+    )
     self._predict_fn = functools.partial(_predict_step, model=self.model)
-    self._predict = jax.jit(self._counted("predict", self._predict_fn),
-                            in_shardings=(param_sh, self.batch_sh),
-                            out_shardings=repl)
+    self._predict = jax.jit(
+        self._counted("predict", self._predict_fn),
+        in_shardings=(param_sh, self.batch_sh),
+        out_shardings=repl,
+    )
 
   def init_state(self, seed: int, learning_rate: float) -> State:
     """The restored encoder (resharded from wherever the checkpoint put it) and a new head
     from `seed`."""
     bert = None
     if self.bert_params is not None:
-      bert = jax.device_put(jax.tree.map(lambda x: x if isinstance(x, jax.Array)
-                                         else np.asarray(x, np.float32), self.bert_params),
-                            self.param_sh["bert"])
+      bert = jax.device_put(
+          jax.tree.map(
+              lambda x: x if isinstance(x, jax.Array) else np.asarray(x, np.float32),
+              self.bert_params,
+          ),
+          self.param_sh["bert"],
+      )
     args = (bert, jax.random.key(seed), np.float32(learning_rate))
     if self._init_compiled is None:
       # It runs once per sweep: on CPU, XLA's backend optimizations cost more compile time
@@ -299,9 +359,11 @@ class Trainer:
   def _counted(self, name: str, fn):
     """`fn`, counting its traces in `self.traces[name]`: jit traces (and compiles) once per new
     input shape, so the count is the number of compiled shapes."""
+
     def traced(*args):
       self.traces[name] += 1
       return fn(*args)
+
     return traced
 
   def compiled_shapes(self) -> tuple[int, int]:
@@ -311,9 +373,11 @@ class Trainer:
   def _sequence_leaves(self, params, arrays: dict[str, np.ndarray]) -> list[bool]:
     """Which output leaves have a length axis (SQuAD's logits, NER's tags; not GLUE's): their
     shapes change with the input's length."""
+
     def out(length):
       batch = {k: jax.ShapeDtypeStruct((1, length), arrays[k].dtype) for k in MODEL_INPUTS}
       return jax.tree.leaves(jax.eval_shape(self._predict_fn, params, batch))
+
     return [a.shape != b.shape for a, b in zip(out(2), out(3))]
 
   def predict(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress=False):
@@ -323,12 +387,15 @@ class Trainer:
     batch is padded by wrapping around and the padding dropped."""
     n, max_len = arrays["input_ids"].shape
     if n == 0:
-      batch = {k: jax.ShapeDtypeStruct((batch_size,) + arrays[k].shape[1:], arrays[k].dtype)
-               for k in MODEL_INPUTS}
+      batch = {
+          k: jax.ShapeDtypeStruct((batch_size,) + arrays[k].shape[1:], arrays[k].dtype)
+          for k in MODEL_INPUTS
+      }
       out_abs = jax.eval_shape(self._predict_fn, params, batch)
       return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
-    padded_N = padded_lengths(arrays["attention_mask"], self.length_bucket,
-                              MIN_BATCHES_PER_LENGTH * batch_size)
+    padded_N = padded_lengths(
+        arrays["attention_mask"], self.length_bucket, MIN_BATCHES_PER_LENGTH * batch_size
+    )
     order = np.argsort(padded_N, kind="stable")
     seq = self._sequence_leaves(params, arrays)
 
@@ -388,15 +455,16 @@ def padded_lengths(mask_NxL: np.ndarray, bucket: int, min_rows: int = 0) -> np.n
   return padded_N
 
 
-def epoch_batches(padded_N: np.ndarray, batch_size: int, rng: np.random.Generator
-                  ) -> list[np.ndarray]:
+def epoch_batches(
+    padded_N: np.ndarray, batch_size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
   """One epoch's batches of row indexes: rows shuffled, grouped by padded length (a stable
   sort keeps the shuffle within each length), cut into batches, the batches shuffled. Only the
   batches on a length's boundary mix lengths (padded to the longer), only the last is short:
   ceil(N / batch) steps, as without buckets."""
   order = rng.permutation(len(padded_N))
   order = order[np.argsort(padded_N[order], kind="stable")]
-  chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+  chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
   return [chunks[i] for i in rng.permutation(len(chunks))]
 
 
@@ -410,11 +478,12 @@ def take(arrays: dict[str, np.ndarray], idx: np.ndarray, length: int, keys=None)
   return out
 
 
-def train_batch(arrays: dict[str, np.ndarray], idx: np.ndarray, length: int,
-                batch_size: int) -> dict:
+def train_batch(
+    arrays: dict[str, np.ndarray], idx: np.ndarray, length: int, batch_size: int
+) -> dict:
   """A training batch of rows `idx`, padded to `batch_size` by repeating rows of weight 0."""
   weights = np.zeros(batch_size, np.float32)
-  weights[:len(idx)] = 1.0
+  weights[: len(idx)] = 1.0
   return dict(take(arrays, np.resize(idx, batch_size), length), weights=weights)
 
 
@@ -441,9 +510,17 @@ class FitResult:
   history: list[dict]  # per epoch (0 = before training, if asked): train_loss, dev metrics
 
 
-def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
-        evaluate: Callable[[Any], dict[str, float]], main_metric: str, workdir: str,
-        eval_untrained: bool = False, progress: bool = True, run_name: str = "") -> FitResult:
+def fit(
+    trainer: Trainer,
+    train: dict[str, np.ndarray],
+    recipe: Recipe,
+    evaluate: Callable[[Any], dict[str, float]],
+    main_metric: str,
+    workdir: str,
+    eval_untrained: bool = False,
+    progress: bool = True,
+    run_name: str = "",
+) -> FitResult:
   """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
   epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
   Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) and prefetched; the
@@ -452,8 +529,9 @@ def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
   os.makedirs(workdir, exist_ok=True)
   n = len(train["input_ids"])
   steps = steps_per_epoch(n, recipe)
-  padded_N = padded_lengths(train["attention_mask"], recipe.length_bucket,
-                            MIN_BATCHES_PER_LENGTH * recipe.batch_size)
+  padded_N = padded_lengths(
+      train["attention_mask"], recipe.length_bucket, MIN_BATCHES_PER_LENGTH * recipe.batch_size
+  )
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
@@ -467,11 +545,11 @@ def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
     for epoch in range(1, recipe.epochs + 1):
       t0 = time.time()
       plan = epoch_batches(padded_N, recipe.batch_size, rng)[:steps]
-      host = (train_batch(train, idx, int(padded_N[idx].max()), recipe.batch_size)
-              for idx in plan)
+      host = (train_batch(train, idx, int(padded_N[idx].max()), recipe.batch_size) for idx in plan)
       losses = []
-      bar = progress_bar(steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}",
-                         progress)
+      bar = progress_bar(
+          steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}", progress
+      )
       for batch in prefetch(host, trainer.batch_sh):
         state, loss = trainer.train_step(state, batch)
         losses.append(loss)
@@ -480,14 +558,20 @@ def fit(trainer: Trainer, train: dict[str, np.ndarray], recipe: Recipe,
         bar.update(1)
       bar.close()
       dev = evaluate(state.params)
-      entry = dict(epoch=epoch, train_loss=float(jnp.mean(jnp.stack(losses))), **dev,
-                   seconds=round(time.time() - t0, 1))
+      entry = dict(
+          epoch=epoch,
+          train_loss=float(jnp.mean(jnp.stack(losses))),
+          **dev,
+          seconds=round(time.time() - t0, 1),
+      )
       history.append(entry)
       log.write(json.dumps(entry) + "\n")
       log.flush()
       improved = best is None or dev[main_metric] > best[main_metric]
-      print(f"{trainer.name}: {what}epoch {epoch}: " + _fmt(entry)
-            + (" (best)" if improved else ""), flush=True)
+      print(
+          f"{trainer.name}: {what}epoch {epoch}: " + _fmt(entry) + (" (best)" if improved else ""),
+          flush=True,
+      )
       if improved:
         best, best_epoch = dev, epoch
         best_params = jax.tree.map(jnp.copy, state.params)  # the step donates state.params
@@ -500,14 +584,15 @@ def steps_per_epoch(n: int, recipe: Recipe) -> int:
 
 
 def _fmt(entry: dict) -> str:
-  return " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                  for k, v in entry.items() if k != "epoch")
+  return " ".join(
+      f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+      for k, v in entry.items()
+      if k != "epoch"
+  )
 
 
 def save_params(workdir: str, params, meta: dict) -> None:
   """The fine-tuned parameters (orbax) under workdir/best/, what they are in best.json."""
-  import orbax.checkpoint as ocp
-
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(os.path.abspath(os.path.join(workdir, "best")), params, force=True)
   if jax.process_index() == 0:

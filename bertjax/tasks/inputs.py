@@ -15,8 +15,9 @@ def special_ids(tok: Tokenizer) -> tuple[int, int, int]:
   return tok.cls_id, tok.sep_id, tok.pad_id
 
 
-def truncate_pair(a: Sequence[int], b: Sequence[int] | None, max_tokens: int
-                  ) -> tuple[list[int], list[int] | None]:
+def truncate_pair(
+    a: Sequence[int], b: Sequence[int] | None, max_tokens: int
+) -> tuple[list[int], list[int] | None]:
   """Drop tokens from the end of the longer segment until both fit in `max_tokens`, as
   google-research/bert's `_truncate_seq_pair`; a single segment is cut at the end."""
   if b is None:
@@ -27,8 +28,9 @@ def truncate_pair(a: Sequence[int], b: Sequence[int] | None, max_tokens: int
   return a, b
 
 
-def segments(a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
-             ) -> tuple[list[int], list[int]]:
+def segments(
+    a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
+) -> tuple[list[int], list[int]]:
   """Unpadded ids and segment ids of [CLS] a [SEP] (b [SEP]), truncated to `max_seq_len`."""
   cls, sep, _ = special_ids(tok)
   budget = max_seq_len - (3 if b is not None else 2)
@@ -43,8 +45,9 @@ def segments(a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: T
   return ids, types
 
 
-def pack(a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
-         ) -> tuple[list[int], list[int], list[int]]:
+def pack(
+    a: Sequence[int], b: Sequence[int] | None, max_seq_len: int, tok: Tokenizer
+) -> tuple[list[int], list[int], list[int]]:
   """ids, segment ids and attention mask of one example, padded to `max_seq_len`."""
   ids, types = segments(a, b, max_seq_len, tok)
   n_pad = max_seq_len - len(ids)

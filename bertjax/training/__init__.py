@@ -1,13 +1,13 @@
 """Pretraining: the mesh and its rules, the train step, the loop, the optimizer, checkpoints.
 
-    sharding.py        the mesh and the one table of logical-axis rules
-    train.py           TrainState, its sharded creation, the jitted train/eval steps
-    losses.py          MLM (fused with the tied decoder), NSP/SOP and classification losses
-    optim.py           BERT's AdamW, optax AdamW, layer-wise LAMB; the schedules
-    loop.py            `train_and_evaluate`: data, steps, metrics, eval, checkpoints
-    checkpoint.py      orbax checkpoints with digests, resume on any mesh, pretrained export
-    metrics_writer.py  metrics.jsonl and TensorBoard
-    config_checks.py   jax-free validation of a config before anything runs
-    flops.py           model FLOPs and MFU
-    tpu.py             Cloud TPU topologies for `bertjax compile` without a TPU
+sharding.py        the mesh and the one table of logical-axis rules
+train.py           TrainState, its sharded creation, the jitted train/eval steps
+losses.py          MLM (fused with the tied decoder), NSP/SOP and classification losses
+optim.py           BERT's AdamW, optax AdamW, layer-wise LAMB; the schedules
+loop.py            `train_and_evaluate`: data, steps, metrics, eval, checkpoints
+checkpoint.py      orbax checkpoints with digests, resume on any mesh, pretrained export
+metrics_writer.py  metrics.jsonl and TensorBoard
+config_checks.py   jax-free validation of a config before anything runs
+flops.py           model FLOPs and MFU
+tpu.py             Cloud TPU topologies for `bertjax compile` without a TPU
 """

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -37,17 +36,27 @@ import os
 import shutil
 from typing import Any, Callable
 
+import errno
+from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 
 from bertjax import model as model_lib
 
 PRETRAINED_FORMAT = "bertjax-pretrained-1"
 # BertConfig fields that decide the parameter shapes; a resume must agree on all of them.
-ARCH_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-               "max_position_embeddings", "type_vocab_size", "scan_layers")
+ARCH_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "scan_layers",
+)
 
 
 def absolute(path: str | epath.Path) -> epath.Path:
@@ -80,8 +89,10 @@ class _QuietDiskFull(logging.Filter):
   """Orbax logs a full traceback per failed write thread; the Manager reports it once."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not ("No space left on device" in record.getMessage()
-                or (record.exc_info and _disk_full(record.exc_info[1])))
+    return not (
+        "No space left on device" in record.getMessage()
+        or (record.exc_info and _disk_full(record.exc_info[1]))
+    )
 
 
 DIGEST_NAME = "sha256.json"
@@ -134,8 +145,13 @@ def verify_digest(step_dir: epath.Path) -> str | None:
   return None
 
 
-def check_compatible(saved: dict, current: model_lib.BertConfig, where: str,
-                     saved_optimizer: str | None = None, optimizer: str | None = None) -> None:
+def check_compatible(
+    saved: dict,
+    current: model_lib.BertConfig,
+    where: str,
+    saved_optimizer: str | None = None,
+    optimizer: str | None = None,
+) -> None:
   """Raise, naming the first differing field, instead of ever restoring partially."""
   for field in ARCH_FIELDS:
     old, new = saved.get(field), getattr(current, field)
@@ -143,12 +159,14 @@ def check_compatible(saved: dict, current: model_lib.BertConfig, where: str,
       raise CheckpointMismatchError(
           f"{where} was written with config.model.{field}={old!r} but the config now has "
           f"{new!r}; use the original value, or a new --workdir (or --config.train.init_from "
-          f"to start a new run from its weights)")
+          f"to start a new run from its weights)"
+      )
   if saved_optimizer and optimizer and saved_optimizer != optimizer:
     raise CheckpointMismatchError(
         f"{where} was written with config.train.optimizer={saved_optimizer!r} but the config now "
         f"has {optimizer!r}; its optimizer state cannot be reused: use a new --workdir with "
-        f"--config.train.init_from={where}")
+        f"--config.train.init_from={where}"
+    )
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -157,14 +175,25 @@ def check_compatible(saved: dict, current: model_lib.BertConfig, where: str,
 class Manager:
   """Async orbax checkpoints of the train state, data position and metadata of one run."""
 
-  def __init__(self, workdir: str, every_steps: int, max_to_keep: int | None = 3,
-               keep_period: int | None = None, async_save: bool = True):
+  def __init__(
+      self,
+      workdir: str,
+      every_steps: int,
+      max_to_keep: int | None = 3,
+      keep_period: int | None = None,
+      async_save: bool = True,
+  ):
     self.directory = absolute(workdir) / "checkpoints"
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=max(1, every_steps), max_to_keep=max_to_keep,
-        keep_period=keep_period, enable_async_checkpointing=async_save, create=True)
-    self._mngr = ocp.CheckpointManager(self.directory, options=options,
-                                       item_names=("state", "data", "meta"))
+        save_interval_steps=max(1, every_steps),
+        max_to_keep=max_to_keep,
+        keep_period=keep_period,
+        enable_async_checkpointing=async_save,
+        create=True,
+    )
+    self._mngr = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "data", "meta")
+    )
     self._undigested: list[int] = []
     absl_logger = logging.getLogger("absl")
     if not any(isinstance(f, _QuietDiskFull) for f in absl_logger.filters):
@@ -179,8 +208,11 @@ class Manager:
     except Exception as e:  # noqa: BLE001  (orbax wraps the OSError in its own errors)
       if not _disk_full(e):
         raise
-      partial = sorted(p.name for p in self.directory.iterdir() if "tmp" in p.name) \
-          if self.directory.exists() else []
+      partial = (
+          sorted(p.name for p in self.directory.iterdir() if "tmp" in p.name)
+          if self.directory.exists()
+          else []
+      )
       if jax.process_index() == 0:
         for name in partial:
           shutil.rmtree(str(self.directory / name), ignore_errors=True)
@@ -191,18 +223,22 @@ class Manager:
           + (f" ({free / 2**30:.2f} GiB free)" if free is not None else "")
           + f"; removed the partial step ({', '.join(partial) or 'none left'}); newest complete "
           f"checkpoint: {max(done) if done else 'none'}. Free space (or lower "
-          "config.checkpoint.max_to_keep) and rerun to resume") from None
+          "config.checkpoint.max_to_keep) and rerun to resume"
+      ) from None
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
-  def save(self, step: int, state: Any, data_states: list | None, meta: dict,
-           force: bool = False) -> bool:
+  def save(
+      self, step: int, state: Any, data_states: list | None, meta: dict, force: bool = False
+  ) -> bool:
     """Start saving (returns at once when async); False if the interval says not yet."""
     self._digest_finished()
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              data=ocp.args.JsonSave({"processes": data_states}),
-                              meta=ocp.args.JsonSave(meta))
+    args = ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave({"processes": data_states}),
+        meta=ocp.args.JsonSave(meta),
+    )
     with self._space_checked(step):
       saved = self._mngr.save(step, args=args, force=force)
     if saved:
@@ -221,9 +257,9 @@ class Manager:
         if (self.directory / str(step)).exists():  # not already removed by max_to_keep
           write_digest(self.directory / str(step))
 
-  def restore_newest_good(self, abstract_state: Any, check: Callable[[dict, str], None],
-                          log: Callable[[str], None]
-                          ) -> tuple[int, Any, list | None, dict] | None:
+  def restore_newest_good(
+      self, abstract_state: Any, check: Callable[[dict, str], None], log: Callable[[str], None]
+  ) -> tuple[int, Any, list | None, dict] | None:
     """(step, state, data states, meta) of the newest step that passes its digest and
     restores; None when the run has no checkpoint.
 
@@ -250,14 +286,17 @@ class Manager:
         except Exception as e:  # noqa: BLE001
           problem = f"{where}: cannot be restored: {_first_line(e)}"
       problems.append(f"step {step}: {problem}")
-      log(f"checkpoint: step {step} is damaged ({problem}); moving it to "
-          f"{self.directory.parent / 'bad_checkpoints' / str(step)} and trying the one before")
+      log(
+          f"checkpoint: step {step} is damaged ({problem}); moving it to "
+          f"{self.directory.parent / 'bad_checkpoints' / str(step)} and trying the one before"
+      )
       self._set_aside(step)
     if problems:
       raise NoGoodCheckpointError(
           f"no good checkpoint in {self.directory} ({'; '.join(problems)}); the damaged steps "
           f"are in {self.directory.parent / 'bad_checkpoints'}. Rerun to start from step 0, "
-          "or restore the files from a backup")
+          "or restore the files from a backup"
+      )
     return None
 
   def _set_aside(self, step: int) -> None:
@@ -269,8 +308,6 @@ class Manager:
         shutil.rmtree(str(target))
       shutil.move(str(self.directory / str(step)), str(target))
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-
       multihost_utils.sync_global_devices(f"bertjax_set_aside_{step}")
     self._mngr.reload()
 
@@ -279,9 +316,14 @@ class Manager:
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, list | None, dict]:
     """(state on the shardings of `abstract_state`, data states per process, meta)."""
-    out = self._mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-        meta=ocp.args.JsonRestore()))
+    out = self._mngr.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+            meta=ocp.args.JsonRestore(),
+        ),
+    )
     return out["state"], out["data"]["processes"], out["meta"]
 
   def wait(self) -> None:
@@ -304,15 +346,15 @@ def gather_json(obj: Any) -> list:
   """Every process's JSON-serialisable `obj`, in process order (a collective: all must call)."""
   if jax.process_count() == 1:
     return [obj]
-  from jax.experimental import multihost_utils
 
   raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
   lengths = multihost_utils.process_allgather(np.asarray([raw.size], np.int32))
   padded = np.zeros(int(np.max(lengths)), np.uint8)
-  padded[:raw.size] = raw
+  padded[: raw.size] = raw
   allb = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(allb[i][:int(lengths[i][0])]).decode())
-          for i in range(jax.process_count())]
+  return [
+      json.loads(bytes(allb[i][: int(lengths[i][0])]).decode()) for i in range(jax.process_count())
+  ]
 
 
 # ----------------------------------------------------------------------------- pretrained models
@@ -326,8 +368,13 @@ class Pretrained:
   step: int
 
 
-def save_pretrained(path: str, config: model_lib.BertConfig, params: Any,
-                    tokenizer_path: str | None = None, step: int = 0) -> None:
+def save_pretrained(
+    path: str,
+    config: model_lib.BertConfig,
+    params: Any,
+    tokenizer_path: str | None = None,
+    step: int = 0,
+) -> None:
   """Write a self-contained params-only checkpoint that `load_pretrained` reads.
 
   `params` may be scanned or not, sharded or not; they are stored unscanned. The tokenizer
@@ -343,8 +390,11 @@ def save_pretrained(path: str, config: model_lib.BertConfig, params: Any,
     (out / "bert_config.json").write_text(json.dumps(config.to_dict(), indent=2))
     if tokenizer_path:
       epath.Path(tokenizer_path).copy(out / tok_name, overwrite=True)
-    (out / "pretrained.json").write_text(json.dumps(
-        {"format": PRETRAINED_FORMAT, "step": int(step), "tokenizer": tok_name}, indent=2))
+    (out / "pretrained.json").write_text(
+        json.dumps(
+            {"format": PRETRAINED_FORMAT, "step": int(step), "tokenizer": tok_name}, indent=2
+        )
+    )
   ckptr = ocp.StandardCheckpointer()
   ckptr.save(out / "params", params, force=True)
   ckptr.wait_until_finished()
@@ -369,8 +419,12 @@ def _restore_params(directory: epath.Path, shardings: Any | None, subtree: str |
   else:
     item = jax.tree.map(target, tree, shardings)
     restore_args = ocp.checkpoint_utils.construct_restore_args(item)
-  out = ckptr.restore(directory, args=ocp.args.PyTreeRestore(
-      item=item, restore_args=restore_args, partial_restore=bool(subtree)))
+  out = ckptr.restore(
+      directory,
+      args=ocp.args.PyTreeRestore(
+          item=item, restore_args=restore_args, partial_restore=bool(subtree)
+      ),
+  )
   return out[subtree] if subtree else out
 
 
@@ -383,9 +437,11 @@ def _resolve(path: epath.Path) -> tuple[str, epath.Path]:
   root = path / "checkpoints" if (path / "checkpoints").exists() else path
   steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
   if not steps:
-    raise FileNotFoundError(f"{path}: no checkpoint found (expected a `bertjax pretrain` "
-                            "workdir, one of its checkpoints/<step> dirs, or a save_pretrained "
-                            "dir with pretrained.json)")
+    raise FileNotFoundError(
+        f"{path}: no checkpoint found (expected a `bertjax pretrain` "
+        "workdir, one of its checkpoints/<step> dirs, or a save_pretrained "
+        "dir with pretrained.json)"
+    )
   problems = []
   for step in reversed(steps):  # the newest step that matches its digest
     problem = verify_digest(root / str(step))

@@ -44,8 +44,7 @@ def non_embedding_params(cfg) -> int:
   return n * layer
 
 
-def pretraining_flops_per_step(cfg, batch_size: int, seq_len: int,
-                               max_predictions: int) -> float:
+def pretraining_flops_per_step(cfg, batch_size: int, seq_len: int, max_predictions: int) -> float:
   """Training FLOPs (forward + backward) of one step of `BertForPreTraining`.
 
   6 x encoder params x tokens, plus attention scores and mixing (12 * L * H * T per token:

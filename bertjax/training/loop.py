@@ -17,19 +17,27 @@ import pathlib
 import sys
 import time
 
-import jax
-import numpy as np
 from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
-from bertjax.training import checkpoint, config_checks, flops, losses, metrics_writer
-
-from bertjax.runtime import distributed
 from bertjax import model as model_lib
-from bertjax.training import optim, sharding, train
-from bertjax.runtime import workdir_lock
+from bertjax.data import prepare, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
+from bertjax.runtime import distributed, workdir_lock
+from bertjax.training import (
+    checkpoint,
+    config_checks,
+    flops,
+    losses,
+    metrics_writer,
+    optim,
+    sharding,
+    train,
+)
 
-REPO_DATA = pathlib.Path(__file__).resolve().parent.parent / "data"
+REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +55,29 @@ def phases(config) -> list[Phase]:
   """One phase, or two when config.phase2.fraction > 0."""
   c, p2 = config, config.get("phase2")
   boundary = optim.phase2_start(c.train, p2)
-  out = [Phase(0, 0, boundary, c.data.seq_len, c.train.batch_size,
-               c.data.max_predictions_per_seq, c.train.microbatches)]
+  out = [
+      Phase(
+          0,
+          0,
+          boundary,
+          c.data.seq_len,
+          c.train.batch_size,
+          c.data.max_predictions_per_seq,
+          c.train.microbatches,
+      )
+  ]
   if boundary < c.train.steps:
-    out.append(Phase(1, boundary, c.train.steps, p2.seq_len, p2.batch_size,
-                     p2.max_predictions_per_seq, p2.microbatches))
+    out.append(
+        Phase(
+            1,
+            boundary,
+            c.train.steps,
+            p2.seq_len,
+            p2.batch_size,
+            p2.max_predictions_per_seq,
+            p2.microbatches,
+        )
+    )
   return [ph for ph in out if ph.end > ph.start]
 
 
@@ -70,27 +96,40 @@ def phase_config(config, phase: Phase):
 def bundled_data(workdir: str) -> str:
   """The bundled corpus, prepared once (by process 0) into the workdir or a cache dir."""
   wd = epath.Path(workdir)
-  out = (pathlib.Path(str(wd)) if not str(wd).startswith("gs://")
-         else pathlib.Path.home() / ".cache" / "bertjax") / "data" / "austen"
+  out = (
+      (
+          pathlib.Path(str(wd))
+          if not str(wd).startswith("gs://")
+          else pathlib.Path.home() / ".cache" / "bertjax"
+      )
+      / "data"
+      / "austen"
+  )
   if jax.process_index() == 0 and not (out / "metadata.json").exists():
-    from bertjax.data import prepare
-
     corpus, tok = REPO_DATA / "austen.txt", REPO_DATA / "tokenizer.model"
     if not corpus.exists():
-      raise FileNotFoundError(f"{corpus}: the bundled corpus is missing (installed without the "
-                              "repository?); set --config.data.path to prepared shards")
+      raise FileNotFoundError(
+          f"{corpus}: the bundled corpus is missing (installed without the "
+          "repository?); set --config.data.path to prepared shards"
+      )
     print(f"data: preparing the bundled corpus {corpus.name} into {out}", flush=True)
-    prepare.prepare(prepare.PrepareConfig(output=str(out), tokenizer=str(tok),
-                                          inputs=(str(corpus),), num_shards=8,
-                                          eval_fraction=0.02, processes=2, progress=False))
+    prepare.prepare(
+        prepare.PrepareConfig(
+            output=str(out),
+            tokenizer=str(tok),
+            inputs=(str(corpus),),
+            num_shards=8,
+            eval_fraction=0.02,
+            processes=2,
+            progress=False,
+        )
+    )
   _barrier("bundled_data")
   return str(out)
 
 
 def _barrier(name: str) -> None:
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
     multihost_utils.sync_global_devices(name)
 
 
@@ -101,17 +140,19 @@ def resolve_config(config, workdir: str):
     if c.data.source == "prepared":
       if not c.data.path:
         c.data.path = bundled_data(workdir)
-      from bertjax.data import records
 
       meta = records.load_metadata(c.data.path)
       records.check_shards(meta, c.data.path)
       vocab = meta["tokenizer"]["vocab_size"]
       if c.model.vocab_size and c.model.vocab_size != vocab:
-        raise ValueError(f"config.model.vocab_size={c.model.vocab_size} but {c.data.path} was "
-                         f"tokenized with vocab_size={vocab}; drop the override")
+        raise ValueError(
+            f"config.model.vocab_size={c.model.vocab_size} but {c.data.path} was "
+            f"tokenized with vocab_size={vocab}; drop the override"
+        )
       c.model.vocab_size = vocab
-      c.data.tokenizer = c.data.tokenizer or str(pathlib.Path(c.data.path) /
-                                                 meta["tokenizer"]["file"])
+      c.data.tokenizer = c.data.tokenizer or str(
+          pathlib.Path(c.data.path) / meta["tokenizer"]["file"]
+      )
     elif c.data.source == "synthetic":
       c.model.vocab_size = c.model.vocab_size or 8000
     else:
@@ -120,29 +161,43 @@ def resolve_config(config, workdir: str):
 
 
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
-  from bertjax.data import pretraining
-
   d = config.data
   seed = config.seed + (1000 if split == "eval" and d.source == "synthetic" else 0)
-  cfg = pretraining.InputConfig(source=d.source, path=d.path or "", seq_len=phase.seq_len,
-                                max_predictions_per_seq=phase.max_predictions,
-                                pair_mode=d.pair_mode, mask_prob=d.mask_prob, seed=seed,
-                                vocab_size=config.model.vocab_size)
-  stream = pretraining.make_stream(cfg, global_batch_size=phase.batch_size if split == "train"
-                                   else config.eval.batch_size,
-                                   process_index=jax.process_index(),
-                                   process_count=jax.process_count(), state=state, split=split)
+  cfg = pretraining.InputConfig(
+      source=d.source,
+      path=d.path or "",
+      seq_len=phase.seq_len,
+      max_predictions_per_seq=phase.max_predictions,
+      pair_mode=d.pair_mode,
+      mask_prob=d.mask_prob,
+      seed=seed,
+      vocab_size=config.model.vocab_size,
+  )
+  stream = pretraining.make_stream(
+      cfg,
+      global_batch_size=phase.batch_size if split == "train" else config.eval.batch_size,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      state=state,
+      split=split,
+  )
   return stream
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _meta(config, setup: train.Setup, step: int, tokenizer_rel: str | None,
-          metrics_partial: dict) -> dict:
-  return dict(bert_config=setup.bert_config.to_dict(), step=int(step), tokenizer=tokenizer_rel,
-              optimizer=config.train.optimizer, config=json.loads(config.to_json_best_effort()),
-              metrics_partial=metrics_partial)
+def _meta(
+    config, setup: train.Setup, step: int, tokenizer_rel: str | None, metrics_partial: dict
+) -> dict:
+  return dict(
+      bert_config=setup.bert_config.to_dict(),
+      step=int(step),
+      tokenizer=tokenizer_rel,
+      optimizer=config.train.optimizer,
+      config=json.loads(config.to_json_best_effort()),
+      metrics_partial=metrics_partial,
+  )
 
 
 def _copy_tokenizer(config, workdir: str) -> str | None:
@@ -163,8 +218,9 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
 def _init_from(setup: train.Setup, state: train.TrainState, path: str) -> train.TrainState:
   """Replace freshly initialised params with a pretrained checkpoint's (continue pretraining)."""
   pre = checkpoint.load_pretrained(path)
-  checkpoint.check_compatible(dict(pre.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
-                              setup.bert_config, path)
+  checkpoint.check_compatible(
+      dict(pre.config.to_dict(), scan_layers=setup.bert_config.scan_layers), setup.bert_config, path
+  )
   params = pre.params
   if setup.bert_config.scan_layers:
     params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
@@ -181,15 +237,15 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   first = saved[0]
   if config.data.source == "synthetic":  # batch s is f(seed, s) for any host count
     return {"phase": first["phase"], "stream": {"step": first["stream"]["step"]}}
-  writer.log(f"warning: the checkpoint's input position was saved by {len(saved)} processes "
-             f"and cannot carry over to {jax.process_count()}; the input stream restarts")
+  writer.log(
+      f"warning: the checkpoint's input position was saved by {len(saved)} processes "
+      f"and cannot carry over to {jax.process_count()}; the input stream restarts"
+  )
   return None
 
 
 def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, float]:
   """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed."""
-  from bertjax.data import pretraining
-
   stream = make_stream(config, phase, None, split="eval")
   mask_id = _mask_id(config)
   totals, target_counts = None, collections.Counter()
@@ -212,15 +268,16 @@ def _has_eval_data(config, writer) -> bool:
   """False (with one warning) when the prepared data holds too few held-out shards."""
   if config.data.source != "prepared":
     return True
-  from bertjax.data import records
 
   shards = records.split_shards(records.load_metadata(config.data.path), config.data.path, "eval")
   if len(shards) >= jax.process_count():
     return True
-  writer.log(f"warning: {config.data.path} has {len(shards)} non-empty held-out shard(s) for "
-             f"{jax.process_count()} process(es): training without held-out evaluation. "
-             "`bertjax prepare --eval-fraction F --eval-shards N` (N >= processes) writes them; "
-             "--config.eval.every_steps=0 silences this")
+  writer.log(
+      f"warning: {config.data.path} has {len(shards)} non-empty held-out shard(s) for "
+      f"{jax.process_count()} process(es): training without held-out evaluation. "
+      "`bertjax prepare --eval-fraction F --eval-shards N` (N >= processes) writes them; "
+      "--config.eval.every_steps=0 silences this"
+  )
   return False
 
 
@@ -228,7 +285,6 @@ def _mask_id(config) -> int:
   """The [MASK] id of the stream: the prepared data's tokenizer's, or SentencePiece's."""
   if config.data.source != "prepared":
     return MASK_ID
-  from bertjax.data import records
 
   return records.special_ids(records.load_metadata(config.data.path))["mask"]
 
@@ -249,8 +305,9 @@ class _Meter:
 
   def set_phase(self, bert_config, phase: Phase) -> None:
     self.phase = phase
-    self.flops = flops.pretraining_flops_per_step(bert_config, phase.batch_size, phase.seq_len,
-                                                  phase.max_predictions)
+    self.flops = flops.pretraining_flops_per_step(
+        bert_config, phase.batch_size, phase.seq_len, phase.max_predictions
+    )
     self.t0, self.timed = None, 0
 
   def add(self, m: dict) -> None:
@@ -280,8 +337,12 @@ class _Meter:
       dt = (now - self.t0) / self.timed
       self.t0, self.timed = now, 0
       ph = self.phase
-      out.update(seq_per_sec=ph.batch_size / dt, tokens_per_sec=ph.batch_size * ph.seq_len / dt,
-                 step_time_sec=dt, eta_sec=(total - step) * dt)
+      out.update(
+          seq_per_sec=ph.batch_size / dt,
+          tokens_per_sec=ph.batch_size * ph.seq_len / dt,
+          step_time_sec=dt,
+          eta_sec=(total - step) * dt,
+      )
       out["mfu"] = self.flops / dt / (jax.device_count() * self.peak) if self.peak else None
     return out
 
@@ -308,41 +369,53 @@ def train_and_evaluate(config, workdir: str) -> int:
 
 
 def _train_and_evaluate(config, workdir: str) -> int:
-  from bertjax.data import pretraining
-
   # --- config, mesh --------------------------------------------------------------------------
   config = resolve_config(config, workdir)
   mesh = sharding.mesh_from_config(config.mesh)
   plan = phases(config)
   total = config.train.steps
   for ph in plan:
-    sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches,
-                              "config.train.batch_size" if ph.index == 0
-                              else "config.phase2.batch_size")
+    sharding.check_batch_size(
+        ph.batch_size,
+        mesh,
+        ph.microbatches,
+        "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size",
+    )
   is_main = jax.process_index() == 0
   setups = {ph.index: train.setup(phase_config(config, ph), mesh) for ph in plan}
   setup0 = setups[0]
 
   # --- a resume must match the checkpoint before anything of this run is written ------------
   ck = config.checkpoint
-  mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period,
-                            ck.async_save)
-  def check(meta: dict, where: str) -> None:
-    checkpoint.check_compatible(meta["bert_config"], setup0.bert_config, where,
-                                meta.get("optimizer"), config.train.optimizer)
+  mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period, ck.async_save)
 
-  restored = mngr.restore_newest_good(setup0.abstract_state, check,
-                                      log=print if is_main else lambda _: None)
+  def check(meta: dict, where: str) -> None:
+    checkpoint.check_compatible(
+        meta["bert_config"],
+        setup0.bert_config,
+        where,
+        meta.get("optimizer"),
+        config.train.optimizer,
+    )
+
+  restored = mngr.restore_newest_good(
+      setup0.abstract_state, check, log=print if is_main else lambda _: None
+  )
   latest, saved_meta = (restored[0], restored[3]) if restored else (None, None)
   # metrics.jsonl keeps exactly the records of the steps the checkpoint holds.
-  writer = metrics_writer.MetricsWriter(workdir, enabled=is_main,
-                                        tensorboard=config.get("tensorboard", True),
-                                        keep_through=latest or 0)
+  writer = metrics_writer.MetricsWriter(
+      workdir,
+      enabled=is_main,
+      tensorboard=config.get("tensorboard", True),
+      keep_through=latest or 0,
+  )
   if is_main:
     (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
-  writer.log(f"model: {config.model.preset} {model_lib.count_params(setup0.abstract_state.params):,} "
-             f"params | mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
-             f"devices, {jax.process_count()} process(es) | workdir {workdir}")
+  writer.log(
+      f"model: {config.model.preset} {model_lib.count_params(setup0.abstract_state.params):,} "
+      f"params | mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+      f"devices, {jax.process_count()} process(es) | workdir {workdir}"
+  )
 
   # --- state: resume, init_from, or fresh ------------------------------------------------
   tokenizer_rel = _copy_tokenizer(config, workdir)
@@ -362,15 +435,16 @@ def _train_and_evaluate(config, workdir: str) -> int:
   def open_phase(ph: Phase, saved: dict | None):
     s = saved["stream"] if saved and saved.get("phase") == ph.index else None
     stream = make_stream(config, ph, s)
-    return pretraining.prefetch_to_device(stream, setups[ph.index].batch_sharding,
-                                          config.data.prefetch)
+    return pretraining.prefetch_to_device(
+        stream, setups[ph.index].batch_sharding, config.data.prefetch
+    )
 
   phase = next((ph for ph in plan if ph.start <= step < ph.end), plan[-1])
   batches = open_phase(phase, data_state)
-  meter = _Meter(config, setups[phase.index].bert_config, phase,
-                 (saved_meta or {}).get("metrics_partial"))
-  eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config,
-                                                                                   writer)
+  meter = _Meter(
+      config, setups[phase.index].bert_config, phase, (saved_meta or {}).get("metrics_partial")
+  )
+  eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config, writer)
   watcher = distributed.PreemptionWatcher()
   bad_steps, pending, last_saved, start_step = 0, None, step, step
   log_at = {1, total} | {ph.end for ph in plan}  # besides every log_every_steps
@@ -381,21 +455,30 @@ def _train_and_evaluate(config, workdir: str) -> int:
       return
     last_saved = at
     data = checkpoint.gather_json({"phase": phase.index, "stream": batches.get_state()})
-    mngr.save(at, state, data, _meta(config, setups[phase.index], at, tokenizer_rel,
-                                     meter.partial()), force=force)
+    mngr.save(
+        at,
+        state,
+        data,
+        _meta(config, setups[phase.index], at, tokenizer_rel, meter.partial()),
+        force=force,
+    )
 
   def read(p) -> bool:  # metrics of the previous step; False stops the run
     nonlocal bad_steps
     at, m = p[0], {k: float(v) for k, v in jax.device_get(p[1]).items()}
     if not m.pop("finite"):
       bad_steps += 1
-      writer.log(f"step {at}: non-finite loss {m['loss']} or gradient norm {m['grad_norm']}: "
-                 f"update skipped ({bad_steps}/{config.train.max_bad_steps} allowed)")
+      writer.log(
+          f"step {at}: non-finite loss {m['loss']} or gradient norm {m['grad_norm']}: "
+          f"update skipped ({bad_steps}/{config.train.max_bad_steps} allowed)"
+      )
       if bad_steps > config.train.max_bad_steps:
-        writer.log(f"stopping: {bad_steps} non-finite step(s); nothing after the last "
-                   f"checkpoint ({mngr.latest_step()}) was saved. Lower "
-                   "config.train.learning_rate, check the data, or allow skips with "
-                   "config.train.max_bad_steps=K")
+        writer.log(
+            f"stopping: {bad_steps} non-finite step(s); nothing after the last "
+            f"checkpoint ({mngr.latest_step()}) was saved. Lower "
+            "config.train.learning_rate, check the data, or allow skips with "
+            "config.train.max_bad_steps=K"
+        )
         return False
       return True
     meter.add(m)
@@ -413,16 +496,20 @@ def _train_and_evaluate(config, workdir: str) -> int:
     return status
 
   # --- the loop ---------------------------------------------------------------------------
-  writer.log(f"training steps {step}..{total} | phase {phase.index}: seq {phase.seq_len}, "
-             f"batch {phase.batch_size}")
+  writer.log(
+      f"training steps {step}..{total} | phase {phase.index}: seq {phase.seq_len}, "
+      f"batch {phase.batch_size}"
+  )
   while step < total:
     if step >= phase.end:  # phase switch: new length and batch, same state
       batches.close()
       phase = plan[phase.index + 1]
       batches = open_phase(phase, None)
       meter.set_phase(setups[phase.index].bert_config, phase)
-      writer.log(f"phase {phase.index}: seq {phase.seq_len}, batch {phase.batch_size}, "
-                 f"{phase.max_predictions} predictions, from step {step}")
+      writer.log(
+          f"phase {phase.index}: seq {phase.seq_len}, batch {phase.batch_size}, "
+          f"{phase.max_predictions} predictions, from step {step}"
+      )
     state, metrics = setups[phase.index].train_step(state, next(batches))
     step += 1
     if pending is not None and not read(pending):  # one step late: the device stays busy
@@ -444,8 +531,9 @@ def _train_and_evaluate(config, workdir: str) -> int:
       save(step, force=True)
     if preempted:
       mngr.wait()
-      writer.log(f"preempted: saved step {step} to {mngr.directory}; rerun the same command "
-                 "to resume")
+      writer.log(
+          f"preempted: saved step {step} to {mngr.directory}; rerun the same command " "to resume"
+      )
       return stop(0)
   ok = pending is None or read(pending)
   if ok:
@@ -455,7 +543,9 @@ def _train_and_evaluate(config, workdir: str) -> int:
     ev = evaluate(config, setups[phase.index], state.params, phase)
     writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     writer.write(step, ev)
-  writer.log(f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
-             f"{epath.Path(workdir) / 'tensorboard'}, metrics in "
-             f"{epath.Path(workdir) / 'metrics.jsonl'}")
+  writer.log(
+      f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
+      f"{epath.Path(workdir) / 'tensorboard'}, metrics in "
+      f"{epath.Path(workdir) / 'metrics.jsonl'}"
+  )
   return stop(0 if ok else 1)

@@ -20,14 +20,16 @@ Array = jax.Array
 def cross_entropy(logits_BxPxV: Array, labels_BxP: Array) -> tuple[Array, Array]:
   """Per-position negative log-likelihood and whether the argmax is right (float32)."""
   logp_BxPxV = jax.nn.log_softmax(logits_BxPxV.astype(jnp.float32), axis=-1)
-  nll_BxP = -jnp.take_along_axis(logp_BxPxV, labels_BxP[..., None].astype(jnp.int32),
-                                 axis=-1)[..., 0]
+  nll_BxP = -jnp.take_along_axis(logp_BxPxV, labels_BxP[..., None].astype(jnp.int32), axis=-1)[
+      ..., 0
+  ]
   correct_BxP = (jnp.argmax(logits_BxPxV, axis=-1) == labels_BxP).astype(jnp.float32)
   return nll_BxP, correct_BxP
 
 
-def mlm_cross_entropy(x_BxPxH: Array, table_VxH: Array, bias_V: Array,
-                      labels_BxP: Array) -> tuple[Array, Array]:
+def mlm_cross_entropy(
+    x_BxPxH: Array, table_VxH: Array, bias_V: Array, labels_BxP: Array
+) -> tuple[Array, Array]:
   """The tied MLM decoder and its cross-entropy in one op: (nll, correct), each [B, P] float32.
 
   Equal to `cross_entropy(x @ table.T + bias, labels)` (logits in float32 from `x`'s dtype,
@@ -41,8 +43,9 @@ def mlm_cross_entropy(x_BxPxH: Array, table_VxH: Array, bias_V: Array,
   pass: the decoder's float32 output [B·P, V], as autodiff would save the logits.
   """
   b, p, h = x_BxPxH.shape
-  nll_N, correct_N = _fused_xent(x_BxPxH.reshape(b * p, h), table_VxH, bias_V,
-                                 labels_BxP.reshape(b * p).astype(jnp.int32))
+  nll_N, correct_N = _fused_xent(
+      x_BxPxH.reshape(b * p, h), table_VxH, bias_V, labels_BxP.reshape(b * p).astype(jnp.int32)
+  )
   return nll_N.reshape(b, p), correct_N.reshape(b, p)
 
 
@@ -53,8 +56,10 @@ def _xent_forward(x_NxH, table_VxH, bias_V, labels_N):
   logits_NxV = raw_NxV + bias_V.astype(jnp.float32)
   max_N = jnp.max(logits_NxV, axis=-1)
   lse_N = max_N + jnp.log(jnp.sum(jnp.exp(logits_NxV - max_N[:, None]), axis=-1))
-  label_logit_N = (jnp.take_along_axis(raw_NxV, labels_N[:, None], axis=-1)[:, 0]
-                   + bias_V.astype(jnp.float32)[labels_N])
+  label_logit_N = (
+      jnp.take_along_axis(raw_NxV, labels_N[:, None], axis=-1)[:, 0]
+      + bias_V.astype(jnp.float32)[labels_N]
+  )
   nll_N = lse_N - label_logit_N
   correct_N = (label_logit_N >= max_N).astype(jnp.float32)
   return (nll_N, correct_N), (raw_NxV, lse_N)
@@ -80,30 +85,45 @@ def _fused_xent_bwd(res, cotangents):
   g_NxV = g_NxV.astype(x_NxH.dtype)
   g_x_NxH = jnp.dot(g_NxV, table_VxH, preferred_element_type=jnp.float32)
   g_table_VxH = jnp.dot(g_NxV.T, x_NxH, preferred_element_type=jnp.float32)
-  return (g_x_NxH.astype(x_NxH.dtype), g_table_VxH.astype(table_VxH.dtype),
-          g_bias_V.astype(bias_V.dtype), None)
+  return (
+      g_x_NxH.astype(x_NxH.dtype),
+      g_table_VxH.astype(table_VxH.dtype),
+      g_bias_V.astype(bias_V.dtype),
+      None,
+  )
 
 
 _fused_xent.defvjp(_fused_xent_fwd, _fused_xent_bwd)
 
 
-def pretraining_sums(mlm_nll_BxP: Array, mlm_correct_BxP: Array, nsp_logits_Bx2: Array,
-                     batch: dict[str, Array], pair_mode: str) -> dict[str, Array]:
+def pretraining_sums(
+    mlm_nll_BxP: Array,
+    mlm_correct_BxP: Array,
+    nsp_logits_Bx2: Array,
+    batch: dict[str, Array],
+    pair_mode: str,
+) -> dict[str, Array]:
   """Summed losses and counts of one (micro)batch; `finalize` turns them into means.
 
   `mlm_nll_BxP` / `mlm_correct_BxP` come from `mlm_cross_entropy` on the model's
   `PretrainingOutput` (what the train step does) or from `cross_entropy` on logits.
   """
   w_BxP = batch["masked_weights"].astype(jnp.float32)  # 0 on padded prediction slots
-  sums = dict(mlm_loss=jnp.sum(mlm_nll_BxP * w_BxP), mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),
-              mlm_count=jnp.sum(w_BxP))
+  sums = dict(
+      mlm_loss=jnp.sum(mlm_nll_BxP * w_BxP),
+      mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),
+      mlm_count=jnp.sum(w_BxP),
+  )
   if pair_mode == "none":
     zero = jnp.zeros((), jnp.float32)
     sums.update(nsp_loss=zero, nsp_correct=zero, nsp_count=zero)
   else:
     nll_B, correct_B = cross_entropy(nsp_logits_Bx2, batch["nsp_labels"])
-    sums.update(nsp_loss=jnp.sum(nll_B), nsp_correct=jnp.sum(correct_B),
-                nsp_count=jnp.asarray(nll_B.shape[0], jnp.float32))
+    sums.update(
+        nsp_loss=jnp.sum(nll_B),
+        nsp_correct=jnp.sum(correct_B),
+        nsp_count=jnp.asarray(nll_B.shape[0], jnp.float32),
+    )
   return sums
 
 
@@ -116,8 +136,9 @@ def at_mask_token(batch: dict[str, Array], mask_id: int = MASK_ID) -> Array:
 
 def total_loss(sums: dict[str, Array], mlm_count: Array, nsp_count: Array) -> Array:
   """The training objective given the counts of the *whole* batch: mean MLM + mean NSP."""
-  return (sums["mlm_loss"] / jnp.maximum(mlm_count, 1.0)
-          + sums["nsp_loss"] / jnp.maximum(nsp_count, 1.0))
+  return sums["mlm_loss"] / jnp.maximum(mlm_count, 1.0) + sums["nsp_loss"] / jnp.maximum(
+      nsp_count, 1.0
+  )
 
 
 def finalize(sums: dict[str, Array]) -> dict[str, Array]:
@@ -126,9 +147,14 @@ def finalize(sums: dict[str, Array]) -> dict[str, Array]:
   nsp_n = jnp.maximum(sums["nsp_count"], 1.0)
   mlm_loss = sums["mlm_loss"] / mlm_n
   nsp_loss = sums["nsp_loss"] / nsp_n
-  out = dict(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, mlm_accuracy=sums["mlm_correct"] / mlm_n,
-             mlm_perplexity=jnp.exp(mlm_loss), nsp_loss=nsp_loss,
-             nsp_accuracy=sums["nsp_correct"] / nsp_n)
+  out = dict(
+      loss=mlm_loss + nsp_loss,
+      mlm_loss=mlm_loss,
+      mlm_accuracy=sums["mlm_correct"] / mlm_n,
+      mlm_perplexity=jnp.exp(mlm_loss),
+      nsp_loss=nsp_loss,
+      nsp_accuracy=sums["nsp_correct"] / nsp_n,
+  )
   if "mask_count" in sums:  # evaluation: accuracy where the input is [MASK]
     out["mask_accuracy"] = sums["mask_correct"] / jnp.maximum(sums["mask_count"], 1.0)
   return out

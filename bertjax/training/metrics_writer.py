@@ -16,8 +16,12 @@ from typing import Mapping
 from etils import epath
 
 # Columns of the progress line: (metrics key, label, format).
-_PROGRESS = (("loss", "loss", ".4f"), ("mlm_accuracy", "mlm_acc", ".3f"),
-             ("nsp_accuracy", "nsp_acc", ".3f"), ("learning_rate", "lr", ".2e"))
+_PROGRESS = (
+    ("loss", "loss", ".4f"),
+    ("mlm_accuracy", "mlm_acc", ".3f"),
+    ("nsp_accuracy", "nsp_acc", ".3f"),
+    ("learning_rate", "lr", ".2e"),
+)
 
 
 def format_duration(seconds: float) -> str:
@@ -44,8 +48,13 @@ def progress_line(step: int, total: int, m: Mapping[str, float]) -> str:
 class MetricsWriter:
   """Writes scalars to metrics.jsonl and TensorBoard (WORKDIR/tensorboard) on process 0."""
 
-  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
-               keep_through: int | None = None):
+  def __init__(
+      self,
+      workdir: str,
+      enabled: bool = True,
+      tensorboard: bool = True,
+      keep_through: int | None = None,
+  ):
     """`keep_through`: drop the records of metrics.jsonl after this step first (a resume from
     that step's checkpoint writes them again; 0 = a fresh run, None = keep everything)."""
     self.enabled = enabled
@@ -61,20 +70,22 @@ class MetricsWriter:
     self._jsonl = path.open("a")
     if tensorboard:
       try:
-        import tensorflow as tf
+        import tensorflow as tf  # only when TensorBoard is on; the loop runs without TF
 
         self._tf = tf
         self._tb = tf.summary.create_file_writer(str(self.workdir / "tensorboard"))
       except ImportError:
-        print("metrics: TensorFlow not installed, no TensorBoard logs "
-              "(metrics.jsonl is still written)", file=sys.stderr)
+        print(
+            "metrics: TensorFlow not installed, no TensorBoard logs "
+            "(metrics.jsonl is still written)",
+            file=sys.stderr,
+        )
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     """One JSON line {"step": ..., **metrics} and one TensorBoard scalar per key."""
     if not self.enabled:
       return
-    row = {"step": int(step), **{k: (None if v is None else float(v))
-                                 for k, v in metrics.items()}}
+    row = {"step": int(step), **{k: (None if v is None else float(v)) for k, v in metrics.items()}}
     # JSON has no inf/nan: such values are written as null and named under "nonfinite".
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     for k in bad:
@@ -118,5 +129,8 @@ def _truncate_after(path: epath.Path, step: int) -> None:
     tmp = path.parent / (path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(path)
-    print(f"metrics: dropped {dropped} record(s) of {path} after step {step} (the steps this "
-          "run trains again)", flush=True)
+    print(
+        f"metrics: dropped {dropped} record(s) of {path} after step {step} (the steps this "
+        "run trains again)",
+        flush=True,
+    )

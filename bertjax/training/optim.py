@@ -44,7 +44,8 @@ def decay_mask(params: Any) -> Any:
   By name, not by rank: under `scan_layers` a LayerNorm scale is 2-D [layers, H].
   """
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: _names(path)[-1] not in NO_DECAY_NAMES, params)
+      lambda path, _: _names(path)[-1] not in NO_DECAY_NAMES, params
+  )
 
 
 # ---------------------------------------------------------------------------------- schedules
@@ -61,6 +62,7 @@ def bert_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Sch
     if not warmup_steps:
       return decay
     return jnp.where(step < warmup_steps, peak * step / warmup_steps, decay)
+
   return schedule
 
 
@@ -68,9 +70,12 @@ def warmup_linear_decay(peak: float, warmup_steps: int, total_steps: int) -> opt
   """0 -> peak over `warmup_steps`, then linearly from the peak to 0 at `total_steps`."""
   warmup_steps = max(0, min(warmup_steps, total_steps))
   return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup_steps, 1)),
-       optax.linear_schedule(peak, 0.0, max(total_steps - warmup_steps, 1))],
-      [warmup_steps])
+      [
+          optax.linear_schedule(0.0, peak, max(warmup_steps, 1)),
+          optax.linear_schedule(peak, 0.0, max(total_steps - warmup_steps, 1)),
+      ],
+      [warmup_steps],
+  )
 
 
 SCHEDULES = {"bert": bert_schedule, "warmup_linear": warmup_linear_decay}
@@ -116,9 +121,9 @@ class UncorrectedAdamState(NamedTuple):
 def scale_by_uncorrected_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
   """m / (sqrt(v) + eps) from moments WITHOUT bias correction, as AdamWeightDecayOptimizer
   (optax.scale_by_adam always corrects)."""
+
   def init(params):
-    return UncorrectedAdamState(mu=optax.tree.zeros_like(params),
-                                nu=optax.tree.zeros_like(params))
+    return UncorrectedAdamState(mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params))
 
   def update(updates, state, params=None):
     del params
@@ -150,6 +155,7 @@ def trust_ratio_axes(path, shape: tuple[int, ...]) -> tuple[int, ...] | None:
 def scale_by_layerwise_trust_ratio() -> optax.GradientTransformation:
   """update * ||w|| / ||update|| per layer's variable (`trust_ratio_axes`); ratio 1 where
   either norm is 0 or the variable is excluded."""
+
   def norm(x, keep):
     axes = tuple(i for i in range(x.ndim) if i not in keep)
     return jnp.sqrt(jnp.sum(jnp.square(x), axis=axes, keepdims=True))
@@ -171,28 +177,36 @@ def scale_by_layerwise_trust_ratio() -> optax.GradientTransformation:
   return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def bert_adamw(learning_rate, b1: float, b2: float, eps: float,
-               weight_decay: float) -> optax.GradientTransformation:
+def bert_adamw(
+    learning_rate, b1: float, b2: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
   """google-research/bert's AdamWeightDecayOptimizer (no bias correction)."""
-  return optax.chain(scale_by_uncorrected_adam(b1, b2, eps),
-                     optax.add_decayed_weights(weight_decay, decay_mask),
-                     optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(
+      scale_by_uncorrected_adam(b1, b2, eps),
+      optax.add_decayed_weights(weight_decay, decay_mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
 
 
-def adamw(learning_rate, b1: float, b2: float, eps: float,
-          weight_decay: float) -> optax.GradientTransformation:
+def adamw(
+    learning_rate, b1: float, b2: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
   """optax's AdamW, with Adam's bias correction."""
-  return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                     mask=decay_mask)
+  return optax.adamw(
+      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+  )
 
 
-def lamb(learning_rate, b1: float, b2: float, eps: float,
-         weight_decay: float) -> optax.GradientTransformation:
+def lamb(
+    learning_rate, b1: float, b2: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
   """Layer-wise LAMB (You et al. 2019, Algorithm 2, with its bias correction)."""
-  return optax.chain(optax.scale_by_adam(b1, b2, eps),
-                     optax.add_decayed_weights(weight_decay, decay_mask),
-                     scale_by_layerwise_trust_ratio(),
-                     optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(
+      optax.scale_by_adam(b1, b2, eps),
+      optax.add_decayed_weights(weight_decay, decay_mask),
+      scale_by_layerwise_trust_ratio(),
+      optax.scale_by_learning_rate(learning_rate),
+  )
 
 
 OPTIMIZERS = {"bert_adamw": bert_adamw, "adamw": adamw, "lamb": lamb}
@@ -201,8 +215,12 @@ OPTIMIZERS = {"bert_adamw": bert_adamw, "adamw": adamw, "lamb": lamb}
 def make_optimizer(train_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
   """Global-norm clipping (as BERT's create_optimizer) then `train.optimizer`."""
   opt = _pick(OPTIMIZERS, train_cfg.optimizer, "optimizer")(
-      schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-      weight_decay=train_cfg.weight_decay)
+      schedule,
+      b1=train_cfg.b1,
+      b2=train_cfg.b2,
+      eps=train_cfg.eps,
+      weight_decay=train_cfg.weight_decay,
+  )
   if train_cfg.clip_norm and train_cfg.clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(train_cfg.clip_norm), opt)
   return opt

@@ -50,29 +50,42 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-def axis_sizes(data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int | None = None
-               ) -> tuple[int, int, int]:
+def axis_sizes(
+    data: int = -1, fsdp: int = 1, tensor: int = 1, num_devices: int | None = None
+) -> tuple[int, int, int]:
   """Resolve one `-1` in (data, fsdp, tensor) so that the product is `num_devices`."""
   n = jax.device_count() if num_devices is None else num_devices
   sizes = [data, fsdp, tensor]
   if sizes.count(-1) > 1:
-    raise ValueError(f"mesh: at most one axis may be -1 (fill), got data={data} fsdp={fsdp} "
-                     f"tensor={tensor}")
+    raise ValueError(
+        f"mesh: at most one axis may be -1 (fill), got data={data} fsdp={fsdp} " f"tensor={tensor}"
+    )
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if n % known:
-      raise ValueError(f"mesh: {n} devices do not divide by fsdp*tensor*data (without -1) = "
-                       f"{known}; change config.mesh")
+      raise ValueError(
+          f"mesh: {n} devices do not divide by fsdp*tensor*data (without -1) = "
+          f"{known}; change config.mesh"
+      )
     sizes[sizes.index(-1)] = n // known
   if math.prod(sizes) != n:
-    raise ValueError(f"mesh: data*fsdp*tensor = {sizes[0]}*{sizes[1]}*{sizes[2]} = "
-                     f"{math.prod(sizes)} but there are {n} devices; set one axis to -1 to fill")
+    raise ValueError(
+        f"mesh: data*fsdp*tensor = {sizes[0]}*{sizes[1]}*{sizes[2]} = "
+        f"{math.prod(sizes)} but there are {n} devices; set one axis to -1 to fill"
+    )
   return tuple(sizes)  # type: ignore[return-value]
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int = 1,
-              dcn_fsdp: int = 1, dcn_tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    data: int = -1,
+    fsdp: int = 1,
+    tensor: int = 1,
+    *,
+    dcn_data: int = 1,
+    dcn_fsdp: int = 1,
+    dcn_tensor: int = 1,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
   """A `Mesh` over axes ('data', 'fsdp', 'tensor').
 
   (data, fsdp, tensor) is the parallelism within one slice (ICI); one of them may be -1 to use
@@ -83,8 +96,9 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int =
   dcn = (dcn_data, dcn_fsdp, dcn_tensor)
   num_slices = math.prod(dcn)
   if len(devices) % num_slices:
-    raise ValueError(f"mesh: {len(devices)} devices do not split into dcn "
-                     f"{dcn} = {num_slices} slices")
+    raise ValueError(
+        f"mesh: {len(devices)} devices do not split into dcn " f"{dcn} = {num_slices} slices"
+    )
   ici = axis_sizes(data, fsdp, tensor, len(devices) // num_slices)
   if num_slices == 1:
     try:
@@ -94,9 +108,9 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int =
   else:
     is_tpu = devices[0].platform == "tpu"
     try:
-      arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
-                                                 process_is_granule=not is_tpu,
-                                                 allow_split_physical_axes=True)
+      arr = mesh_utils.create_hybrid_device_mesh(
+          ici, dcn, devices, process_is_granule=not is_tpu, allow_split_physical_axes=True
+      )
     except ValueError:  # fewer slices/processes than dcn asks (e.g. fake CPU devices)
       grid = np.asarray(devices).reshape(dcn + ici).transpose(0, 3, 1, 4, 2, 5)
       arr = grid.reshape([d * i for d, i in zip(dcn, ici)])
@@ -105,13 +119,22 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int =
 
 def mesh_from_config(mesh_cfg) -> Mesh:
   """`make_mesh` from a `config.mesh` ConfigDict (fields data/fsdp/tensor/dcn_*)."""
-  return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor,
-                   dcn_data=mesh_cfg.get("dcn_data", 1), dcn_fsdp=mesh_cfg.get("dcn_fsdp", 1),
-                   dcn_tensor=mesh_cfg.get("dcn_tensor", 1))
+  return make_mesh(
+      mesh_cfg.data,
+      mesh_cfg.fsdp,
+      mesh_cfg.tensor,
+      dcn_data=mesh_cfg.get("dcn_data", 1),
+      dcn_fsdp=mesh_cfg.get("dcn_fsdp", 1),
+      dcn_tensor=mesh_cfg.get("dcn_tensor", 1),
+  )
 
 
-def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
-                    mesh: Mesh | None = None, rules=LOGICAL_AXIS_RULES) -> P:
+def logical_to_spec(
+    names: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+    rules=LOGICAL_AXIS_RULES,
+) -> P:
   """The PartitionSpec the rules give for an array with these logical axis names.
 
   With `shape` and `mesh`, a dimension that the mesh axes do not divide evenly is replicated
@@ -133,10 +156,12 @@ def state_shardings(abstract_boxed: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -
 
   Leaves without logical names (step counters, RNG keys, scalars) are replicated.
   """
+
   def one(x):
     if isinstance(x, nn.Partitioned):
       return NamedSharding(mesh, logical_to_spec(x.names, x.value.shape, mesh, rules))
     return NamedSharding(mesh, P())
+
   return jax.tree.map(one, abstract_boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
@@ -153,18 +178,23 @@ def num_batch_shards(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def check_batch_size(global_batch: int, mesh: Mesh, num_microbatches: int = 1,
-                     field: str = "config.train.batch_size") -> None:
+def check_batch_size(
+    global_batch: int, mesh: Mesh, num_microbatches: int = 1, field: str = "config.train.batch_size"
+) -> None:
   """Fail early, naming the field, when the global batch does not split evenly."""
   procs = jax.process_count()
   shards = num_batch_shards(mesh)
   if global_batch % num_microbatches:
-    raise ValueError(f"{field}={global_batch} is not divisible by "
-                     f"config.train.microbatches={num_microbatches}")
+    raise ValueError(
+        f"{field}={global_batch} is not divisible by "
+        f"config.train.microbatches={num_microbatches}"
+    )
   micro = global_batch // num_microbatches
   if micro % shards:
-    raise ValueError(f"{field}={global_batch} / microbatches {num_microbatches} = {micro} is not "
-                     f"divisible by the {shards} batch shards (mesh data*fsdp = "
-                     f"{mesh.shape['data']}*{mesh.shape['fsdp']}); use a multiple of {shards}")
+    raise ValueError(
+        f"{field}={global_batch} / microbatches {num_microbatches} = {micro} is not "
+        f"divisible by the {shards} batch shards (mesh data*fsdp = "
+        f"{mesh.shape['data']}*{mesh.shape['fsdp']}); use a multiple of {shards}"
+    )
   if global_batch % procs:
     raise ValueError(f"{field}={global_batch} is not divisible by the {procs} processes")

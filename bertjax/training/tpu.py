@@ -13,10 +13,14 @@ except the single-host v5litepod/v6e slices of 1, 4 and 8 chips.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
+
+import importlib.util
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +33,23 @@ class Generation:
 
 
 GENERATIONS = {
-  "v4": Generation("v4", "v4", 2, 3, 32),
-  "v5p": Generation("v5p", "v5p", 2, 3, 95),
-  "v5litepod": Generation("v5e", "v5e", 1, 2, 16),
-  "v5e": Generation("v5e", "v5e", 1, 2, 16),
-  "v6e": Generation("v6e", "v6e", 1, 2, 32),
+    "v4": Generation("v4", "v4", 2, 3, 32),
+    "v5p": Generation("v5p", "v5p", 2, 3, 95),
+    "v5litepod": Generation("v5e", "v5e", 1, 2, 16),
+    "v5e": Generation("v5e", "v5e", 1, 2, 16),
+    "v6e": Generation("v6e", "v6e", 1, 2, 32),
 }
 # 2D slices by chip count (cloud.google.com/tpu/docs/v5e, /v6e).
-_TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
-                256: "16x16"}
+_TOPOLOGY_2D = {
+    1: "1x1",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
 # 3D slices below one 4x4x4 cube (cloud.google.com/tpu/docs/v4, /v5p).
 _TOPOLOGY_3D_SMALL = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4"}
 EXAMPLES = "v4-32, v5litepod-16, v5p-8, v6e-16"
@@ -71,11 +83,16 @@ class Slice:
 
   def describe(self) -> str:
     g = self.generation
-    cores = ("1 device per chip (megacore: both TensorCores)" if g.cores_per_chip == 2
-             else "1 TensorCore per chip")
-    return (f"{self.name}: {self.chips} chips of TPU {g.name} (topology {self.topology}), "
-            f"{self.hosts} host{'s' if self.hosts > 1 else ''} x "
-            f"{self.chips // self.hosts} chips, {cores}")
+    cores = (
+        "1 device per chip (megacore: both TensorCores)"
+        if g.cores_per_chip == 2
+        else "1 TensorCore per chip"
+    )
+    return (
+        f"{self.name}: {self.chips} chips of TPU {g.name} (topology {self.topology}), "
+        f"{self.hosts} host{'s' if self.hosts > 1 else ''} x "
+        f"{self.chips // self.hosts} chips, {cores}"
+    )
 
 
 def _cube_topology(chips: int) -> str | None:
@@ -85,8 +102,15 @@ def _cube_topology(chips: int) -> str | None:
   if chips < 64 or chips % 64:
     return None
   k = chips // 64
-  best = min(((a, b, k // (a * b)) for a in range(1, k + 1) for b in range(a, k + 1)
-              if k % (a * b) == 0 and k // (a * b) >= b), key=lambda d: (max(d), sum(d)))
+  best = min(
+      (
+          (a, b, k // (a * b))
+          for a in range(1, k + 1)
+          for b in range(a, k + 1)
+          if k % (a * b) == 0 and k // (a * b) >= b
+      ),
+      key=lambda d: (max(d), sum(d)),
+  )
   return "x".join(str(4 * d) for d in best)
 
 
@@ -101,19 +125,25 @@ def parse_accelerator(name: str) -> Slice:
   """`v4-32` -> Slice(v4:2x2x4, 16 chips, 4 hosts). ValueError naming the flag otherwise."""
   m = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", name.strip())
   if not m:
-    raise ValueError(f"--accelerator {name!r}: not a Cloud TPU accelerator type; write e.g. "
-                     f"{EXAMPLES} (gcloud's names), or --topology for a libtpu topology string")
+    raise ValueError(
+        f"--accelerator {name!r}: not a Cloud TPU accelerator type; write e.g. "
+        f"{EXAMPLES} (gcloud's names), or --topology for a libtpu topology string"
+    )
   gen, n = GENERATIONS[m.group(1)], int(m.group(2))
   if gen.cores_per_chip == 2:
     chips, topo = n // 2, _cube_topology(n // 2) if n % 2 == 0 else None
     if topo is None:
-      raise ValueError(f"--accelerator {name!r}: {m.group(1)}-N counts TensorCores (2 per chip); "
-                       f"N must be 8, 16, 32, 64 or a multiple of 128, e.g. {m.group(1)}-32")
+      raise ValueError(
+          f"--accelerator {name!r}: {m.group(1)}-N counts TensorCores (2 per chip); "
+          f"N must be 8, 16, 32, 64 or a multiple of 128, e.g. {m.group(1)}-32"
+      )
   else:
     chips, topo = n, _TOPOLOGY_2D.get(n)
     if topo is None:
-      raise ValueError(f"--accelerator {name!r}: {m.group(1)}-N counts chips; N must be one of "
-                       f"{', '.join(map(str, _TOPOLOGY_2D))}")
+      raise ValueError(
+          f"--accelerator {name!r}: {m.group(1)}-N counts chips; N must be one of "
+          f"{', '.join(map(str, _TOPOLOGY_2D))}"
+      )
   hosts, per_host = _host_layout(gen, chips)
   return Slice(name, gen, f"{gen.libtpu}:{topo}", chips, hosts, per_host)
 
@@ -122,17 +152,24 @@ def parse_topology(text: str) -> Slice:
   """A raw libtpu topology string (`v5e:4x4`, `v4:2x2x2`) with the same chip defaults."""
   m = re.fullmatch(r"(?:TPU )?(v4|v5p|v5|v5e|v5litepod|v6e):(\d+(?:x\d+){1,2})", text.strip())
   if not m:
-    raise ValueError(f"--topology {text!r}: write GENERATION:DIMS, e.g. v4:2x2x4, v5p:2x2x1, "
-                     "v5e:4x4, v6e:4x4 (or --accelerator v4-32 with gcloud's names)")
+    raise ValueError(
+        f"--topology {text!r}: write GENERATION:DIMS, e.g. v4:2x2x4, v5p:2x2x1, "
+        "v5e:4x4, v6e:4x4 (or --accelerator v4-32 with gcloud's names)"
+    )
   gen = GENERATIONS["v5p" if m.group(1) == "v5" else m.group(1)]
   dims = [int(d) for d in m.group(2).split("x")]
   if len(dims) != gen.dims:
     example = f"{gen.libtpu}:{'2x2x2' if gen.dims == 3 else '4x4'}"
-    raise ValueError(f"--topology {text!r}: TPU {gen.name} is a {gen.dims}D torus; write "
-                     f"{gen.dims} dimensions, e.g. {example}")
+    raise ValueError(
+        f"--topology {text!r}: TPU {gen.name} is a {gen.dims}D torus; write "
+        f"{gen.dims} dimensions, e.g. {example}"
+    )
   chips = math.prod(dims)
-  hosts, per_host = _host_layout(gen, chips) if gen.dims == 3 or chips in _TOPOLOGY_2D else (
-      max(1, chips // 4), (2, 2, 1))
+  hosts, per_host = (
+      _host_layout(gen, chips)
+      if gen.dims == 3 or chips in _TOPOLOGY_2D
+      else (max(1, chips // 4), (2, 2, 1))
+  )
   return Slice(text, gen, f"{gen.libtpu}:{m.group(2)}", chips, hosts, per_host)
 
 
@@ -152,7 +189,7 @@ def devices(s: Slice) -> list:
   # Off a TPU VM libtpu warns that it cannot find these; the topology below is explicit.
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", s.accelerator_type)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  from jax.experimental import topologies
+  from jax.experimental import topologies  # after the environment above: libtpu reads it
 
   return topologies.get_topology_desc(s.topology, "tpu", **s.topology_options).devices
 
@@ -164,10 +201,6 @@ _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 def usable_hbm_bytes(device, nominal_gib: float) -> tuple[float, str]:
   """HBM one device may use, as the TPU compiler reports it (it reserves a little), and where
   the figure came from: compile an over-sized copy and read the compiler's limit."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
   s = NamedSharding(Mesh([device], ("x",)), P())
   big = jax.ShapeDtypeStruct((2**38,), jnp.float32, sharding=s)  # 1 TiB
   try:
@@ -191,11 +224,25 @@ def parse_oom(message: str) -> tuple[float | None, float | None]:
 # ------------------------------------------------------------------------- compiled HLO text
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _SHAPE_RE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_INSTR_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) (" + "|".join(COLLECTIVES) +
-                       r")(-start)?\(")
+_INSTR_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) (" + "|".join(COLLECTIVES) + r")(-start)?\(")
 _CALL_RE = re.compile(r"\b(body|calls|condition)=%([\w.\-]+)")
 
 
@@ -223,8 +270,11 @@ def _computations(hlo: str) -> dict[str, list[str]]:
 
 
 def _trip_count(cond: list[str]) -> int:
-  consts = [int(v) for line in cond
-            for v in re.findall(r"[su]32\[\](?:\{[^}]*\})? constant\((\d+)\)", line)]
+  consts = [
+      int(v)
+      for line in cond
+      for v in re.findall(r"[su]32\[\](?:\{[^}]*\})? constant\((\d+)\)", line)
+  ]
   return max(consts) if consts else 1
 
 
@@ -249,8 +299,10 @@ def collectives(hlo: str) -> list[Collective]:
       m = _INSTR_RE.match(line)
       if not m:
         continue
-      shapes = [(d, tuple(int(x) for x in dims.split(",") if x))
-                for d, dims in _SHAPE_RE.findall(m.group(2))]
+      shapes = [
+          (d, tuple(int(x) for x in dims.split(",") if x))
+          for d, dims in _SHAPE_RE.findall(m.group(2))
+      ]
       if not shapes:
         continue
       size = [math.prod(d) * _DTYPE_BYTES[t] for t, d in shapes]

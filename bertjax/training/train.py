@@ -51,8 +51,10 @@ def model_config(config) -> model_lib.BertConfig:
   if unknown:
     raise ValueError(f"config.model: unknown fields {unknown}; valid: {sorted(_MODEL_FIELDS)}")
   if "vocab_size" not in overrides:
-    raise ValueError("config.model.vocab_size is unset: it must match the tokenizer "
-                     "(bertjax.training.loop fills it from the prepared data's metadata.json)")
+    raise ValueError(
+        "config.model.vocab_size is unset: it must match the tokenizer "
+        "(bertjax.training.loop fills it from the prepared data's metadata.json)"
+    )
   return model_lib.BertConfig.from_preset(m.preset, **overrides)
 
 
@@ -78,10 +80,19 @@ def _init_fn(model, tx, seed_or_key):
   d = model_lib.dummy_inputs(1, 8, 2)
   key = jax.random.PRNGKey(seed_or_key) if jnp.ndim(seed_or_key) == 0 else seed_or_key
   params_key, dropout_key = jax.random.split(key)
-  boxed = model.init({"params": params_key}, d["input_ids"], d["token_type_ids"],
-                     d["attention_mask"], d["masked_positions"])["params"]
-  return boxed, TrainState(step=jnp.zeros((), jnp.int32), params=nn.unbox(boxed),
-                           opt_state=tx.init(nn.unbox(boxed)), rng=dropout_key)
+  boxed = model.init(
+      {"params": params_key},
+      d["input_ids"],
+      d["token_type_ids"],
+      d["attention_mask"],
+      d["masked_positions"],
+  )["params"]
+  return boxed, TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=nn.unbox(boxed),
+      opt_state=tx.init(nn.unbox(boxed)),
+      rng=dropout_key,
+  )
 
 
 def setup(config, mesh: jax.sharding.Mesh) -> Setup:
@@ -95,11 +106,14 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   param_shardings = sharding.state_shardings(boxed_abs, mesh)
   repl = sharding.replicated(mesh)
   opt_shardings = optax.tree_utils.tree_map_params(
-      tx, lambda _, s: s, state_abs.opt_state, param_shardings,
+      tx,
+      lambda _, s: s,
+      state_abs.opt_state,
+      param_shardings,
       transform_non_params=lambda _: repl,
-      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings,
-                               rng=repl)
+      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+  )
+  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   batch_sharding = sharding.batch_sharding(mesh)
 
   init = jax.jit(lambda seed: _init_fn(model, tx, seed)[1], out_shardings=state_shardings)
@@ -109,24 +123,44 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
     # init reshapes kernels in a way a constraint on the boxed value would reject.
     return init(jnp.asarray(seed, jnp.uint32))
 
-  step_fn = functools.partial(_train_step, model=model, tx=tx, schedule=schedule, mesh=mesh,
-                              microbatches=config.train.microbatches,
-                              pair_mode=config.data.pair_mode,
-                              inject_nan_at_step=config.train.get("inject_nan_at_step", -1))
-  jit_step = jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
-                     out_shardings=(state_shardings, repl), donate_argnums=0)
+  step_fn = functools.partial(
+      _train_step,
+      model=model,
+      tx=tx,
+      schedule=schedule,
+      mesh=mesh,
+      microbatches=config.train.microbatches,
+      pair_mode=config.data.pair_mode,
+      inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
+  )
+  jit_step = jax.jit(
+      step_fn,
+      in_shardings=(state_shardings, batch_sharding),
+      out_shardings=(state_shardings, repl),
+      donate_argnums=0,
+  )
   eval_fn = functools.partial(_eval_step, model=model, pair_mode=config.data.pair_mode)
-  jit_eval = jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding),
-                     out_shardings=repl)
+  jit_eval = jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=repl)
 
   train_step, eval_step = _InMesh(jit_step, mesh), _InMesh(jit_eval, mesh)
 
-  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          state_abs, state_shardings)
-  return Setup(config=config, bert_config=bert_config, model=model, mesh=mesh, tx=tx,
-               schedule=schedule, abstract_state=abstract, state_shardings=state_shardings,
-               batch_sharding=batch_sharding, init_state=init_state, train_step=train_step,
-               eval_step=eval_step)
+  abstract = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_abs, state_shardings
+  )
+  return Setup(
+      config=config,
+      bert_config=bert_config,
+      model=model,
+      mesh=mesh,
+      tx=tx,
+      schedule=schedule,
+      abstract_state=abstract,
+      state_shardings=state_shardings,
+      batch_sharding=batch_sharding,
+      init_state=init_state,
+      train_step=train_step,
+      eval_step=eval_step,
+  )
 
 
 class _InMesh:
@@ -148,10 +182,15 @@ class _InMesh:
 def _forward(params, batch, model, dropout_key, deterministic: bool):
   """The model's outputs and the MLM loss fused with its tied decoder: ([B, P] nll, [B, P]
   correct, the outputs)."""
-  out = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
-                    deterministic=deterministic, rngs={"dropout": dropout_key})
-  nll_BxP, correct_BxP = losses.mlm_cross_entropy(out.mlm_hidden, out.mlm_table, out.mlm_bias,
-                                                  batch["masked_ids"])
+  out = model.apply(
+      {"params": params},
+      *(batch[k] for k in MODEL_INPUTS),
+      deterministic=deterministic,
+      rngs={"dropout": dropout_key},
+  )
+  nll_BxP, correct_BxP = losses.mlm_cross_entropy(
+      out.mlm_hidden, out.mlm_table, out.mlm_bias, batch["masked_ids"]
+  )
   return nll_BxP, correct_BxP, out
 
 
@@ -162,21 +201,35 @@ def _forward_sums(params, batch, model, pair_mode: str, dropout_key, determinist
 
 def _split_microbatches(batch: dict, m: int, mesh) -> dict:
   """[B, ...] -> [M, B/M, ...] taking rows m, m+M, ...: each microbatch spans every shard."""
+
   def split(x):
     x = x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
     spec = jax.sharding.PartitionSpec(None, *sharding.logical_to_spec(("batch",)))
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
   return jax.tree.map(split, batch)
 
 
-def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, microbatches: int,
-                pair_mode: str, inject_nan_at_step: int):
-  batch = {k: v for k, v in batch.items() if k in MODEL_INPUTS + (
-      "masked_ids", "masked_weights", "nsp_labels")}
+def _train_step(
+    state: TrainState,
+    batch: dict,
+    *,
+    model,
+    tx,
+    schedule,
+    mesh,
+    microbatches: int,
+    pair_mode: str,
+    inject_nan_at_step: int,
+):
+  batch = {
+      k: v
+      for k, v in batch.items()
+      if k in MODEL_INPUTS + ("masked_ids", "masked_weights", "nsp_labels")
+  }
   # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
   mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
-  nsp_count = jnp.asarray(0.0 if pair_mode == "none" else batch["nsp_labels"].shape[0],
-                          jnp.float32)
+  nsp_count = jnp.asarray(0.0 if pair_mode == "none" else batch["nsp_labels"].shape[0], jnp.float32)
   step_key = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params, mb, key):
@@ -187,17 +240,23 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
   if microbatches == 1:
     (_, sums), grads = grad_fn(state.params, batch, step_key)
   else:
+
     def body(carry, xs):
       grads_acc, sums_acc = carry
       i, mb = xs
       (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(step_key, i))
       return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s)), None
+
     zeros_g = jax.tree.map(jnp.zeros_like, state.params)
-    zeros_s = {k: jnp.zeros((), jnp.float32) for k in (
-        "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")}
+    zeros_s = {
+        k: jnp.zeros((), jnp.float32)
+        for k in ("mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")
+    }
     (grads, sums), _ = jax.lax.scan(
-        body, (zeros_g, zeros_s),
-        (jnp.arange(microbatches), _split_microbatches(batch, microbatches, mesh)))
+        body,
+        (zeros_g, zeros_s),
+        (jnp.arange(microbatches), _split_microbatches(batch, microbatches, mesh)),
+    )
 
   metrics = losses.finalize(sums)
   loss = metrics["loss"]
@@ -207,6 +266,7 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
     grads = jax.tree.map(lambda g: g * poison, grads)
   grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
   # Non-finite step: keep the old params and optimizer state (never applied, never saved).
   # A conditional rather than an elementwise select of new vs old: the select would read and
   # write the parameters and both Adam moments once more every step.
@@ -217,8 +277,13 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, schedule, mesh, mi
 
   new_params, new_opt = jax.lax.cond(ok, apply, lambda po: po, (state.params, state.opt_state))
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt)
-  metrics.update(loss=loss, grad_norm=grad_norm, finite=ok.astype(jnp.float32),
-                 learning_rate=schedule(state.step), param_norm=optax.tree.norm(new_params))
+  metrics.update(
+      loss=loss,
+      grad_norm=grad_norm,
+      finite=ok.astype(jnp.float32),
+      learning_rate=schedule(state.step),
+      param_norm=optax.tree.norm(new_params),
+  )
   return new_state, metrics
 
 
@@ -230,8 +295,9 @@ def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
   model cannot copy the token it is given, so this is the accuracy that shows whether it uses
   context (`bertjax.training.loop.evaluate` sets it beside the best constant guess).
   """
-  nll_BxP, correct_BxP, out = _forward(params, batch, model, jax.random.PRNGKey(0),
-                                       deterministic=True)
+  nll_BxP, correct_BxP, out = _forward(
+      params, batch, model, jax.random.PRNGKey(0), deterministic=True
+  )
   sums = losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
   at_mask_BxP = batch["at_mask"]
   sums.update(mask_correct=jnp.sum(correct_BxP * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))

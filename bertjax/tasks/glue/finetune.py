@@ -27,8 +27,8 @@ import optax
 from bertjax.tasks import finetuning
 
 from bertjax import model as model_lib
-from bertjax.tasks.glue import features, metrics, tasks
 from bertjax.tasks.encoder import Encoder
+from bertjax.tasks.glue import features, metrics, tasks
 
 
 def glue_loss(logits_BxC: jax.Array, batch: dict, *, regression: bool) -> jax.Array:
@@ -37,15 +37,18 @@ def glue_loss(logits_BxC: jax.Array, batch: dict, *, regression: bool) -> jax.Ar
     per_example_B = jnp.square(logits_BxC[:, 0] - labels_B.astype(jnp.float32))
   else:
     per_example_B = optax.softmax_cross_entropy_with_integer_labels(
-        logits_BxC, labels_B.astype(jnp.int32))
+        logits_BxC, labels_B.astype(jnp.int32)
+    )
   return finetuning.masked_mean(per_example_B, batch["weights"])
 
 
-def make_trainer(task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe,
-                 total_steps: int) -> finetuning.Trainer:
+def make_trainer(
+    task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe, total_steps: int
+) -> finetuning.Trainer:
   """The task's classifier (or regressor) on `enc`, with its loss."""
-  make_model = functools.partial(model_lib.BertForSequenceClassification,
-                                 num_labels=task.num_labels)
+  make_model = functools.partial(
+      model_lib.BertForSequenceClassification, num_labels=task.num_labels
+  )
   loss_fn = functools.partial(glue_loss, regression=task.is_regression)
   return finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "glue")
 
@@ -53,8 +56,12 @@ def make_trainer(task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe,
 def arrays(feats: features.Features) -> dict[str, np.ndarray]:
   """The model inputs and float32 labels (zeros for test splits) of `feats`."""
   labels_N = feats.labels_N if feats.labels_N is not None else np.zeros(len(feats), np.float32)
-  return dict(input_ids=feats.input_ids_NxL, token_type_ids=feats.token_type_ids_NxL,
-              attention_mask=feats.attention_mask_NxL, labels=labels_N.astype(np.float32))
+  return dict(
+      input_ids=feats.input_ids_NxL,
+      token_type_ids=feats.token_type_ids_NxL,
+      attention_mask=feats.attention_mask_NxL,
+      labels=labels_N.astype(np.float32),
+  )
 
 
 def predictions(task: tasks.Task, logits_NxC: np.ndarray) -> np.ndarray:
@@ -75,9 +82,15 @@ class RunResult:
   compiled_shapes: tuple[int, int]  # (train, predict) steps compiled so far by its Trainer
 
 
-def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.Features],
-                       recipe: finetuning.Recipe, workdir: str, progress: bool = True,
-                       save_checkpoint: bool = True) -> RunResult:
+def train_and_evaluate(
+    task: tasks.Task,
+    enc: Encoder,
+    data: dict[str, features.Features],
+    recipe: finetuning.Recipe,
+    workdir: str,
+    progress: bool = True,
+    save_checkpoint: bool = True,
+) -> RunResult:
   """Fine-tune for `recipe.epochs`, score the dev splits after each, predict the test splits
   with the best epoch. `data` holds "train", the task's dev splits and any test splits."""
   for split in ("train",) + tuple(s.name for s in task.dev):
@@ -86,41 +99,82 @@ def train_and_evaluate(task: tasks.Task, enc: Encoder, data: dict[str, features.
   total_steps = recipe.epochs * finetuning.steps_per_epoch(len(data["train"]), recipe)
   trainer = _trainer(task, enc, recipe, total_steps)
   score_dev = lambda params: evaluate(trainer, task, params, data, recipe.eval_batch_size)
-  run = finetuning.fit(trainer, arrays(data["train"]), recipe, score_dev, task.main_metric,
-                       workdir, progress=progress, run_name=task.name)
+  run = finetuning.fit(
+      trainer,
+      arrays(data["train"]),
+      recipe,
+      score_dev,
+      task.main_metric,
+      workdir,
+      progress=progress,
+      run_name=task.name,
+  )
   if save_checkpoint:
-    finetuning.save_params(workdir, run.best_params, dict(
-        task=task.name, labels=list(task.labels) if task.labels else None,
-        num_labels=task.num_labels, init=enc.source, recipe=dataclasses.asdict(recipe),
-        dev=dict(run.best, epoch=run.best_epoch), config=trainer.cfg.to_dict(),
-        tokenizer=str(getattr(enc.tokenizer, "path", ""))))
+    finetuning.save_params(
+        workdir,
+        run.best_params,
+        dict(
+            task=task.name,
+            labels=list(task.labels) if task.labels else None,
+            num_labels=task.num_labels,
+            init=enc.source,
+            recipe=dataclasses.asdict(recipe),
+            dev=dict(run.best, epoch=run.best_epoch),
+            config=trainer.cfg.to_dict(),
+            tokenizer=str(enc.tokenizer.path),
+        ),
+    )
   test = {}
   for split in task.test:
     if split.name in data:
-      logits_NxC = trainer.predict(run.best_params, arrays(data[split.name]),
-                                   recipe.eval_batch_size)
+      logits_NxC = trainer.predict(
+          run.best_params, arrays(data[split.name]), recipe.eval_batch_size
+      )
       test[split.name] = predictions(task, logits_NxC)
-  return RunResult(dev=run.best, best_epoch=run.best_epoch, history=run.history, test=test,
-                   workdir=workdir, compiled_shapes=trainer.compiled_shapes())
+  return RunResult(
+      dev=run.best,
+      best_epoch=run.best_epoch,
+      history=run.history,
+      test=test,
+      workdir=workdir,
+      compiled_shapes=trainer.compiled_shapes(),
+  )
 
 
 _TRAINER_CACHE: dict = {}
 
 
-def _trainer(task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe,
-             total_steps: int) -> finetuning.Trainer:
+def clear_trainer_cache() -> None:
+  """Forget the kept Trainer (and its compiled steps)."""
+  _TRAINER_CACHE.clear()
+
+
+def _trainer(
+    task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe, total_steps: int
+) -> finetuning.Trainer:
   """The Trainer of the last run if only the learning rate and seed changed (a sweep): its
   steps are compiled already."""
-  key = (task.name, task.num_labels, task.is_regression, id(enc), total_steps,
-         dataclasses.replace(recipe, learning_rate=0.0, seed=0))
+  key = (
+      task.name,
+      task.num_labels,
+      task.is_regression,
+      id(enc),
+      total_steps,
+      dataclasses.replace(recipe, learning_rate=0.0, seed=0),
+  )
   if key not in _TRAINER_CACHE:
     _TRAINER_CACHE.clear()  # one at a time: a finished task's compiled steps are not kept
     _TRAINER_CACHE[key] = make_trainer(task, enc, recipe, total_steps)
   return _TRAINER_CACHE[key]
 
 
-def evaluate(trainer: finetuning.Trainer, task: tasks.Task, params,
-             data: dict[str, features.Features], batch_size: int) -> dict[str, float]:
+def evaluate(
+    trainer: finetuning.Trainer,
+    task: tasks.Task,
+    params,
+    data: dict[str, features.Features],
+    batch_size: int,
+) -> dict[str, float]:
   out = {}
   for split in task.dev:
     feats = data[split.name]

@@ -65,14 +65,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
   return pearson(rankdata(x), rankdata(y))
 
 
-def compute(task: tasks.Task, split: tasks.Split, pred: np.ndarray, gold: np.ndarray
-            ) -> dict[str, float]:
+def compute(
+    task: tasks.Task, split: tasks.Split, pred: np.ndarray, gold: np.ndarray
+) -> dict[str, float]:
   """The task's metrics on one dev split, named as in results.json (MNLI: matched_accuracy)."""
   out = {}
   for name in task.metrics:
     if not name.startswith(split.metric_prefix):
       continue
-    base = name[len(split.metric_prefix):]
+    base = name[len(split.metric_prefix) :]
     if base == "accuracy":
       out[name] = accuracy(pred, gold)
     elif base == "f1":
@@ -84,8 +85,10 @@ def compute(task: tasks.Task, split: tasks.Split, pred: np.ndarray, gold: np.nda
     elif base == "spearman":
       out[name] = spearman(pred, gold)
     else:
-      raise ValueError(f"task {task.name}: unknown metric {name!r}; valid: accuracy, f1, mcc, "
-                       "pearson, spearman (MNLI adds matched_/mismatched_)")
+      raise ValueError(
+          f"task {task.name}: unknown metric {name!r}; valid: accuracy, f1, mcc, "
+          "pearson, spearman (MNLI adds matched_/mismatched_)"
+      )
   return out
 
 

@@ -29,8 +29,9 @@ def format_label(task: tasks.Task, pred) -> str:
   return task.labels[int(pred)]
 
 
-def check_submission(task: tasks.Task, split: tasks.Split, index: Sequence[str],
-                     lines: Sequence[str]) -> None:
+def check_submission(
+    task: tasks.Task, split: tasks.Split, index: Sequence[str], lines: Sequence[str]
+) -> None:
   """Raise ValueError unless `lines` are the leaderboard's header and then one row
   `id<TAB>label` per test row, in the test file's order, with a label the leaderboard takes."""
   name = split.submission
@@ -44,15 +45,17 @@ def check_submission(task: tasks.Task, split: tasks.Split, index: Sequence[str],
     fields = line.split("\t")
     if len(fields) != 2 or fields[0] != want:
       raise ValueError(f"{name}: row {k + 1} is {line!r}, expected test row id {want!r} first")
-    ok = (np.isfinite(float(fields[1])) if task.is_regression
-          else fields[1] in task.labels)
+    ok = np.isfinite(float(fields[1])) if task.is_regression else fields[1] in task.labels
     if not ok:
-      raise ValueError(f"{name}: row {k + 1} (id {want}): prediction {fields[1]!r} is not a "
-                       "label the leaderboard takes")
+      raise ValueError(
+          f"{name}: row {k + 1} (id {want}): prediction {fields[1]!r} is not a "
+          "label the leaderboard takes"
+      )
 
 
-def write_submission(task: tasks.Task, split: tasks.Split, index: Sequence[str],
-                     preds: np.ndarray, out_dir: str) -> str:
+def write_submission(
+    task: tasks.Task, split: tasks.Split, index: Sequence[str], preds: np.ndarray, out_dir: str
+) -> str:
   """OUT/submission/<Name>.tsv for one test split; returns its path.
 
   `index` is the id of every test row, in file order. The file is written only once
@@ -80,8 +83,9 @@ def read_results(out_dir: str) -> dict:
     return json.load(f)
 
 
-def write_results(out_dir: str, results: dict[str, dict[str, float]],
-                  sweep: dict[str, dict] | None = None) -> tuple[str, str]:
+def write_results(
+    out_dir: str, results: dict[str, dict[str, float]], sweep: dict[str, dict] | None = None
+) -> tuple[str, str]:
   """Merge `results` (task -> metric -> value) into OUT/results.json and rewrite
   OUT/results.md from everything there, so tasks run one at a time add up."""
   merged = read_results(out_dir)
@@ -106,8 +110,10 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
   """One row per task and metric: the best run on dev (marked so: picking it on dev flatters
   it) and, with a sweep (`<m>_median`/`_mean`/`_std`/`_runs` beside `<m>`), the median and
   mean ± std over the seeds."""
-  lines = ["| Task | Metric | Best on dev | Median over seeds | Mean ± std over seeds |",
-           "|---|---|---:|---:|---:|"]
+  lines = [
+      "| Task | Metric | Best on dev | Median over seeds | Mean ± std over seeds |",
+      "|---|---|---:|---:|---:|",
+  ]
   for task in sorted(results, key=_order):
     row = results[task]
     known = tasks.TASKS[task].metrics if task in tasks.TASKS else ()
@@ -116,8 +122,10 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
       median = f"{100 * row[m + '_median']:.1f}" if f"{m}_median" in row else ""
       spread = ""
       if f"{m}_mean" in row:
-        spread = (f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f} "
-                  f"(n={int(row.get(m + '_runs', 0))})")
+        spread = (
+            f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f} "
+            f"(n={int(row.get(m + '_runs', 0))})"
+        )
       lines.append(f"| {task} | {m} | {100 * row[m]:.1f} | {median} | {spread} |")
   return "\n".join(lines)
 

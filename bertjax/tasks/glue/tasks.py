@@ -54,9 +54,11 @@ class Task:
 
 
 def _splits(glue_dir: str, tfds_name: str, submission: str) -> tuple[Split, tuple, tuple]:
-  return (Split("train", f"{glue_dir}/train.tsv", (tfds_name, "train")),
-          (Split("dev", f"{glue_dir}/dev.tsv", (tfds_name, "validation")),),
-          (Split("test", f"{glue_dir}/test.tsv", (tfds_name, "test"), submission=submission),))
+  return (
+      Split("train", f"{glue_dir}/train.tsv", (tfds_name, "train")),
+      (Split("dev", f"{glue_dir}/dev.tsv", (tfds_name, "validation")),),
+      (Split("test", f"{glue_dir}/test.tsv", (tfds_name, "test"), submission=submission),),
+  )
 
 
 _BINARY = ("0", "1")
@@ -67,48 +69,161 @@ _NLI2 = ("entailment", "not_entailment")
 def _mnli() -> Task:
   m = "glue/mnli"
   return Task(
-      name="mnli", text_columns=("sentence1", "sentence2"),
-      tfds_features=("premise", "hypothesis"), label_column="gold_label", labels=_NLI3,
-      metrics=("matched_accuracy", "mismatched_accuracy"), main_metric="matched_accuracy",
+      name="mnli",
+      text_columns=("sentence1", "sentence2"),
+      tfds_features=("premise", "hypothesis"),
+      label_column="gold_label",
+      labels=_NLI3,
+      metrics=("matched_accuracy", "mismatched_accuracy"),
+      main_metric="matched_accuracy",
       train=Split("train", "MNLI/train.tsv", (m, "train")),
-      dev=(Split("dev_matched", "MNLI/dev_matched.tsv", (m, "validation_matched"), "matched_"),
-           Split("dev_mismatched", "MNLI/dev_mismatched.tsv", (m, "validation_mismatched"),
-                 "mismatched_")),
+      dev=(
+          Split("dev_matched", "MNLI/dev_matched.tsv", (m, "validation_matched"), "matched_"),
+          Split(
+              "dev_mismatched",
+              "MNLI/dev_mismatched.tsv",
+              (m, "validation_mismatched"),
+              "mismatched_",
+          ),
+      ),
       # The AX diagnostic has no training data: the MNLI model predicts it.
-      test=(Split("test_matched", "MNLI/test_matched.tsv", (m, "test_matched"),
-                  submission="MNLI-m"),
-            Split("test_mismatched", "MNLI/test_mismatched.tsv", (m, "test_mismatched"),
-                  submission="MNLI-mm"),
-            Split("ax", "diagnostic/diagnostic.tsv", ("glue/ax", "test"), submission="AX")))
+      test=(
+          Split("test_matched", "MNLI/test_matched.tsv", (m, "test_matched"), submission="MNLI-m"),
+          Split(
+              "test_mismatched",
+              "MNLI/test_mismatched.tsv",
+              (m, "test_mismatched"),
+              submission="MNLI-mm",
+          ),
+          Split("ax", "diagnostic/diagnostic.tsv", ("glue/ax", "test"), submission="AX"),
+      ),
+  )
 
 
-def _simple(name: str, glue_dir: str, submission: str, text_columns, tfds_features,
-            label_column, labels, metrics, main_metric, **kw) -> Task:
+def _simple(
+    name: str,
+    glue_dir: str,
+    submission: str,
+    text_columns,
+    tfds_features,
+    label_column,
+    labels,
+    metrics,
+    main_metric,
+    **kw,
+) -> Task:
   train, dev, test = _splits(glue_dir, f"glue/{name}", submission)
-  return Task(name=name, text_columns=text_columns, tfds_features=tfds_features,
-              label_column=label_column, labels=labels, metrics=metrics,
-              main_metric=main_metric, train=train, dev=dev, test=test, **kw)
+  return Task(
+      name=name,
+      text_columns=text_columns,
+      tfds_features=tfds_features,
+      label_column=label_column,
+      labels=labels,
+      metrics=metrics,
+      main_metric=main_metric,
+      train=train,
+      dev=dev,
+      test=test,
+      **kw,
+  )
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    _simple("cola", "CoLA", "CoLA", ("sentence",), ("sentence",), None, _BINARY,
-            ("mcc", "accuracy"), "mcc", headerless_positions=(1, 3)),
-    _simple("sst2", "SST-2", "SST-2", ("sentence",), ("sentence",), "label", _BINARY,
-            ("accuracy",), "accuracy"),
-    _simple("mrpc", "MRPC", "MRPC", ("#1 String", "#2 String"), ("sentence1", "sentence2"),
-            "Quality", _BINARY, ("f1", "accuracy"), "f1"),
-    _simple("stsb", "STS-B", "STS-B", ("sentence1", "sentence2"), ("sentence1", "sentence2"),
-            "score", None, ("pearson", "spearman"), "spearman"),
-    _simple("qqp", "QQP", "QQP", ("question1", "question2"), ("question1", "question2"),
-            "is_duplicate", _BINARY, ("f1", "accuracy"), "f1", index_column="id"),
-    _mnli(),
-    _simple("qnli", "QNLI", "QNLI", ("question", "sentence"), ("question", "sentence"),
-            "label", _NLI2, ("accuracy",), "accuracy"),
-    _simple("rte", "RTE", "RTE", ("sentence1", "sentence2"), ("sentence1", "sentence2"),
-            "label", _NLI2, ("accuracy",), "accuracy"),
-    _simple("wnli", "WNLI", "WNLI", ("sentence1", "sentence2"), ("sentence1", "sentence2"),
-            "label", _BINARY, ("accuracy",), "accuracy"),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        _simple(
+            "cola",
+            "CoLA",
+            "CoLA",
+            ("sentence",),
+            ("sentence",),
+            None,
+            _BINARY,
+            ("mcc", "accuracy"),
+            "mcc",
+            headerless_positions=(1, 3),
+        ),
+        _simple(
+            "sst2",
+            "SST-2",
+            "SST-2",
+            ("sentence",),
+            ("sentence",),
+            "label",
+            _BINARY,
+            ("accuracy",),
+            "accuracy",
+        ),
+        _simple(
+            "mrpc",
+            "MRPC",
+            "MRPC",
+            ("#1 String", "#2 String"),
+            ("sentence1", "sentence2"),
+            "Quality",
+            _BINARY,
+            ("f1", "accuracy"),
+            "f1",
+        ),
+        _simple(
+            "stsb",
+            "STS-B",
+            "STS-B",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            "score",
+            None,
+            ("pearson", "spearman"),
+            "spearman",
+        ),
+        _simple(
+            "qqp",
+            "QQP",
+            "QQP",
+            ("question1", "question2"),
+            ("question1", "question2"),
+            "is_duplicate",
+            _BINARY,
+            ("f1", "accuracy"),
+            "f1",
+            index_column="id",
+        ),
+        _mnli(),
+        _simple(
+            "qnli",
+            "QNLI",
+            "QNLI",
+            ("question", "sentence"),
+            ("question", "sentence"),
+            "label",
+            _NLI2,
+            ("accuracy",),
+            "accuracy",
+        ),
+        _simple(
+            "rte",
+            "RTE",
+            "RTE",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            "label",
+            _NLI2,
+            ("accuracy",),
+            "accuracy",
+        ),
+        _simple(
+            "wnli",
+            "WNLI",
+            "WNLI",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            "label",
+            _BINARY,
+            ("accuracy",),
+            "accuracy",
+        ),
+    )
+}
 
 # `--task all`: every GLUE task; AX comes with MNLI.
 ALL = tuple(TASKS)
@@ -123,8 +238,15 @@ def get(name: str) -> Task:
   return TASKS[name]
 
 
-def custom(name: str, train: str, dev: str, test: str | None, text_columns: tuple[str, ...],
-           label_column: str, labels: tuple[str, ...] | None) -> Task:
+def custom(
+    name: str,
+    train: str,
+    dev: str,
+    test: str | None,
+    text_columns: tuple[str, ...],
+    label_column: str,
+    labels: tuple[str, ...] | None,
+) -> Task:
   """A task over the user's own TSV files (header row, columns by name).
 
   `labels` are the distinct training labels (sorted) or None for regression; binary tasks
@@ -137,7 +259,16 @@ def custom(name: str, train: str, dev: str, test: str | None, text_columns: tupl
   else:
     metrics, main = ("accuracy",), "accuracy"
   tests = (Split("test", test, ("", ""), submission=name),) if test else ()
-  return Task(name=name, text_columns=text_columns, tfds_features=text_columns,
-              label_column=label_column, labels=labels, metrics=metrics, main_metric=main,
-              train=Split("train", train, ("", "")), dev=(Split("dev", dev, ("", "")),),
-              test=tests, index_column=None)
+  return Task(
+      name=name,
+      text_columns=text_columns,
+      tfds_features=text_columns,
+      label_column=label_column,
+      labels=labels,
+      metrics=metrics,
+      main_metric=main,
+      train=Split("train", train, ("", "")),
+      dev=(Split("dev", dev, ("", "")),),
+      test=tests,
+      index_column=None,
+  )

@@ -19,14 +19,14 @@ def _text(x) -> str:
   return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else str(x)
 
 
-def load_split(task: tasks.Task, split: tasks.Split, data_dir: str | None, labelled: bool
-               ) -> features.Examples:
+def load_split(
+    task: tasks.Task, split: tasks.Split, data_dir: str | None, labelled: bool
+) -> features.Examples:
   import tensorflow_datasets as tfds  # TF stays out of the import path of the model code
 
   name, tfds_split = split.tfds
   try:
-    ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=False,
-                   shuffle_files=False)
+    ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=False, shuffle_files=False)
   except Exception as e:  # DatasetNotFoundError, AssertionError, ... depending on version
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise GlueDataError(
@@ -34,7 +34,8 @@ def load_split(task: tasks.Task, split: tasks.Split, data_dir: str | None, label
         f"data_dir={data_dir or '~/tensorflow_datasets'} "
         f"({first}). Prepare it where there is network access: `tfds build glue --config "
         f"{name.split('/')[1]} --data_dir DIR`, then pass --tfds-data-dir DIR; or use "
-        "--data GLUE_DIR with the GLUE download.") from None
+        "--data GLUE_DIR with the GLUE download."
+    ) from None
   text_a, text_b, ys, index = [], [], [], []
   col_a = task.tfds_features[0]
   col_b = task.tfds_features[1] if task.is_pair else None
@@ -42,8 +43,7 @@ def load_split(task: tasks.Task, split: tasks.Split, data_dir: str | None, label
     text_a.extend(_text(t) for t in b[col_a])
     if col_b:
       text_b.extend(_text(t) for t in b[col_b])
-    index.extend(str(int(i)) if not labelled else f"{name}/{tfds_split}:{int(i)}"
-                 for i in b["idx"])
+    index.extend(str(int(i)) if not labelled else f"{name}/{tfds_split}:{int(i)}" for i in b["idx"])
     ys.extend(b["label"].tolist())
   labels = None
   if labelled:
@@ -51,8 +51,9 @@ def load_split(task: tasks.Task, split: tasks.Split, data_dir: str | None, label
   return features.Examples(text_a, text_b if col_b else None, labels, index)
 
 
-def load_task(task: tasks.Task, data_dir: str | None, with_test: bool = True
-              ) -> dict[str, features.Examples]:
+def load_task(
+    task: tasks.Task, data_dir: str | None, with_test: bool = True
+) -> dict[str, features.Examples]:
   """train, dev and test splits of a task; a test split that is not prepared (e.g. glue/ax)
   is left out with a note rather than failing the run."""
   out = {"train": load_split(task, task.train, data_dir, labelled=True)}

@@ -55,21 +55,26 @@ def _position(header: list[str] | None, col: str | int, path: str) -> int:
   if header is None:
     raise GlueDataError(f"{path}: column {col!r} by name needs a header row")
   if col not in header:
-    raise GlueDataError(f"{path}:1: header has no column {col!r}; found {header}. "
-                        "Is this the right file (GLUE download layout) / the right column name?")
+    raise GlueDataError(
+        f"{path}:1: header has no column {col!r}; found {header}. "
+        "Is this the right file (GLUE download layout) / the right column name?"
+    )
   return header.index(col)
 
 
-def read_rows(path: str, cols: Columns, has_header: bool = True, strict: bool = False
-              ) -> tuple[list[tuple[str, list[str], str | None, str | None]], list[str]]:
+def read_rows(
+    path: str, cols: Columns, has_header: bool = True, strict: bool = False
+) -> tuple[list[tuple[str, list[str], str | None, str | None]], list[str]]:
   """Rows as (source "file:line", texts, raw label, raw index) and the skipped rows' reasons.
 
   With `strict` (test files) a row that cannot be read raises ValueError `path:line: why`
   instead of being skipped.
   """
   if not os.path.isfile(path):
-    raise GlueDataError(f"{path}: not found (expected the GLUE download layout, e.g. "
-                        "GLUE_DIR/SST-2/train.tsv; see docs/glue.md)")
+    raise GlueDataError(
+        f"{path}: not found (expected the GLUE download layout, e.g. "
+        "GLUE_DIR/SST-2/train.tsv; see docs/glue.md)"
+    )
   lines = _lines(path)
   header = None
   if has_header:
@@ -99,11 +104,14 @@ def read_rows(path: str, cols: Columns, has_header: bool = True, strict: bool = 
     else:
       label = None if pos_label is None else fields[pos_label].strip()
       index = None if pos_index is None else fields[pos_index].strip()
-      why = ("empty label" if label == "" else
-             f"empty {cols.index!r} column" if index == "" else None)
+      why = (
+          "empty label" if label == "" else f"empty {cols.index!r} column" if index == "" else None
+      )
     if why and strict:
-      raise ValueError(f"{path}:{lineno}: {why}; every test row needs a prediction, so the "
-                       "submission would be incomplete: fix this row")
+      raise ValueError(
+          f"{path}:{lineno}: {why}; every test row needs a prediction, so the "
+          "submission would be incomplete: fix this row"
+      )
     if why:
       skipped.append(f"{where}: {why}")
       continue
@@ -117,8 +125,9 @@ def _line_key(reason: str) -> tuple[str, int]:
   return (name, int(line) if line.isdigit() else 0)
 
 
-def to_examples(rows, skipped: list[str], labels: tuple[str, ...] | None, labelled: bool,
-                pair: bool) -> features.Examples:
+def to_examples(
+    rows, skipped: list[str], labels: tuple[str, ...] | None, labelled: bool, pair: bool
+) -> features.Examples:
   """Convert raw labels to class ids (or floats for regression); bad labels join `skipped`."""
   skipped = list(skipped)
   text_a, text_b, ys, index = [], [], [], []
@@ -148,8 +157,9 @@ def to_examples(rows, skipped: list[str], labels: tuple[str, ...] | None, labell
   return features.Examples(text_a, text_b if pair else None, y_arr, index, skipped)
 
 
-def load_split(task: tasks.Task, split: tasks.Split, root: str, labelled: bool
-               ) -> features.Examples:
+def load_split(
+    task: tasks.Task, split: tasks.Split, root: str, labelled: bool
+) -> features.Examples:
   """One split of a GLUE task from a local GLUE directory (or custom files: `root` "")."""
   path = os.path.join(root, split.tsv) if root else split.tsv
   label_col = task.label_column if labelled else None
@@ -158,13 +168,13 @@ def load_split(task: tasks.Task, split: tasks.Split, root: str, labelled: bool
     rows, skipped = read_rows(path, Columns((text_pos,), label_pos), has_header=False)
   else:
     index_col = None if labelled else task.index_column
-    rows, skipped = read_rows(path, Columns(task.text_columns, label_col, index_col),
-                              strict=not labelled)
+    rows, skipped = read_rows(
+        path, Columns(task.text_columns, label_col, index_col), strict=not labelled
+    )
   return to_examples(rows, skipped, task.labels, labelled, task.is_pair)
 
 
-def load_task(task: tasks.Task, root: str, with_test: bool = True
-              ) -> dict[str, features.Examples]:
+def load_task(task: tasks.Task, root: str, with_test: bool = True) -> dict[str, features.Examples]:
   """train, every dev split and (if present on disk) every test split of a task."""
   out = {"train": load_split(task, task.train, root, labelled=True)}
   for split in task.dev:
@@ -180,8 +190,11 @@ def load_tests(task: tasks.Task, root: str) -> dict[str, features.Examples]:
   A missing test file only drops its submission (users often have train/dev only); AX is
   read from GLUE_DIR/diagnostic/diagnostic.tsv when it is there.
   """
-  return {split.name: load_split(task, split, root, labelled=False) for split in task.test
-          if os.path.isfile(os.path.join(root, split.tsv) if root else split.tsv)}
+  return {
+      split.name: load_split(task, split, root, labelled=False)
+      for split in task.test
+      if os.path.isfile(os.path.join(root, split.tsv) if root else split.tsv)
+  }
 
 
 def custom_labels(path: str, text_columns: tuple[str, ...], label_column: str) -> tuple[str, ...]:
@@ -191,6 +204,8 @@ def custom_labels(path: str, text_columns: tuple[str, ...], label_column: str) -
   if not found:
     raise GlueDataError(f"{path}: no labelled rows in column {label_column!r}")
   if len(found) == 1:
-    raise GlueDataError(f"{path}: column {label_column!r} has one label ({found[0]!r}); "
-                        "a classifier needs at least two (or pass --regression)")
+    raise GlueDataError(
+        f"{path}: column {label_column!r} has one label ({found[0]!r}); "
+        "a classifier needs at least two (or pass --regression)"
+    )
   return tuple(found)

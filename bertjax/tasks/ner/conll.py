@@ -57,8 +57,9 @@ def read(path: str) -> Sentences:
         close()
         continue
       if len(cols) < 2:
-        out.skipped.append(f"{name}:{lineno}: one column {line.strip()!r}; expected "
-                           "'TOKEN ... TAG'")
+        out.skipped.append(
+            f"{name}:{lineno}: one column {line.strip()!r}; expected " "'TOKEN ... TAG'"
+        )
         continue
       if not _TAG.match(cols[-1]):
         out.skipped.append(f"{name}:{lineno}: tag {cols[-1]!r} is not O or B-/I-/E-/S-TYPE")
@@ -72,7 +73,7 @@ def read(path: str) -> Sentences:
 
 
 def label_list(*splits: Sentences) -> list[str]:
-  """"O" then every other tag of the splits, sorted: the classifier's classes."""
+  """ "O" then every other tag of the splits, sorted: the classifier's classes."""
   tags = {t for s in splits for sent in s.tags for t in sent}
   return ["O"] + sorted(tags - {"O"})
 

@@ -72,20 +72,22 @@ def build(tok: Any, sents: Sentences, labels: list[str], max_seq_len: int = 128)
       first_of.append(w0)
       positions.append(np.asarray(pos, np.int32))
   n = len(ids_rows)
-  arrays = dict(input_ids=np.full((n, max_seq_len), pad, np.int32),
-                token_type_ids=np.zeros((n, max_seq_len), np.int32),
-                attention_mask=np.zeros((n, max_seq_len), np.int32),
-                labels=np.full((n, max_seq_len), IGNORE, np.int32))
+  arrays = dict(
+      input_ids=np.full((n, max_seq_len), pad, np.int32),
+      token_type_ids=np.zeros((n, max_seq_len), np.int32),
+      attention_mask=np.zeros((n, max_seq_len), np.int32),
+      labels=np.full((n, max_seq_len), IGNORE, np.int32),
+  )
   for i, (ids, labs) in enumerate(zip(ids_rows, label_rows)):
-    arrays["input_ids"][i, :len(ids)] = ids
-    arrays["attention_mask"][i, :len(ids)] = 1
-    arrays["labels"][i, :len(labs)] = labs
-  return Features(arrays, np.asarray(sent_of, np.int32), np.asarray(first_of, np.int32),
-                  positions)
+    arrays["input_ids"][i, : len(ids)] = ids
+    arrays["attention_mask"][i, : len(ids)] = 1
+    arrays["labels"][i, : len(labs)] = labs
+  return Features(arrays, np.asarray(sent_of, np.int32), np.asarray(first_of, np.int32), positions)
 
 
-def word_tags(feats: Features, sents: Sentences, pred_NxL: np.ndarray, labels: list[str]
-              ) -> list[list[str]]:
+def word_tags(
+    feats: Features, sents: Sentences, pred_NxL: np.ndarray, labels: list[str]
+) -> list[list[str]]:
   """Predicted tag of every word of every sentence, read at its first piece."""
   out = [["O"] * len(words) for words in sents.tokens]
   for r in range(len(feats)):

@@ -21,14 +21,20 @@ def _split(tag: str) -> tuple[str, str]:
 
 def _ends(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
   """Whether the entity open before this token ends before it (seqeval's end_of_chunk)."""
-  return (prev in ("E", "S") or (prev in ("B", "I") and tag in ("B", "S", "O"))
-          or (prev != "O" and prev_kind != kind))
+  return (
+      prev in ("E", "S")
+      or (prev in ("B", "I") and tag in ("B", "S", "O"))
+      or (prev != "O" and prev_kind != kind)
+  )
 
 
 def _starts(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
   """Whether an entity starts at this token (seqeval's start_of_chunk)."""
-  return (tag in ("B", "S") or (prev in ("E", "S", "O") and tag in ("E", "I"))
-          or (tag != "O" and prev_kind != kind))
+  return (
+      tag in ("B", "S")
+      or (prev in ("E", "S", "O") and tag in ("E", "I"))
+      or (tag != "O" and prev_kind != kind)
+  )
 
 
 def entities(sentences: Sequence[Sequence[str]]) -> set[tuple[str, int, int]]:

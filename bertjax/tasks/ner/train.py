@@ -33,40 +33,63 @@ from bertjax.tasks.ner import conll, features as feats_lib, metrics
 def ner_loss(logits_BxLxC, batch: dict) -> jax.Array:
   labels_BxL = batch["labels"]
   scored_BxL = (labels_BxL >= 0).astype(jnp.float32) * batch["weights"][:, None]
-  ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxC,
-                                                           jnp.maximum(labels_BxL, 0))
+  ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxC, jnp.maximum(labels_BxL, 0))
   return jnp.sum(ce_BxL * scored_BxL) / jnp.maximum(jnp.sum(scored_BxL), 1.0)
 
 
-def tag(trainer: finetuning.Trainer, params, sents: conll.Sentences,
-        feats: feats_lib.Features, labels: list[str], batch_size: int) -> list[list[str]]:
+def tag(
+    trainer: finetuning.Trainer,
+    params,
+    sents: conll.Sentences,
+    feats: feats_lib.Features,
+    labels: list[str],
+    batch_size: int,
+) -> list[list[str]]:
   logits_NxLxC = trainer.predict(params, feats.arrays, batch_size)
   return feats_lib.word_tags(feats, sents, np.argmax(logits_NxLxC, -1), labels)
 
 
-def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences],
-                       recipe: finetuning.Recipe, max_seq_len: int, workdir: str,
-                       eval_untrained: bool = False,
-                       progress: bool = True) -> finetuning.FitResult:
+def train_and_evaluate(
+    enc: Encoder,
+    splits: dict[str, conll.Sentences],
+    recipe: finetuning.Recipe,
+    max_seq_len: int,
+    workdir: str,
+    eval_untrained: bool = False,
+    progress: bool = True,
+) -> finetuning.FitResult:
   labels = conll.label_list(splits["train"])
   unseen = sorted(set(conll.label_list(*splits.values())) - set(labels))
   if unseen:
-    print(f"ner: tags {', '.join(unseen)} are not in the training file; they are scored but "
-          "never predicted", flush=True)
+    print(
+        f"ner: tags {', '.join(unseen)} are not in the training file; they are scored but "
+        "never predicted",
+        flush=True,
+    )
   feats = {k: feats_lib.build(enc.tokenizer, v, labels, max_seq_len) for k, v in splits.items()}
-  print("ner: " + ", ".join(f"{k} {len(splits[k])} sentences -> {len(f)} rows"
-                            for k, f in feats.items()) + f"; {len(labels)} tags", flush=True)
+  print(
+      "ner: "
+      + ", ".join(f"{k} {len(splits[k])} sentences -> {len(f)} rows" for k, f in feats.items())
+      + f"; {len(labels)} tags",
+      flush=True,
+  )
   total = recipe.epochs * finetuning.steps_per_epoch(len(feats["train"]), recipe)
   trainer = finetuning.Trainer(
-      functools.partial(model_lib.BertForTokenClassification, num_labels=len(labels)), enc,
-      recipe, total, ner_loss, "ner")
-  predict = lambda params, split: tag(trainer, params, splits[split], feats[split], labels,
-                                      recipe.eval_batch_size)
+      functools.partial(model_lib.BertForTokenClassification, num_labels=len(labels)),
+      enc,
+      recipe,
+      total,
+      ner_loss,
+      "ner",
+  )
+  predict = lambda params, split: tag(
+      trainer, params, splits[split], feats[split], labels, recipe.eval_batch_size
+  )
   evaluate = lambda params: metrics.score(splits["dev"].tags, predict(params, "dev"))
-  result = finetuning.fit(trainer, feats["train"].arrays, recipe, evaluate, "f1", workdir,
-                          eval_untrained, progress)
-  out = dict(best_epoch=result.best_epoch, dev=result.best, labels=labels,
-             history=result.history)
+  result = finetuning.fit(
+      trainer, feats["train"].arrays, recipe, evaluate, "f1", workdir, eval_untrained, progress
+  )
+  out = dict(best_epoch=result.best_epoch, dev=result.best, labels=labels, history=result.history)
   untrained = [h for h in result.history if h["epoch"] == 0]
   out["untrained"] = untrained[0] if untrained else None
   for split in [s for s in ("dev", "test") if s in splits]:
@@ -74,13 +97,24 @@ def train_and_evaluate(enc: Encoder, splits: dict[str, conll.Sentences],
     if split == "test":
       out["test"] = metrics.score(splits["test"].tags, predicted)
     if jax.process_index() == 0:
-      conll.write_predictions(os.path.join(workdir, f"{split}_predictions.txt"), splits[split],
-                              predicted)
+      conll.write_predictions(
+          os.path.join(workdir, f"{split}_predictions.txt"), splits[split], predicted
+      )
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "results.json"), "w") as f:
       json.dump(out, f, indent=2)
-  finetuning.save_params(workdir, result.best_params, dict(
-      task="ner", labels=labels, init=enc.source, dev=result.best, config=trainer.cfg.to_dict(),
-      recipe=dataclasses.asdict(recipe), max_seq_len=max_seq_len,
-      tokenizer=str(getattr(enc.tokenizer, "path", ""))))
+  finetuning.save_params(
+      workdir,
+      result.best_params,
+      dict(
+          task="ner",
+          labels=labels,
+          init=enc.source,
+          dev=result.best,
+          config=trainer.cfg.to_dict(),
+          recipe=dataclasses.asdict(recipe),
+          max_seq_len=max_seq_len,
+          tokenizer=str(enc.tokenizer.path),
+      ),
+  )
   return result

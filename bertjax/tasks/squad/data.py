@@ -72,15 +72,15 @@ def _load(path: str) -> list:
     with open(path, encoding="utf-8") as f:
       blob = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise SquadDataError(f"squad: {path}: not JSON ({e}); expected a SQuAD file "
-                         '{"data": [{"paragraphs": [...]}]}') from None
+    raise SquadDataError(
+        f"squad: {path}: not JSON ({e}); expected a SQuAD file " '{"data": [{"paragraphs": [...]}]}'
+    ) from None
   if not isinstance(blob, dict) or not isinstance(blob.get("data"), list):
     raise SquadDataError(f'squad: {path}: no top-level "data" list; is this a SQuAD file?')
   return blob["data"]
 
 
-def _example(qa, context, version: str, training: bool, where: str
-             ) -> tuple[Example | None, str]:
+def _example(qa, context, version: str, training: bool, where: str) -> tuple[Example | None, str]:
   """One question, or None and why it is skipped."""
   if not isinstance(qa, dict):
     return None, f"{where} is not an object"
@@ -110,11 +110,10 @@ def _example(qa, context, version: str, training: bool, where: str
       return None, "the first answer's text is empty"
     if not isinstance(start, int) or not 0 <= start < len(context):
       return None, f"answer_start {start!r} is outside the context ({len(context)} chars)"
-    found = context[start:start + len(texts[0])]
+    found = context[start : start + len(texts[0])]
     if found != texts[0]:
       return None, f"answer_start {start} points at {found!r}, not the answer {texts[0]!r}"
-  return Example(qid, question, context, texts, start if isinstance(start, int) else -1,
-                 False), ""
+  return Example(qid, question, context, texts, start if isinstance(start, int) else -1, False), ""
 
 
 def gold_answers(examples: list[Example]) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.tasks.squad.data import Example
-from bertjax.tasks.squad.features import Features, answer_text
+from bertjax.tasks.squad.features import answer_text, Features
 
 
 @dataclasses.dataclass
@@ -35,8 +35,14 @@ def _top(x: np.ndarray, n: int) -> np.ndarray:
   return np.argsort(-x, kind="stable")[:n]
 
 
-def _candidates(feats: Features, f: int, start_L: np.ndarray, end_L: np.ndarray, n_best: int,
-                max_answer_length: int) -> list[tuple[float, float, float, int, int, int]]:
+def _candidates(
+    feats: Features,
+    f: int,
+    start_L: np.ndarray,
+    end_L: np.ndarray,
+    n_best: int,
+    max_answer_length: int,
+) -> list[tuple[float, float, float, int, int, int]]:
   """(score, start logit, end logit, window, start token, end token) of window f's valid
   spans."""
   unit_L, maxc_L = feats.token_unit_NxL[f], feats.max_context_NxL[f]
@@ -47,14 +53,23 @@ def _candidates(feats: Features, f: int, start_L: np.ndarray, end_L: np.ndarray,
     for e in _top(end_L, n_best):
       if unit_L[e] < 0 or e < s or e - s + 1 > max_answer_length:
         continue
-      out.append((float(start_L[s] + end_L[e]), float(start_L[s]), float(end_L[e]), f,
-                  int(s), int(e)))
+      out.append(
+          (float(start_L[s] + end_L[e]), float(start_L[s]), float(end_L[e]), f, int(s), int(e))
+      )
   return out
 
 
-def decode(examples: list[Example], feats: Features, start_NxL: np.ndarray, end_NxL: np.ndarray,
-           version: str, tok: Any, n_best: int = 20, max_answer_length: int = 30,
-           null_threshold: float = 0.0) -> Decoded:
+def decode(
+    examples: list[Example],
+    feats: Features,
+    start_NxL: np.ndarray,
+    end_NxL: np.ndarray,
+    version: str,
+    tok: Any,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    null_threshold: float = 0.0,
+) -> Decoded:
   """The answers of `examples` from the logits of their windows; `tok` built `feats`."""
   by_example: dict[int, list[int]] = {}
   for f, i in enumerate(feats.example_index_N):
@@ -71,8 +86,14 @@ def decode(examples: list[Example], feats: Features, start_NxL: np.ndarray, end_
     nbest, seen = [], set()
     for score, sl, el, f, s, e in cands:
       unit_L = feats.token_unit_NxL[f]
-      text = answer_text(tok, ex.context, feats.unit_spans[i], unit_L[s], unit_L[e],
-                         feats.arrays["input_ids"][f, s:e + 1])
+      text = answer_text(
+          tok,
+          ex.context,
+          feats.unit_spans[i],
+          unit_L[s],
+          unit_L[e],
+          feats.arrays["input_ids"][f, s : e + 1],
+      )
       if text in seen:
         continue
       seen.add(text)
@@ -102,5 +123,12 @@ def _with_probabilities(nbest: list[dict]) -> list[dict]:
   scores = np.array([d["score"] for d in nbest])
   p = np.exp(scores - scores.max())
   p /= p.sum()
-  return [dict(text=d["text"], probability=float(q), start_logit=d["start_logit"],
-               end_logit=d["end_logit"]) for d, q in zip(nbest, p)]
+  return [
+      dict(
+          text=d["text"],
+          probability=float(q),
+          start_logit=d["start_logit"],
+          end_logit=d["end_logit"],
+      )
+      for d, q in zip(nbest, p)
+  ]

@@ -49,8 +49,9 @@ def f1_v2(gold: str, pred: str) -> float:
   return f1_v1(gold, pred)
 
 
-def raw_scores(gold: dict[str, list[str]], preds: dict[str, str], version: str
-               ) -> tuple[dict[str, float], dict[str, float], dict[str, bool]]:
+def raw_scores(
+    gold: dict[str, list[str]], preds: dict[str, str], version: str
+) -> tuple[dict[str, float], dict[str, float], dict[str, bool]]:
   """Per question: exact, f1, has_answer. A question without a prediction scores 0."""
   exact, f1, has_ans = {}, {}, {}
   for qid, answers in gold.items():
@@ -73,8 +74,12 @@ def _mean(scores: dict[str, float], qids) -> float:
   return 100.0 * sum(scores[q] for q in qids) / len(qids) if qids else 0.0
 
 
-def best_threshold(preds: dict[str, str], scores: dict[str, float], null_odds: dict[str, float],
-                   has_ans: dict[str, bool]) -> tuple[float, float]:
+def best_threshold(
+    preds: dict[str, str],
+    scores: dict[str, float],
+    null_odds: dict[str, float],
+    has_ans: dict[str, bool],
+) -> tuple[float, float]:
   """(best score, its threshold) when questions with null odds above the threshold answer ""
   (the official find_best_thresh; `preds` should be the best non-null spans)."""
   cur = best = sum(1 for q in scores if not has_ans[q])
@@ -89,9 +94,13 @@ def best_threshold(preds: dict[str, str], scores: dict[str, float], null_odds: d
   return 100.0 * best / max(len(scores), 1), float(thresh)
 
 
-def score(gold: dict[str, list[str]], preds: dict[str, str], version: str,
-          null_odds: dict[str, float] | None = None,
-          best_span: dict[str, str] | None = None) -> dict[str, float]:
+def score(
+    gold: dict[str, list[str]],
+    preds: dict[str, str],
+    version: str,
+    null_odds: dict[str, float] | None = None,
+    best_span: dict[str, str] | None = None,
+) -> dict[str, float]:
   """exact, f1, total (and for v2.0 the HasAns/NoAns breakdown and best thresholds)."""
   exact, f1, has_ans = raw_scores(gold, preds, version)
   out = dict(exact=_mean(exact, gold), f1=_mean(f1, gold), total=float(len(gold)))
@@ -100,8 +109,13 @@ def score(gold: dict[str, list[str]], preds: dict[str, str], version: str,
   for name, keep in (("HasAns", True), ("NoAns", False)):
     qids = [q for q in gold if has_ans[q] == keep]
     if qids:
-      out.update({f"{name}_exact": _mean(exact, qids), f"{name}_f1": _mean(f1, qids),
-                  f"{name}_total": float(len(qids))})
+      out.update(
+          {
+              f"{name}_exact": _mean(exact, qids),
+              f"{name}_f1": _mean(f1, qids),
+              f"{name}_total": float(len(qids)),
+          }
+      )
   if null_odds is not None:
     spans = best_span if best_span is not None else preds
     e_raw, f_raw, _ = raw_scores(gold, spans, version)

@@ -21,13 +21,14 @@ Shape letters: N features (windows), L max sequence length.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import re
 from typing import Any
 
+import bisect
 import numpy as np
 
+from bertjax.data import wordpiece
 from bertjax.tasks.inputs import special_ids
 from bertjax.tasks.squad.data import Example
 
@@ -46,8 +47,6 @@ class Features:
 
 
 def _is_split_char(ch: str) -> bool:
-  from bertjax.data import wordpiece
-
   return wordpiece.is_punctuation(ch) or wordpiece.is_cjk(ch)
 
 
@@ -80,8 +79,6 @@ def unit_spans(text: str, split_punctuation: bool) -> list[tuple[int, int]]:
 
 def tokenize_context(tok: Any, context: str) -> tuple[list[tuple[int, int]], list[int], list[int]]:
   """(unit spans, token ids, unit index of each token)."""
-  from bertjax.data import wordpiece
-
   spans = unit_spans(context, isinstance(tok, wordpiece.WordPieceTokenizer))
   pieces = tok.encode_batch([context[s:e] for s, e in spans])
   ids, unit_of = [], []
@@ -110,7 +107,7 @@ def _improve_span(ids: list[int], t0: int, t1: int, answer_ids: list[int]) -> tu
   n = len(answer_ids)
   for s in range(t0, t1 + 1):
     for e in range(t1, s - 1, -1):
-      if e - s + 1 == n and ids[s:e + 1] == answer_ids:
+      if e - s + 1 == n and ids[s : e + 1] == answer_ids:
         return s, e
   return t0, t1
 
@@ -137,12 +134,20 @@ def _is_max_context(windows, w: int, pos: int) -> bool:
   return best == w
 
 
-def build(tok: Any, examples: list[Example], max_seq_len: int = 384, doc_stride: int = 128,
-          max_query_length: int = 64, training: bool = False) -> Features:
+def build(
+    tok: Any,
+    examples: list[Example],
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = False,
+) -> Features:
   """Every window of every example (google's convert_examples_to_features)."""
   if max_seq_len < max_query_length + 8:
-    raise ValueError(f"squad: --max-seq-len={max_seq_len} leaves no room for the context after "
-                     f"a --max-query-length={max_query_length} question; raise it")
+    raise ValueError(
+        f"squad: --max-seq-len={max_seq_len} leaves no room for the context after "
+        f"a --max-query-length={max_query_length} question; raise it"
+    )
   if doc_stride < 1:
     raise ValueError(f"squad: --doc-stride={doc_stride}: must be >= 1")
   cls, sep, pad = special_ids(tok)
@@ -157,36 +162,52 @@ def build(tok: Any, examples: list[Example], max_seq_len: int = 384, doc_stride:
     offset = len(query) + 2
     windows = _windows(max(len(ids), 1), max_seq_len - len(query) - 3, doc_stride)
     for w, (start, length) in enumerate(windows):
-      doc = ids[start:start + length]
+      doc = ids[start : start + length]
       input_ids = [cls] + query + [sep] + doc + [sep]
       types = [0] * offset + [1] * (len(doc) + 1)
-      unit = [-1] * offset + unit_of[start:start + length] + [-1]
-      maxc = [False] * offset + [_is_max_context(windows, w, start + j)
-                                 for j in range(len(doc))] + [False]
+      unit = [-1] * offset + unit_of[start : start + length] + [-1]
+      maxc = (
+          [False] * offset
+          + [_is_max_context(windows, w, start + j) for j in range(len(doc))]
+          + [False]
+      )
       s_pos = e_pos = 0
       if span[0] >= start and span[1] < start + length:
         s_pos, e_pos = span[0] - start + offset, span[1] - start + offset
       n_pad = max_seq_len - len(input_ids)
-      rows.append((input_ids + [pad] * n_pad, types + [0] * n_pad,
-                   [1] * len(input_ids) + [0] * n_pad, s_pos, e_pos, unit + [-1] * n_pad,
-                   maxc + [False] * n_pad))
+      rows.append(
+          (
+              input_ids + [pad] * n_pad,
+              types + [0] * n_pad,
+              [1] * len(input_ids) + [0] * n_pad,
+              s_pos,
+              e_pos,
+              unit + [-1] * n_pad,
+              maxc + [False] * n_pad,
+          )
+      )
       ex_index.append(i)
   cols = list(zip(*rows)) if rows else [[]] * 7
-  arr = lambda c, dt: np.asarray(c, dt).reshape(len(rows), -1) if rows else np.zeros(
-      (0, max_seq_len), dt)
-  arrays = dict(input_ids=arr(cols[0], np.int32), token_type_ids=arr(cols[1], np.int32),
-                attention_mask=arr(cols[2], np.int32),
-                start_positions=np.asarray(cols[3], np.int32),
-                end_positions=np.asarray(cols[4], np.int32))
-  return Features(arrays, np.asarray(ex_index, np.int32), arr(cols[5], np.int32),
-                  arr(cols[6], bool), all_spans)
+  arr = (
+      lambda c, dt: np.asarray(c, dt).reshape(len(rows), -1)
+      if rows
+      else np.zeros((0, max_seq_len), dt)
+  )
+  arrays = dict(
+      input_ids=arr(cols[0], np.int32),
+      token_type_ids=arr(cols[1], np.int32),
+      attention_mask=arr(cols[2], np.int32),
+      start_positions=np.asarray(cols[3], np.int32),
+      end_positions=np.asarray(cols[4], np.int32),
+  )
+  return Features(
+      arrays, np.asarray(ex_index, np.int32), arr(cols[5], np.int32), arr(cols[6], bool), all_spans
+  )
 
 
 def piece_text(tok: Any, ids) -> str:
   """Predicted pieces as text: WordPiece pieces joined with "##" removed, as run_squad's
   write_predictions does; SentencePiece pieces decoded."""
-  from bertjax.data import wordpiece
-
   if isinstance(tok, wordpiece.WordPieceTokenizer):
     text = " ".join(tok.id_to_piece(i) for i in ids).replace(" ##", "").replace("##", "")
   else:
@@ -198,8 +219,6 @@ def _tokenized_text(tok: Any, text: str) -> str:
   """`text` as the tokenizer writes it: BERT's basic tokens joined by spaces (lower-cased and
   accent-free for uncased WordPiece), or its SentencePiece pieces decoded (normalized as the
   model normalizes, e.g. NFKC)."""
-  from bertjax.data import wordpiece
-
   if isinstance(tok, wordpiece.WordPieceTokenizer):
     return " ".join(wordpiece.basic_tokenize(text, tok.lower_case))
   return tok.decode(tok.encode(text))
@@ -233,11 +252,12 @@ def get_final_text(pred_text: str, orig_text: str, tok: Any) -> str:
   tok_ns_of = {p: k for k, p in enumerate(tok_pos)}
   if start not in tok_ns_of or end not in tok_ns_of:
     return orig_text
-  return orig_text[orig_pos[tok_ns_of[start]]:orig_pos[tok_ns_of[end]] + 1]
+  return orig_text[orig_pos[tok_ns_of[start]] : orig_pos[tok_ns_of[end]] + 1]
 
 
-def answer_text(tok: Any, context: str, spans: list[tuple[int, int]], unit_start: int,
-                unit_end: int, ids) -> str:
+def answer_text(
+    tok: Any, context: str, spans: list[tuple[int, int]], unit_start: int, unit_end: int, ids
+) -> str:
   """The answer of the predicted pieces `ids`, which lie in units unit_start..unit_end: the
   context words holding them joined by single spaces (run_squad's orig_text), cut to the
   pieces by `get_final_text`."""

@@ -25,7 +25,11 @@ from bertjax.tasks import finetuning
 
 from bertjax import model as model_lib
 from bertjax.tasks.encoder import Encoder
-from bertjax.tasks.squad import decode as decode_lib, evaluate as evaluate_lib, features as feats_lib
+from bertjax.tasks.squad import (
+    decode as decode_lib,
+    evaluate as evaluate_lib,
+    features as feats_lib,
+)
 from bertjax.tasks.squad.data import Example, gold_answers
 
 
@@ -47,45 +51,81 @@ def squad_loss(outputs, batch: dict) -> jax.Array:
   start_BxL, end_BxL = outputs
   per_example_B = 0.5 * (
       optax.softmax_cross_entropy_with_integer_labels(start_BxL, batch["start_positions"])
-      + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"]))
+      + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"])
+  )
   return finetuning.masked_mean(per_example_B, batch["weights"])
 
 
-def predict_and_score(trainer: finetuning.Trainer, params, tok, examples: list[Example],
-                      feats: feats_lib.Features, recipe: finetuning.Recipe, opts: Options,
-                      progress: bool = False) -> tuple[dict[str, float], decode_lib.Decoded]:
+def predict_and_score(
+    trainer: finetuning.Trainer,
+    params,
+    tok,
+    examples: list[Example],
+    feats: feats_lib.Features,
+    recipe: finetuning.Recipe,
+    opts: Options,
+    progress: bool = False,
+) -> tuple[dict[str, float], decode_lib.Decoded]:
   start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
-  dec = decode_lib.decode(examples, feats, start_NxL, end_NxL, opts.version, tok,
-                          opts.n_best, opts.max_answer_length, opts.null_threshold)
-  scores = evaluate_lib.score(gold_answers(examples), dec.predictions, opts.version,
-                              dec.null_odds if opts.version == "2.0" else None, dec.best_span)
+  dec = decode_lib.decode(
+      examples,
+      feats,
+      start_NxL,
+      end_NxL,
+      opts.version,
+      tok,
+      opts.n_best,
+      opts.max_answer_length,
+      opts.null_threshold,
+  )
+  scores = evaluate_lib.score(
+      gold_answers(examples),
+      dec.predictions,
+      opts.version,
+      dec.null_odds if opts.version == "2.0" else None,
+      dec.best_span,
+  )
   return scores, dec
 
 
-def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
-                       recipe: finetuning.Recipe, opts: Options, workdir: str,
-                       progress: bool = True) -> finetuning.FitResult:
+def train_and_evaluate(
+    enc: Encoder,
+    train: list[Example],
+    dev: list[Example],
+    recipe: finetuning.Recipe,
+    opts: Options,
+    workdir: str,
+    progress: bool = True,
+) -> finetuning.FitResult:
   tok = enc.tokenizer
   if opts.max_seq_len > enc.config.max_position_embeddings:
-    raise ValueError(f"squad: --max-seq-len={opts.max_seq_len} exceeds the model's "
-                     f"max_position_embeddings={enc.config.max_position_embeddings}")
-  build = lambda ex, training: feats_lib.build(tok, ex, opts.max_seq_len, opts.doc_stride,
-                                               opts.max_query_length, training)
+    raise ValueError(
+        f"squad: --max-seq-len={opts.max_seq_len} exceeds the model's "
+        f"max_position_embeddings={enc.config.max_position_embeddings}"
+    )
+  build = lambda ex, training: feats_lib.build(
+      tok, ex, opts.max_seq_len, opts.doc_stride, opts.max_query_length, training
+  )
   train_feats, dev_feats = build(train, True), build(dev, False)
   answered = int((train_feats.arrays["start_positions"] > 0).sum())
-  print(f"squad: train {len(train)} questions -> {len(train_feats)} windows ({answered} hold "
-        f"the answer); dev {len(dev)} -> {len(dev_feats)}", flush=True)
+  print(
+      f"squad: train {len(train)} questions -> {len(train_feats)} windows ({answered} hold "
+      f"the answer); dev {len(dev)} -> {len(dev_feats)}",
+      flush=True,
+  )
   if not len(train_feats) or not len(dev_feats):
     raise ValueError("squad: the train or dev file has no usable questions")
   total = recipe.epochs * finetuning.steps_per_epoch(len(train_feats), recipe)
-  trainer = finetuning.Trainer(model_lib.BertForQuestionAnswering, enc, recipe, total,
-                               squad_loss, "squad")
+  trainer = finetuning.Trainer(
+      model_lib.BertForQuestionAnswering, enc, recipe, total, squad_loss, "squad"
+  )
 
   def evaluate(params):
     return predict_and_score(trainer, params, tok, dev, dev_feats, recipe, opts)[0]
 
-  result = finetuning.fit(trainer, train_feats.arrays, recipe, evaluate, "f1", workdir,
-                          opts.eval_untrained, progress)
+  result = finetuning.fit(
+      trainer, train_feats.arrays, recipe, evaluate, "f1", workdir, opts.eval_untrained, progress
+  )
   scores, dec = predict_and_score(trainer, result.best_params, tok, dev, dev_feats, recipe, opts)
   if jax.process_index() == 0:
     _write(workdir, "predictions.json", dec.predictions)
@@ -93,13 +133,30 @@ def train_and_evaluate(enc: Encoder, train: list[Example], dev: list[Example],
     if opts.version == "2.0":
       _write(workdir, "null_odds.json", dec.null_odds)
     untrained = [h for h in result.history if h["epoch"] == 0]
-    _write(workdir, "results.json", dict(
-        version=opts.version, best_epoch=result.best_epoch, dev=scores,
-        untrained=untrained[0] if untrained else None, history=result.history))
-  finetuning.save_params(workdir, result.best_params, dict(
-      task=f"squad{opts.version}", init=enc.source, dev=scores, config=trainer.cfg.to_dict(),
-      recipe=dataclasses.asdict(recipe), options=dataclasses.asdict(opts),
-      tokenizer=str(getattr(tok, "path", ""))))
+    _write(
+        workdir,
+        "results.json",
+        dict(
+            version=opts.version,
+            best_epoch=result.best_epoch,
+            dev=scores,
+            untrained=untrained[0] if untrained else None,
+            history=result.history,
+        ),
+    )
+  finetuning.save_params(
+      workdir,
+      result.best_params,
+      dict(
+          task=f"squad{opts.version}",
+          init=enc.source,
+          dev=scores,
+          config=trainer.cfg.to_dict(),
+          recipe=dataclasses.asdict(recipe),
+          options=dataclasses.asdict(opts),
+          tokenizer=str(getattr(tok, "path", "")),
+      ),
+  )
   return result
 
 

@@ -1,0 +1,122 @@
+"""`BertConfig`: the shape and numerics of a BERT network, and the presets of the paper and of
+Turc et al. 2019's small BERTs (tiny ... large)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.model import ops
+
+Array = jax.Array
+Dtype = Any
+
+# name -> (num_layers, hidden_size, num_heads); intermediate is 4 * hidden as in BERT.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": ops.gelu_erf,  # exact erf GELU, as BERT
+    "gelu_new": functools.partial(nn.gelu, approximate=True),  # tanh approximation
+    "relu": nn.relu,
+}
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Architecture and numerics of one BERT model. Defaults are BERT-base."""
+
+  vocab_size: int = 30522  # WordPiece vocabulary of the released English models
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072  # 4 * hidden_size
+  max_position_embeddings: int = 512  # learned absolute positions
+  type_vocab_size: int = 2  # segment A / segment B
+  hidden_act: str = "gelu"  # exact erf GELU; see ACTIVATIONS for the alternatives
+  hidden_dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1  # > 0 in training uses the einsum path (see Attention)
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02  # std of the normal, truncated at ±2 std, as BERT
+  dtype: str = "float32"  # compute dtype: "bfloat16" for mixed precision
+  param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
+  remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
+  scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
+  # Attention computed as this many independent slices of the batch (see `ops.over_batch_chunks`);
+  # 0 picks 2 on XLA's CPU backend and 1 elsewhere. The same function for every value.
+  attention_batch_chunks: int = 0
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"BertConfig: hidden_size={self.hidden_size} is not divisible by "
+          f"num_heads={self.num_heads}"
+      )
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"BertConfig: hidden_act={self.hidden_act!r}; valid: {sorted(ACTIVATIONS)}")
+    for field in ("dtype", "param_dtype"):
+      if getattr(self, field) not in _DTYPES:
+        raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: {sorted(_DTYPES)}")
+    if self.remat not in ("none", "full", "dots"):
+      raise ValueError(f"BertConfig: remat={self.remat!r}; valid: 'none', 'full', 'dots'")
+    if self.attention_batch_chunks < 0:
+      raise ValueError(
+          f"BertConfig: attention_batch_chunks={self.attention_batch_chunks}; "
+          "valid: 0 (automatic) or a positive count"
+      )
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Dtype:
+    return _DTYPES[self.dtype]
+
+  @property
+  def params_dtype(self) -> Dtype:
+    return _DTYPES[self.param_dtype]
+
+  def replace(self, **changes) -> "BertConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"BertConfig: unknown fields {unknown}; valid: {sorted(known)}")
+    return cls(**d)
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> "BertConfig":
+    if name not in PRESETS:
+      raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    layers, hidden, heads = PRESETS[name]
+    base = dict(
+        num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden
+    )
+    base.update(overrides)
+    return cls(**base)
+
+
+def from_preset(name: str, **overrides) -> BertConfig:
+  """`BertConfig.from_preset`: e.g. ``from_preset("tiny", vocab_size=8000)``."""
+  return BertConfig.from_preset(name, **overrides)
