@@ -250,6 +250,7 @@ def sweep(tmp_path, *extra):
   ]
 
 
+@pytest.mark.slow
 def test_resume_half_finished_sweep(tmp_path, monkeypatch):
   fake = FakeBertjax(stop_at=4)  # the first variant's pretraining is "killed" at step 4
   monkeypatch.setattr(ablate, "run_bertjax", fake)

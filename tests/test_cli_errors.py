@@ -90,6 +90,7 @@ PRETRAIN_ERRORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(PRETRAIN_ERRORS))
 def test_pretrain_user_error_is_one_line_and_writes_nothing(case, tmp_path):
   overrides, needles = PRETRAIN_ERRORS[case]
@@ -214,6 +215,7 @@ def _variants() -> list[str]:
   return [*mod._SCALES, "base_lamb", "large_lamb"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["pretrain", "compile"])
 def test_config_command_help_lists_variants_and_flags(command):
   r = _bertjax(command, "--help")

@@ -94,6 +94,7 @@ def test_resume_is_identical_and_crosses_readers(data_dir, skip):
       _assert_same(next(resumed), want)
 
 
+@pytest.mark.slow
 def test_hosts_read_disjoint_files(data_dir):
   seen = []
   for index in range(2):
@@ -121,6 +122,7 @@ def test_corrupt_shard_is_a_one_line_error(data_dir, tmp_path):
     list(itertools.islice(blocks, 2))
 
 
+@pytest.mark.slow
 def test_falls_back_to_python_without_tensorflow(data_dir):
   code = (
       "import sys; sys.modules['tensorflow'] = None\n"

@@ -58,6 +58,7 @@ def _extract(*argv) -> int:
 HIDDEN = {0: 1, 1: 2, -1: 2, -2: 1, "embeddings": 0}
 
 
+@pytest.mark.slow
 def test_jsonl_matches_transformers(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   out = tmp_path / "f.jsonl"
@@ -159,6 +160,7 @@ def test_npy_concat_and_pooling(hf_dir, input_file, tmp_path):
     assert not tok_feats[i, n:].any()
 
 
+@pytest.mark.slow
 def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file, tmp_path):
   m, d = hf_dir
   out = tmp_path / "default.jsonl"
@@ -178,6 +180,7 @@ def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file,
   ]
 
 
+@pytest.mark.slow
 def test_features_do_not_depend_on_batching(hf_dir):
   _, d = hf_dir
   enc = encoder_lib.load_encoder(d, prefix="extract")
@@ -202,6 +205,7 @@ def test_truncation_and_pairs(hf_dir):
   assert single.tokens == ["[CLS]", "the", "quick", "[SEP]"]
 
 
+@pytest.mark.slow
 def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
   pytest.importorskip("bertjax.training.checkpoint")
   m, d = hf_dir

@@ -472,6 +472,7 @@ jax.distributed.shutdown()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multihost
 def test_slurm_script_runs_its_tasks(tmp_path, free_port):
   """A stand-in srun starts the tasks here; they must find each other as SLURM describes."""

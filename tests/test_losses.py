@@ -56,6 +56,7 @@ def test_weighted_gradients_equal_autodiff():
   assert float(jnp.abs(got[2]).sum()) > 0  # the bias gradient is not trivially zero
 
 
+@pytest.mark.slow
 def test_bfloat16_inputs_keep_their_dtypes():
   x, table, bias, labels = _inputs(2, jnp.bfloat16)
   nll, _ = losses.mlm_cross_entropy(x, table.astype(jnp.bfloat16), bias, labels)

@@ -227,6 +227,7 @@ def test_sequence_classification_head():
   assert set(nn.unbox(v["params"])) == {"bert", "classifier"}
 
 
+@pytest.mark.slow
 def test_model_imports_without_tensorflow():
   import subprocess, sys
 

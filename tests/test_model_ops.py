@@ -39,6 +39,7 @@ def test_dropout_rate_and_scale(rate):
   assert float(jnp.mean((y == 0) != (other == 0))) > rate  # another key, another mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "key",
     [jax.random.key(3), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(1), 5)],
@@ -53,6 +54,7 @@ def test_random_bits_match_jax_random_bits(key, shape):
   np.testing.assert_array_equal(jitted(key, shape), expected)
 
 
+@pytest.mark.slow
 def test_random_bits_are_computed_per_shard():
   # sharded along the batch, each device hashes only its own rows (no full-size array)
   mesh = jax.make_mesh((jax.device_count(),), ("data",))
@@ -72,6 +74,7 @@ def test_random_bits_other_key_impl_goes_to_jax():
   )
 
 
+@pytest.mark.slow
 def test_dropout_identity_cases_and_dtype():
   x = jax.random.normal(jax.random.key(0), (4, 8), jnp.bfloat16)
   d = ops.Dropout(0.1)

@@ -126,6 +126,7 @@ def _normal_like(tree, seed):
   return jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), tree)
 
 
+@pytest.mark.slow
 def test_lamb_is_the_papers_algorithm_2():
   """A port of You et al. 2019, Algorithm 2 (LAMB), per variable x with gradient g:
   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  m^ = m / (1-b1^t);  v^ = v / (1-b2^t);

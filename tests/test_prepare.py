@@ -132,6 +132,7 @@ def test_bad_input_keeps_all_good_text(bad_run):
   assert meta["documents"] == 3 + 2 + 2 + 3 + 2 + 3 + 1
 
 
+@pytest.mark.slow
 def test_output_independent_of_processes_and_chunking(bad_run, tmp_path):
   paths, out, _ = bad_run
   cfg = prepare.PrepareConfig(

@@ -149,6 +149,7 @@ def test_whole_words_kept_whole(data_dir):
   assert checked > 50  # multi-piece words were actually masked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hosts", [2, 3])
 def test_hosts_cover_every_document_once(data_dir, hosts):
   cfg = _cfg(data_dir)
@@ -167,6 +168,7 @@ def test_hosts_cover_every_document_once(data_dir, hosts):
   )
 
 
+@pytest.mark.slow
 def test_batches_only_use_the_hosts_documents(data_dir):
   cfg = _cfg(data_dir, pair_mode="none")
   blobs, rows = [], []
@@ -204,6 +206,7 @@ def test_eval_split_is_separate(data_dir):
   assert not np.array_equal(ev["input_ids"], tr["input_ids"])
 
 
+@pytest.mark.slow
 def test_same_seed_same_stream_other_seed_differs(data_dir):
   a = list(itertools.islice(_stream(_cfg(data_dir)), 3))
   b = list(itertools.islice(_stream(_cfg(data_dir)), 3))
@@ -214,6 +217,7 @@ def test_same_seed_same_stream_other_seed_differs(data_dir):
   assert not np.array_equal(a[0]["input_ids"], c["input_ids"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [1, 7, 60])  # mid-block, later block, next epoch
 def test_exact_resume(data_dir, skip):
   cfg = _cfg(data_dir, shuffle_buffer=16)
@@ -331,6 +335,7 @@ def test_global_batch_and_prefetch_keep_values_and_state():
   prefetched.close()
 
 
+@pytest.mark.slow
 def test_prepared_source_runs_without_tensorflow(data_dir):
   code = (
       "import sys; sys.modules['tensorflow'] = None\n"

@@ -230,6 +230,7 @@ def _ks(x: np.ndarray, y: np.ndarray) -> float:
   return float(np.abs(cdf(x) - cdf(y)).max())
 
 
+@pytest.mark.slow
 def test_notnext_comes_from_a_random_other_document_as_in_reference(bert_reference, tmp_path):
   ours = np.array(_notnext_pairs_ours(tmp_path))
   ref = np.array(_notnext_pairs_reference(bert_reference("create_pretraining_data")))

@@ -48,6 +48,7 @@ def test_special_token_text_is_not_a_special_token():
   assert not set(ids) & {0, 2, 3, 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_train_english(tmp_path, model_type):
   sample = tmp_path / "sample.txt"

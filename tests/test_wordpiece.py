@@ -63,6 +63,7 @@ def test_python_matches_transformers_fast(vocab_file, lower_case):
     assert ours.encode(text) == hf.encode(text, add_special_tokens=False), text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lower_case", [False, True])
 def test_tf_op_matches_python(vocab_file, lower_case):
   tf = pytest.importorskip("tensorflow")

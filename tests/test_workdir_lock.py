@@ -49,6 +49,7 @@ def test_stale_locks_are_taken_over(tmp_path, capsys):
     workdir_lock.Lock(str(tmp_path), "bertjax pretrain").acquire()
 
 
+@pytest.mark.slow
 def test_pretrain_on_a_busy_workdir_is_one_line_and_writes_nothing(tmp_path):
   """The CLI's answer to a held lock: exit 2, one line, no config.json or metrics written."""
   wd = tmp_path / "run"
