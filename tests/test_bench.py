@@ -14,9 +14,8 @@ import pytest
 
 import flax.linen as nn
 
-from bertjax.bench import peers as bench_peers, pretraining as bench
-
 from bertjax import model as model_lib
+from bertjax.bench import peers as bench_peers, pretraining as bench
 from bertjax.commands import bench as bench_cmd
 from bertjax.training import flops
 

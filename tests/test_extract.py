@@ -7,7 +7,6 @@ import pytest
 
 from bertjax import cli
 from bertjax.tasks import encoder as encoder_lib, extract as features
-
 from conftest import HF_CONFIG, random_torch_model, write_vocab
 
 torch = pytest.importorskip("torch")

@@ -11,11 +11,8 @@ import optax
 import pytest
 import flax.linen as nn
 
-from bertjax.tasks import finetuning
-
 from bertjax import model as model_lib
-
-from bertjax.tasks import encoder as encoder_lib
+from bertjax.tasks import encoder as encoder_lib, finetuning
 from bertjax.training import sharding
 
 CFG = model_lib.BertConfig(

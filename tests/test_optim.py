@@ -11,12 +11,10 @@ import optax
 import pytest
 import flax.linen as nn
 
-from bertjax.tasks import finetuning
-
 from bertjax import model as model_lib
-
 from bertjax.commands import finetune_args
 from bertjax.data import pretraining
+from bertjax.tasks import finetuning
 from bertjax.training import optim, sharding, train
 from conftest import tiny_config
 from experiments import pretrain

@@ -9,10 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.interop import convert, google_ckpt
-
 from bertjax import model as model_lib
-
+from bertjax.interop import convert, google_ckpt
 from bertjax.training import optim
 from experiments import pretrain
 

@@ -5,7 +5,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bertjax.bench import peers as bench_peers
-
 from bertjax.training import sharding, train
 from conftest import tiny_config
 

@@ -25,9 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.training import losses, optim, sharding
-
 from bertjax import model as model_lib
+from bertjax.training import losses, optim, sharding
 
 Array = jax.Array
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")

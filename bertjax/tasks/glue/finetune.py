@@ -24,9 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.tasks import finetuning
-
 from bertjax import model as model_lib
+from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.glue import features, metrics, tasks
 

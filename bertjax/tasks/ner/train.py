@@ -23,9 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.tasks import finetuning
-
 from bertjax import model as model_lib
+from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.ner import conll, features as feats_lib, metrics
 

@@ -21,9 +21,8 @@ import os
 import jax
 import optax
 
-from bertjax.tasks import finetuning
-
 from bertjax import model as model_lib
+from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.squad import (
     decode as decode_lib,
