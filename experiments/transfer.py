@@ -58,6 +58,10 @@ def _glue(init_args: list[str], args, workdir: pathlib.Path) -> dict:
       "--epochs",
       str(args.epochs),
       "--no-progress",
+      "--pooling",
+      args.pooling,
+      "--length-bucket",
+      str(args.length_bucket),
   ]
   print("transfer: bertjax glue " + " ".join(argv), flush=True)
   t0 = time.perf_counter()
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--learning-rates", default="3e-3,1e-3,3e-4", help="grid for both encoders")
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 at every learning rate")
   p.add_argument("--epochs", type=int, default=3)
+  p.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="bertjax glue --pooling")
+  p.add_argument("--length-bucket", type=int, default=8, help="bertjax glue --length-bucket")
   args = p.parse_args(argv)
 
   from bertjax.training import checkpoint

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import itertools
 import json
 
 import jax
@@ -263,6 +264,34 @@ def test_fsdp_on_8_devices_matches_1_device():
 def test_mesh_flag_errors_name_the_flag():
   with pytest.raises(ValueError, match=r"^glue: --mesh=3,1,1: mesh: .*devices"):
     _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=8, mesh=(3, 1, 1)), name="glue")
+
+
+def test_fewest_padded_lengths_is_the_best_choice_of_k():
+  """The dynamic programme keeps the k lengths (the longest among them) that pad least:
+  checked against every choice of k on random length histograms."""
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    lengths = np.sort(rng.choice(np.arange(8, 129, 8), rng.integers(2, 9), replace=False))
+    counts = rng.integers(1, 50, len(lengths))
+    k = int(rng.integers(1, len(lengths) + 1))
+
+    def padded(kept):
+      return int(sum(c * kept[np.searchsorted(kept, v)] for v, c in zip(lengths, counts)))
+
+    best = min(
+        padded(np.array(sorted(c) + [lengths[-1]]))
+        for c in itertools.combinations(lengths[:-1], k - 1)
+    )
+    got = finetuning.fewest_padded_lengths(lengths, counts, k)
+    assert len(got) == k and got[-1] == lengths[-1] and padded(got) == best
+
+
+def test_max_lengths_caps_the_compiled_shapes():
+  mask_NxL = _varied_lengths(400, seed=2)["attention_mask"]
+  free = finetuning.padded_lengths(mask_NxL, 1)
+  capped = finetuning.padded_lengths(mask_NxL, 1, max_lengths=3)
+  assert len(np.unique(free)) > 3 and len(np.unique(capped)) == 3
+  assert np.all(capped >= free) and capped.max() == free.max()
 
 
 def test_rare_lengths_join_the_next_longer_one():

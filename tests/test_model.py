@@ -227,6 +227,25 @@ def test_sequence_classification_head():
   assert set(nn.unbox(v["params"])) == {"bert", "classifier"}
 
 
+def test_mean_pooling_head_reads_the_mean_of_the_real_tokens():
+  """pooling="mean": the classifier's input is the mean of the last layer over the real tokens,
+  so padding changes nothing; the same weights with BERT's pooled [CLS] give other logits."""
+  cfg = model_lib.from_preset("tiny", vocab_size=64)
+  ids, types, mask, _ = _batch(64)
+  mean = model_lib.BertForSequenceClassification(cfg, num_labels=3, pooling="mean")
+  v = nn.unbox(mean.init(jax.random.key(0), ids, types, mask))
+  ids2 = np.where(mask == 0, 7, ids)
+  a, b = (mean.apply(v, x, types, mask) for x in (ids, ids2))
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  enc = model_lib.BertModel(cfg).apply({"params": v["params"]["bert"]}, ids, types, mask)
+  m = np.asarray(mask, np.float32)[:, :, None]
+  want_BxH = (np.asarray(enc.sequence_output) * m).sum(1) / m.sum(1)
+  k, bias = (v["params"]["classifier"][n] for n in ("kernel", "bias"))
+  np.testing.assert_allclose(a, want_BxH @ np.asarray(k) + np.asarray(bias), atol=1e-5)
+  cls = model_lib.BertForSequenceClassification(cfg, num_labels=3)
+  assert not np.allclose(a, cls.apply(v, ids, types, mask), atol=1e-3)
+
+
 @pytest.mark.slow
 def test_model_imports_without_tensorflow():
   import subprocess, sys

@@ -449,7 +449,8 @@ class FinetuneSpec:
   eval_batch_size: int = 64
   learning_rate: float = 5e-4  # bertjax's default for hidden 256
   max_seq_len: int = 128
-  length_bucket: int = 32
+  length_bucket: int = 8
+  max_lengths: int = 8
   max_train_examples: int = 0  # > 0: the first N rows (quick runs)
   seed: int = 0
 
@@ -489,6 +490,7 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = ("hf-torch",)) -
       optimizer="adamw",
       seed=spec.seed,
       length_bucket=spec.length_bucket,
+      max_lengths=spec.max_lengths,
   )
   cfg = enc.config
   out = {

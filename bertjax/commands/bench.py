@@ -120,8 +120,11 @@ def _finetune_parser() -> argparse.ArgumentParser:
   p.add_argument(
       "--length-bucket",
       type=int,
-      default=32,
+      default=8,
       help="bertjax pads batches to a multiple of this; 0: to --max-seq-len",
+  )
+  p.add_argument(
+      "--max-lengths", type=int, default=8, help="bertjax: at most this many batch lengths"
   )
   p.add_argument("--max-train-examples", type=int, default=0, help="first N rows (quick runs)")
   p.add_argument("--seed", type=int, default=0)
@@ -160,6 +163,7 @@ def _run_bench_finetune(args) -> int:
       learning_rate=args.learning_rate,
       max_seq_len=args.max_seq_len,
       length_bucket=args.length_bucket,
+      max_lengths=args.max_lengths,
       max_train_examples=args.max_train_examples,
       seed=args.seed,
   )

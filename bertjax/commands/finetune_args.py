@@ -60,10 +60,16 @@ def add_recipe_args(
   g.add_argument(
       "--length-bucket",
       type=int,
-      default=32,
-      help="pad each batch to its longest row rounded up to a multiple of this (a "
-      "few compiled shapes, the cost of the real tokens); 0: every row to "
-      "--max-seq-len",
+      default=8,
+      help="pad each batch to its longest row rounded up to a multiple of this (the "
+      "cost of the real tokens); 0: every row to --max-seq-len",
+  )
+  g.add_argument(
+      "--max-lengths",
+      type=int,
+      default=8,
+      help="at most this many batch lengths, i.e. compiled steps (the ones that pad "
+      "least are kept); 0: no cap",
   )
   g.add_argument(
       "--mesh",
@@ -108,7 +114,11 @@ def recipe_from_args(
   if args.length_bucket < 0:
     raise SystemExit(
         f"{prefix}: --length-bucket={args.length_bucket}: use 0 (no buckets) or "
-        "a positive multiple, e.g. 32"
+        "a positive multiple, e.g. 8"
+    )
+  if args.max_lengths < 0:
+    raise SystemExit(
+        f"{prefix}: --max-lengths={args.max_lengths}: use 0 (no cap) or a positive count, e.g. 8"
     )
   return finetuning.Recipe(
       learning_rate=lr,
@@ -122,6 +132,7 @@ def recipe_from_args(
       seed=args.seed,
       max_steps=args.max_steps,
       length_bucket=args.length_bucket,
+      max_lengths=args.max_lengths,
       mesh=mesh,
   )
 

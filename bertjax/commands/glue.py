@@ -14,6 +14,7 @@ checkpoint (best/, best.json). See docs/glue.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from bertjax.cli import HelpFormatter
@@ -45,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
   g = p.add_argument_group("recipe (BERT's defaults)")
   finetune_args.add_recipe_args(
       g, learning_rate=2e-5, epochs=3, max_seq_len=128, eval_untrained=False
+  )
+  g.add_argument(
+      "--pooling",
+      choices=("cls", "mean"),
+      default="cls",
+      help="what the classifier reads: cls, BERT's pooled [CLS]; mean, the mean of the last "
+      "layer's token states",
   )
   g.add_argument(
       "--sweep",
@@ -128,6 +136,7 @@ def main(argv: list[str]) -> int:
   base = finetune_args.recipe_from_args(
       args, enc.config.hidden_size, "glue", announce=not args.sweep
   )
+  base = dataclasses.replace(base, pooling=args.pooling)
   lrs = [base.learning_rate]
   if args.sweep:
     lrs, why = sweep.learning_rate_grid(args.learning_rates, enc.config.hidden_size)

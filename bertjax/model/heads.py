@@ -23,10 +23,16 @@ def _head(cfg: BertConfig, num_outputs: int, name: str) -> nn.Dense:
 
 
 class BertForSequenceClassification(nn.Module):
-  """The GLUE head: dropout + dense on the pooled [CLS]; num_labels == 1 is regression."""
+  """The GLUE head: dropout + dense on the pooled [CLS]; num_labels == 1 is regression.
+
+  `pooling="mean"` reads the mean of the last layer's token states (padding excluded) instead
+  of the pooler's tanh of [CLS]: not BERT's head, an option for encoders whose [CLS] state has
+  not been trained into a sentence summary (experiments/probe.py measures that).
+  """
 
   cfg: BertConfig
   num_labels: int
+  pooling: str = "cls"  # cls (BERT's pooled output) | mean
 
   @nn.compact
   def __call__(
@@ -40,9 +46,16 @@ class BertForSequenceClassification(nn.Module):
     enc = BertModel(self.cfg, name="bert")(
         input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
     )
-    x_BxH = ops.Dropout(self.cfg.hidden_dropout_rate)(
-        enc.pooled_output, deterministic=deterministic
-    )
+    if self.pooling == "mean":
+      if attention_mask_BxL is None:
+        attention_mask_BxL = jnp.ones_like(input_ids_BxL)
+      m_BxLx1 = attention_mask_BxL[:, :, None].astype(enc.sequence_output.dtype)
+      pooled_BxH = (enc.sequence_output * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
+    elif self.pooling == "cls":
+      pooled_BxH = enc.pooled_output
+    else:
+      raise ValueError(f"pooling {self.pooling!r}; valid: cls, mean")
+    x_BxH = ops.Dropout(self.cfg.hidden_dropout_rate)(pooled_BxH, deterministic=deterministic)
     logits_BxC = _head(self.cfg, self.num_labels, "classifier")(x_BxH)
     return logits_BxC.astype(jnp.float32)
 

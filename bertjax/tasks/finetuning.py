@@ -22,9 +22,11 @@ check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
 
 Batches are length-aware: each is cut to its rows' longest real length rounded up to
 `Recipe.length_bucket` (`padded_lengths`, `epoch_batches`), so a task of short sentences trains
-at the cost of its real tokens with a few compiled shapes (at most ceil(max_seq_len / bucket));
-prediction batches rows by length too and returns them in the input's order. Host batches are
-built and transferred one step ahead (`prefetch`) and the loss is read one step late.
+at the cost of its real tokens with a few compiled shapes (at most `Recipe.max_lengths`, the
+lengths that pad least); prediction batches rows by length too and returns them in the input's
+order. The steps of every length a run will use are compiled before its first step, side by
+side in threads (`Trainer.compile_ahead`). Host batches are built and transferred one step
+ahead (`prefetch`) and the loss is read one step late.
 
 Shape letters: B batch, L sequence length.
 """
@@ -32,6 +34,7 @@ Shape letters: B batch, L sequence length.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
@@ -72,8 +75,10 @@ class Recipe:
   clip_norm: float = 1.0  # global-norm clipping, as BERT's optimizer
   seed: int = 0  # head init, dropout and data order
   max_steps: int = 0  # > 0 caps the steps per epoch (smoke tests)
-  length_bucket: int = 32  # batches padded to a multiple of this; 0: to the arrays' length
+  length_bucket: int = 8  # batches padded to a multiple of this; 0: to the arrays' length
+  max_lengths: int = 8  # at most this many batch lengths (compiled shapes); 0: no cap
   mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor), as pretraining's config.mesh
+  pooling: str = "cls"  # GLUE head: cls (BERT's pooled [CLS]) | mean (of the last layer)
 
 
 # Peak learning rate and --sweep grid by encoder width. BERT's (Devlin et al. 2018) are for
@@ -267,7 +272,7 @@ class Trainer:
       except ValueError as e:
         raise ValueError(f"{name}: --mesh={','.join(map(str, recipe.mesh))}: {e}") from None
     self.mesh = mesh
-    self.length_bucket = recipe.length_bucket
+    self.length_bucket, self.max_lengths = recipe.length_bucket, recipe.max_lengths
     shards = sharding.num_batch_shards(self.mesh) * jax.process_count()
     for field in ("batch_size", "eval_batch_size"):
       if getattr(recipe, field) % shards:
@@ -314,6 +319,7 @@ class Trainer:
         out_shardings=self.state_sh,
     )
     self.traces = {"train": 0, "predict": 0}
+    self._executables: dict[tuple, Any] = {}  # (kind, batch shapes) -> compiled step
     self._train = jax.jit(
         self._counted(
             "train", functools.partial(_train_step, model=self.model, tx=self.tx, loss_fn=loss_fn)
@@ -354,7 +360,25 @@ class Trainer:
     """One step on a host batch (`fit` hands it device batches, already placed)."""
     if not isinstance(batch["input_ids"], jax.Array):
       batch = to_global(batch, self.batch_sh)
-    return self._train(state, batch)
+    return self._executables.get(_shapes("train", batch), self._train)(state, batch)
+
+  def compile_ahead(self, jobs: list[tuple[str, Any, dict]]) -> None:
+    """Compile the steps of `jobs` (kind "train" or "predict", its first argument: the state
+    or the params, an example host batch of the shape to compile) that are not compiled yet,
+    side by side: each is traced here, then XLA compiles them in threads (the compiler releases
+    the GIL), one per core. `train_step` and `predict` then run the compiled executables."""
+    todo = {}
+    for kind, first, batch in jobs:
+      batch = to_global(batch, self.batch_sh)  # the dtypes and shardings the steps will see
+      key = _shapes(kind, batch)
+      if key not in self._executables and key not in todo:
+        todo[key] = (self._train if kind == "train" else self._predict).lower(first, batch)
+    if not todo:
+      return
+    workers = min(len(todo), os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      for key, exe in zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())):
+        self._executables[key] = exe
 
   def _counted(self, name: str, fn):
     """`fn`, counting its traces in `self.traces[name]`: jit traces (and compiles) once per new
@@ -394,10 +418,23 @@ class Trainer:
       out_abs = jax.eval_shape(self._predict_fn, params, batch)
       return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
     padded_N = padded_lengths(
-        arrays["attention_mask"], self.length_bucket, MIN_BATCHES_PER_LENGTH * batch_size
+        arrays["attention_mask"],
+        self.length_bucket,
+        MIN_BATCHES_PER_LENGTH * batch_size,
+        self.max_lengths,
     )
     order = np.argsort(padded_N, kind="stable")
     seq = self._sequence_leaves(params, arrays)
+    ahead = {}
+    for start in range(0, n, batch_size):
+      idx = order[np.arange(start, start + batch_size) % n]
+      ahead.setdefault(int(padded_N[idx].max()), idx)
+    self.compile_ahead(
+        [
+            ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
+            for length, idx in ahead.items()
+        ]
+    )
 
     def full_length(x, is_seq):
       x = np.asarray(x)
@@ -415,7 +452,8 @@ class Trainer:
     out, treedef = [], None
     bar = progress_bar(-(-n // batch_size), f"{self.name} predict", progress)
     for batch in prefetch(batches(), self.batch_sh):
-      leaves, treedef = jax.tree.flatten(self._predict(params, batch))
+      step = self._executables.get(_shapes("predict", batch), self._predict)
+      leaves, treedef = jax.tree.flatten(step(params, batch))
       out.append([full_length(x, s) for x, s in zip(leaves, seq)])
       bar.update(1)
     bar.close()
@@ -433,11 +471,19 @@ class Trainer:
 MIN_BATCHES_PER_LENGTH = 4
 
 
-def padded_lengths(mask_NxL: np.ndarray, bucket: int, min_rows: int = 0) -> np.ndarray:
+def _shapes(kind: str, batch: dict) -> tuple:
+  """The key of a compiled step: its kind and the batch's shapes and dtypes."""
+  return (kind,) + tuple((k, np.shape(v), str(v.dtype)) for k, v in sorted(batch.items()))
+
+
+def padded_lengths(
+    mask_NxL: np.ndarray, bucket: int, min_rows: int = 0, max_lengths: int = 0
+) -> np.ndarray:
   """[N] the length each row is padded to: its real tokens rounded up to a multiple of
   `bucket`, at most L (0: every row to L); a length with fewer than `min_rows` rows goes up to
   the next longer one (the longest, rare, takes the next shorter one in). Few distinct
-  lengths, few compiled steps: at most ceil(L / bucket) (4 at L 128, bucket 32)."""
+  lengths, few compiled steps: at most `max_lengths` (> 0), the ones that pad least
+  (`fewest_padded_lengths`), and never more than ceil(L / bucket)."""
   n, max_len = mask_NxL.shape
   if bucket <= 0:
     return np.full(n, max_len, np.int64)
@@ -452,7 +498,36 @@ def padded_lengths(mask_NxL: np.ndarray, bucket: int, min_rows: int = 0) -> np.n
   while len(lengths) > 1 and np.sum(padded_N == lengths[-1]) < min_rows:  # a rare longest
     padded_N[padded_N == lengths[-2]] = lengths[-1]  # length takes its neighbour in
     lengths = lengths[np.arange(len(lengths)) != len(lengths) - 2]
+  if 0 < max_lengths < len(lengths):
+    counts = np.array([np.sum(padded_N == v) for v in lengths])
+    kept = fewest_padded_lengths(lengths, counts, max_lengths)
+    padded_N = kept[np.searchsorted(kept, padded_N)]
   return padded_N
+
+
+def fewest_padded_lengths(lengths: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+  """The `k` of the sorted `lengths` (the longest always among them) that minimise the padded
+  tokens when each of `counts[i]` rows of length `lengths[i]` is padded up to the next kept
+  length: dynamic programming over (kept so far, last kept), O(k·n²) for n lengths."""
+  n = len(lengths)
+  rows_upto = np.concatenate([[0], np.cumsum(counts)])
+  # cost[j][i]: fewest padded tokens of the rows of lengths[:i + 1] with j + 1 lengths kept,
+  # lengths[i] the longest of them
+  cost = np.full((k, n), np.inf)
+  back = np.zeros((k, n), np.int64)
+  cost[0] = rows_upto[1:] * lengths
+  for j in range(1, k):
+    for i in range(j, n):
+      prev = cost[j - 1, :i] + (rows_upto[i + 1] - rows_upto[1 : i + 1]) * lengths[i]
+      back[j, i] = int(np.argmin(prev))
+      cost[j, i] = prev[back[j, i]]
+  j = int(np.argmin(cost[:, n - 1]))
+  kept, i = [n - 1], n - 1
+  while j > 0:
+    i = back[j, i]
+    kept.append(i)
+    j -= 1
+  return lengths[sorted(kept)]
 
 
 def epoch_batches(
@@ -530,9 +605,18 @@ def fit(
   n = len(train["input_ids"])
   steps = steps_per_epoch(n, recipe)
   padded_N = padded_lengths(
-      train["attention_mask"], recipe.length_bucket, MIN_BATCHES_PER_LENGTH * recipe.batch_size
+      train["attention_mask"],
+      recipe.length_bucket,
+      MIN_BATCHES_PER_LENGTH * recipe.batch_size,
+      recipe.max_lengths,
   )
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
+  trainer.compile_ahead(
+      [
+          ("train", state, train_batch(train, np.arange(min(n, 1)), int(length), recipe.batch_size))
+          for length in np.unique(padded_N)
+      ]
+  )
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
   what = f"{run_name} " if run_name else ""

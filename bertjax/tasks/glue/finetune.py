@@ -46,7 +46,9 @@ def make_trainer(
 ) -> finetuning.Trainer:
   """The task's classifier (or regressor) on `enc`, with its loss."""
   make_model = functools.partial(
-      model_lib.BertForSequenceClassification, num_labels=task.num_labels
+      model_lib.BertForSequenceClassification,
+      num_labels=task.num_labels,
+      pooling=recipe.pooling,
   )
   loss_fn = functools.partial(glue_loss, regression=task.is_regression)
   return finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "glue")
