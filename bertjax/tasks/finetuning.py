@@ -300,14 +300,7 @@ class Trainer:
     check_encoder(boxed_abs["bert"], bert_abs, enc.source, name)
     param_sh = sharding.state_shardings(boxed_abs, self.mesh)
     repl = sharding.replicated(self.mesh)
-    opt_sh = optax.tree_utils.tree_map_params(
-        self.tx,
-        lambda _, s: s,
-        state_abs.opt_state,
-        param_sh,
-        transform_non_params=lambda _: repl,
-        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
-    )
+    opt_sh = sharding.opt_state_shardings(self.tx, state_abs.opt_state, param_sh, self.mesh)
     self.state_sh = State(
         step=repl, params=param_sh, opt_state=opt_sh, rng=repl, learning_rate=repl
     )

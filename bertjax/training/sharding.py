@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -149,6 +150,21 @@ def logical_to_spec(
     size = math.prod(mesh.shape[a] for a in ax)
     out.append(axes if size and dim % size == 0 else None)
   return P(*out)
+
+
+def opt_state_shardings(tx, opt_state_abs: Any, param_shardings: Any, mesh: Mesh) -> Any:
+  """The optimizer state's shardings: every per-parameter leaf (Adam's moments, ...) as its
+  parameter, everything else (counts, schedules' state) replicated. Pretraining's state and
+  fine-tuning's are both built with it."""
+  repl = replicated(mesh)
+  return optax.tree_utils.tree_map_params(
+      tx,
+      lambda _, s: s,
+      opt_state_abs,
+      param_shardings,
+      transform_non_params=lambda _: repl,
+      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+  )
 
 
 def state_shardings(abstract_boxed: Any, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:

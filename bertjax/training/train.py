@@ -104,14 +104,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   boxed_abs, state_abs = jax.eval_shape(functools.partial(_init_fn, model, tx), 0)
   param_shardings = sharding.state_shardings(boxed_abs, mesh)
   repl = sharding.replicated(mesh)
-  opt_shardings = optax.tree_utils.tree_map_params(
-      tx,
-      lambda _, s: s,
-      state_abs.opt_state,
-      param_shardings,
-      transform_non_params=lambda _: repl,
-      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
-  )
+  opt_shardings = sharding.opt_state_shardings(tx, state_abs.opt_state, param_shardings, mesh)
   state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   batch_sharding = sharding.batch_sharding(mesh)
 
