@@ -294,6 +294,22 @@ def test_max_lengths_caps_the_compiled_shapes():
   assert np.all(capped >= free) and capped.max() == free.max()
 
 
+def test_a_length_is_kept_only_if_it_saves_more_than_a_compile():
+  lengths, counts = np.array([8, 16, 24, 32]), np.array([100, 100, 100, 100])
+  # one length: 400 * 32 = 12,800 tokens; all four: 8,000 (4,800 saved by three more lengths)
+  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 0.0)) == [8, 16, 24, 32]
+  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 5000.0)) == [32]
+  # two lengths (16, 32) pad to 9,600: 3,200 saved by one more, worth it below 3,200
+  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 3000.0)) == [16, 32]
+  # fewer epochs, a compile is worth more of each epoch's tokens: fewer lengths
+  mask_NxL = _varied_lengths(2000, seq_len=64, seed=3)["attention_mask"]
+  per_run = [
+      len(np.unique(finetuning.padded_lengths(mask_NxL, 8, 0, 8, finetuning.compile_tokens(8, e))))
+      for e in (1, 3, 30)
+  ]
+  assert per_run == sorted(per_run) and per_run[0] < per_run[-1] <= 8
+
+
 def test_rare_lengths_join_the_next_longer_one():
   mask_NxL = np.arange(16)[None, :] < np.array([3] * 10 + [7] * 2 + [16] * 3)[:, None]
   assert list(finetuning.padded_lengths(mask_NxL, 4)) == [4] * 10 + [8] * 2 + [16] * 3

@@ -68,8 +68,8 @@ def add_recipe_args(
       "--max-lengths",
       type=int,
       default=8,
-      help="at most this many batch lengths, i.e. compiled steps (the ones that pad "
-      "least are kept); 0: no cap",
+      help="at most this many batch lengths, i.e. compiled steps; a length is kept only "
+      "if the padding it saves over the run outweighs a compile; 0: no cap",
   )
   g.add_argument(
       "--mesh",

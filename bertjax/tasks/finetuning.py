@@ -22,9 +22,9 @@ check trips over DenseGeneral's flat [H, 3*N*D] init, see docs/glue.md).
 
 Batches are length-aware: each is cut to its rows' longest real length rounded up to
 `Recipe.length_bucket` (`padded_lengths`, `epoch_batches`), so a task of short sentences trains
-at the cost of its real tokens with a few compiled shapes (at most `Recipe.max_lengths`, the
-lengths that pad least); prediction batches rows by length too and returns them in the input's
-order. The steps of every length a run will use are compiled before its first step, side by
+at the cost of its real tokens with a few compiled shapes (a length is kept only if the padding
+it saves over the run outweighs a compile, at most `Recipe.max_lengths` of them); prediction
+batches rows by length too and returns them in the input's order. The steps of every length a run will use are compiled before its first step, side by
 side in threads (`Trainer.compile_ahead`). Host batches are built and transferred one step
 ahead (`prefetch`) and the loss is read one step late.
 
@@ -415,6 +415,7 @@ class Trainer:
         self.length_bucket,
         MIN_BATCHES_PER_LENGTH * batch_size,
         self.max_lengths,
+        compile_tokens(batch_size),
     )
     order = np.argsort(padded_N, kind="stable")
     seq = self._sequence_leaves(params, arrays)
@@ -459,9 +460,21 @@ class Trainer:
 
 
 # A length used by fewer rows than this many batches is merged into the next longer one: a
-# compile costs more than padding them (on 2 CPU cores, one BERT-mini train-step compile takes
-# as long as ~20 steps at length 32).
+# compile costs more than padding them.
 MIN_BATCHES_PER_LENGTH = 4
+# What one more compiled step costs, in steps at length 32: on 2 CPU cores a BERT-mini train
+# step takes ~2 s to trace and lower and ~8.5 s to compile (two compiles side by side take
+# 13 s), ~8.5 s in all, as long as ~24 steps at length 32 (0.35 s). A length is kept only if
+# the padding it saves over the run (all epochs) is worth more tokens than that
+# (`padded_lengths`' compile_tokens).
+COMPILE_COST_STEPS = 24
+COMPILE_COST_LENGTH = 32
+
+
+def compile_tokens(batch_size: int, epochs: int = 1) -> float:
+  """`padded_lengths`' compile_tokens for rows padded once per epoch: one compile as padded
+  tokens of a single pass."""
+  return COMPILE_COST_STEPS * batch_size * COMPILE_COST_LENGTH / max(1, epochs)
 
 
 def _shapes(kind: str, batch: dict) -> tuple:
@@ -470,13 +483,18 @@ def _shapes(kind: str, batch: dict) -> tuple:
 
 
 def padded_lengths(
-    mask_NxL: np.ndarray, bucket: int, min_rows: int = 0, max_lengths: int = 0
+    mask_NxL: np.ndarray,
+    bucket: int,
+    min_rows: int = 0,
+    max_lengths: int = 0,
+    compile_tokens: float = 0.0,
 ) -> np.ndarray:
   """[N] the length each row is padded to: its real tokens rounded up to a multiple of
   `bucket`, at most L (0: every row to L); a length with fewer than `min_rows` rows goes up to
-  the next longer one (the longest, rare, takes the next shorter one in). Few distinct
-  lengths, few compiled steps: at most `max_lengths` (> 0), the ones that pad least
-  (`fewest_padded_lengths`), and never more than ceil(L / bucket)."""
+  the next longer one (the longest, rare, takes the next shorter one in). Then the lengths
+  kept are the ones that minimise the padded tokens plus `compile_tokens` per length kept
+  (what a compile costs, in tokens; `fewest_padded_lengths`), at most `max_lengths` (> 0) of
+  them: few compiled steps, each worth its compile."""
   n, max_len = mask_NxL.shape
   if bucket <= 0:
     return np.full(n, max_len, np.int64)
@@ -491,18 +509,22 @@ def padded_lengths(
   while len(lengths) > 1 and np.sum(padded_N == lengths[-1]) < min_rows:  # a rare longest
     padded_N[padded_N == lengths[-2]] = lengths[-1]  # length takes its neighbour in
     lengths = lengths[np.arange(len(lengths)) != len(lengths) - 2]
-  if 0 < max_lengths < len(lengths):
+  if len(lengths) > 1 and (compile_tokens > 0 or 0 < max_lengths < len(lengths)):
     counts = np.array([np.sum(padded_N == v) for v in lengths])
-    kept = fewest_padded_lengths(lengths, counts, max_lengths)
+    kept = fewest_padded_lengths(lengths, counts, max_lengths or len(lengths), compile_tokens)
     padded_N = kept[np.searchsorted(kept, padded_N)]
   return padded_N
 
 
-def fewest_padded_lengths(lengths: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
-  """The `k` of the sorted `lengths` (the longest always among them) that minimise the padded
-  tokens when each of `counts[i]` rows of length `lengths[i]` is padded up to the next kept
-  length: dynamic programming over (kept so far, last kept), O(k·n²) for n lengths."""
+def fewest_padded_lengths(
+    lengths: np.ndarray, counts: np.ndarray, k: int, per_length: float = 0.0
+) -> np.ndarray:
+  """At most `k` of the sorted `lengths` (the longest always among them) that minimise the
+  padded tokens, when each of `counts[i]` rows of length `lengths[i]` is padded up to the next
+  kept length, plus `per_length` for each length kept: dynamic programming over (kept so
+  far, last kept), O(k·n²) for n lengths."""
   n = len(lengths)
+  k = min(k, n)
   rows_upto = np.concatenate([[0], np.cumsum(counts)])
   # cost[j][i]: fewest padded tokens of the rows of lengths[:i + 1] with j + 1 lengths kept,
   # lengths[i] the longest of them
@@ -514,7 +536,7 @@ def fewest_padded_lengths(lengths: np.ndarray, counts: np.ndarray, k: int) -> np
       prev = cost[j - 1, :i] + (rows_upto[i + 1] - rows_upto[1 : i + 1]) * lengths[i]
       back[j, i] = int(np.argmin(prev))
       cost[j, i] = prev[back[j, i]]
-  j = int(np.argmin(cost[:, n - 1]))
+  j = int(np.argmin(cost[:, n - 1] + per_length * np.arange(1, k + 1)))
   kept, i = [n - 1], n - 1
   while j > 0:
     i = back[j, i]
@@ -602,6 +624,7 @@ def fit(
       recipe.length_bucket,
       MIN_BATCHES_PER_LENGTH * recipe.batch_size,
       recipe.max_lengths,
+      compile_tokens(recipe.batch_size, recipe.epochs),
   )
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
   trainer.compile_ahead(
