@@ -1,5 +1,6 @@
 """The shared fine-tuning trainer: batch checks, encoder checks, padded prediction, the loop."""
 
+import argparse
 import dataclasses
 import functools
 import itertools
@@ -316,3 +317,48 @@ def test_rare_lengths_join_the_next_longer_one():
   assert list(finetuning.padded_lengths(mask_NxL, 4, 3)) == [4] * 10 + [16] * 5
   assert list(finetuning.padded_lengths(mask_NxL, 4, 4)) == [4] * 10 + [16] * 5
   assert list(finetuning.padded_lengths(mask_NxL, 4, 6)) == [16] * 15
+
+
+def test_the_default_mesh_is_the_pretraining_runs_when_it_fits(tmp_path):
+  """No --mesh: glue/squad/ner take the mesh from the pretrain workdir's config.json (also for
+  one of its checkpoints/<step> dirs) when it fits these (8) devices, else data-parallel."""
+  from bertjax.commands import finetune_args
+
+  def workdir(name, mesh):
+    d = tmp_path / name
+    (d / "checkpoints" / "100").mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"mesh": mesh}))
+    return d
+
+  fsdp = workdir("fsdp", {"data": 2, "fsdp": -1, "tensor": 1, "dcn_data": 1})
+  assert finetune_args.pretrained_mesh(str(fsdp))[0] == (2, -1, 1)
+  assert finetune_args.pretrained_mesh(str(fsdp / "checkpoints" / "100"))[0] == (2, -1, 1)
+  too_big = workdir("big", {"data": 1, "fsdp": 16, "tensor": 1})
+  mesh, why = finetune_args.pretrained_mesh(str(too_big))
+  assert mesh == (-1, 1, 1) and "does not fit" in why and "16" in why
+  assert finetune_args.pretrained_mesh("random")[0] == (-1, 1, 1)
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"hidden_size": 128}))
+  assert finetune_args.pretrained_mesh(str(hf)) == (
+      (-1, 1, 1),
+      "data-parallel over every device; no pretraining mesh recorded",
+  )
+  args = argparse.Namespace(
+      init=str(fsdp),
+      mesh=None,
+      learning_rate=1e-3,
+      optimizer="adamw",
+      bert_learning_rate=False,
+      epochs=1,
+      batch_size=8,
+      eval_batch_size=8,
+      warmup=0.1,
+      weight_decay=0.01,
+      dropout=0.1,
+      seed=0,
+      max_steps=0,
+      length_bucket=8,
+      max_lengths=8,
+  )
+  assert finetune_args.recipe_from_args(args, 128, "glue").mesh == (2, -1, 1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
@@ -73,9 +75,10 @@ def add_recipe_args(
   )
   g.add_argument(
       "--mesh",
-      default="-1,1,1",
+      default=None,
       help="data,fsdp,tensor device mesh as `bertjax pretrain`'s config.mesh (one "
-      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP",
+      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP (default: the mesh the "
+      "checkpoint was pretrained on, when it fits these devices, else -1,1,1; printed)",
   )
   if eval_untrained:
     g.add_argument(
@@ -102,6 +105,10 @@ def recipe_from_args(
   if optimizer is None:
     optimizer, why = finetuning.optimizer_for(hidden_size)
     print(f"{prefix}: optimizer {optimizer} ({why}; --optimizer overrides)", flush=True)
+  if args.mesh is None:
+    mesh, why = pretrained_mesh(getattr(args, "init", None))
+    print(f"{prefix}: mesh {','.join(map(str, mesh))} ({why}; --mesh overrides)", flush=True)
+    args.mesh = ",".join(map(str, mesh))
   try:
     mesh = tuple(int(x) for x in args.mesh.split(","))
   except ValueError:
@@ -135,6 +142,35 @@ def recipe_from_args(
       max_lengths=args.max_lengths,
       mesh=mesh,
   )
+
+
+def pretrained_mesh(init: str | None) -> tuple[tuple[int, int, int], str]:
+  """(data, fsdp, tensor) of the `bertjax pretrain` run behind `init` (its workdir's
+  config.json, also for a checkpoints/<step> dir) if that mesh fits this job's devices, else
+  data-parallel (-1, 1, 1); and why, for the log line."""
+  from bertjax.training import sharding
+
+  default = (-1, 1, 1)
+  if not init or init == "random":
+    return default, "data-parallel over every device"
+  path = os.path.abspath(init)
+  for d in (path, os.path.dirname(os.path.dirname(path))):
+    cfg_path = os.path.join(d, "config.json")
+    if os.path.isdir(os.path.join(d, "checkpoints")) and os.path.isfile(cfg_path):
+      break
+  else:
+    return default, "data-parallel over every device; no pretraining mesh recorded"
+  try:
+    with open(cfg_path, encoding="utf-8") as f:
+      m = json.load(f)["mesh"]
+    mesh = (int(m["data"]), int(m["fsdp"]), int(m["tensor"]))
+  except (OSError, ValueError, KeyError, TypeError):
+    return default, f"data-parallel over every device; {cfg_path} records no mesh"
+  try:
+    sharding.make_mesh(*mesh)
+  except ValueError as e:
+    return default, f"data-parallel; the pretraining mesh {mesh} does not fit here: {e}"
+  return mesh, f"the pretraining mesh, from {cfg_path}"
 
 
 def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
