@@ -203,9 +203,10 @@ def test_epoch_batches_group_lengths_shuffle_and_repeat_with_the_seed():
 
 
 @pytest.mark.slow
-def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
+def test_bucketed_steps_and_predictions_match_full_length(tmp_path, monkeypatch):
   """Dropout off, the same rows per step: cutting batches to their bucket changes the loss only
   by float noise, and predictions come back in the input's order."""
+  monkeypatch.setattr(finetuning, "COMPILE_COST_STEPS", 0)  # every length is worth its compile
   recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0, length_bucket=8)
   trainer = _trainer(recipe, mesh=_one_device())
   train = _varied_lengths(32, seed=1)
@@ -240,6 +241,12 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path):
         progress=False,
     )
     assert trainer.compiled_shapes()[0] == 2
+  # fit compiled the lengths it uses before its first step (rows this few share one length)
+  used = finetuning.padded_lengths(
+      train["attention_mask"], 8, 4 * 8, recipe.max_lengths, finetuning.compile_tokens(8, 1)
+  )
+  assert sorted(k[1][1][1] for k in trainer._executables if k[0] == "train") == [16]
+  assert set(used) == {16}
 
 
 @pytest.mark.slow
