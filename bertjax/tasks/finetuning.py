@@ -627,15 +627,23 @@ def fit(
       compile_tokens(recipe.batch_size, recipe.epochs),
   )
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
+  lengths = [int(x) for x in np.unique(padded_N)]
+  what = f"{run_name} " if run_name else ""
+  if progress:
+    print(
+        f"{trainer.name}: {what}batch lengths {', '.join(map(str, lengths))} "
+        f"({np.mean(padded_N):.1f} tokens per row, {np.mean(train['attention_mask'].sum(1)):.1f} "
+        "real; --length-bucket, --max-lengths)",
+        flush=True,
+    )
   trainer.compile_ahead(
       [
-          ("train", state, train_batch(train, np.arange(min(n, 1)), int(length), recipe.batch_size))
-          for length in np.unique(padded_N)
+          ("train", state, train_batch(train, np.arange(min(n, 1)), length, recipe.batch_size))
+          for length in lengths
       ]
   )
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
-  what = f"{run_name} " if run_name else ""
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as log:
     if eval_untrained:
       entry = dict(epoch=0, **evaluate(state.params))
