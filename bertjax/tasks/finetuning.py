@@ -24,9 +24,10 @@ Batches are length-aware: each is cut to its rows' longest real length rounded u
 `Recipe.length_bucket` (`padded_lengths`, `epoch_batches`), so a task of short sentences trains
 at the cost of its real tokens with a few compiled shapes (a length is kept only if the padding
 it saves over the run outweighs a compile, at most `Recipe.max_lengths` of them); prediction
-batches rows by length too and returns them in the input's order. The steps of every length a run will use are compiled before its first step, side by
-side in threads (`Trainer.compile_ahead`). Host batches are built and transferred one step
-ahead (`prefetch`) and the loss is read one step late.
+batches rows by length too and returns them in the input's order. The steps of every length a
+run will use are compiled before its first step, side by side in threads
+(`Trainer.compile_ahead`). Host batches are built and transferred one step ahead (`prefetch`)
+and the loss is read one step late.
 
 Shape letters: B batch, L sequence length.
 """
@@ -463,9 +464,9 @@ class Trainer:
 # compile costs more than padding them.
 MIN_BATCHES_PER_LENGTH = 4
 # What one more compiled step costs, in steps at length 32: on 2 CPU cores a BERT-mini train
-# step takes ~2 s to trace and lower and ~8.5 s to compile (two compiles side by side take
-# 13 s), ~8.5 s in all, as long as ~24 steps at length 32 (0.35 s). A length is kept only if
-# the padding it saves over the run (all epochs) is worth more tokens than that
+# step takes ~2 s to trace and lower and ~8.5 s to compile, but two compiles side by side take
+# 13 s, so ~8.5 s per length in all: as long as ~24 steps at length 32 (0.35 s each). A length
+# is kept only if the padding it saves over the run (all epochs) is worth more tokens than that
 # (`padded_lengths`' compile_tokens).
 COMPILE_COST_STEPS = 24
 COMPILE_COST_LENGTH = 32
