@@ -420,14 +420,15 @@ class Trainer:
     )
     order = np.argsort(padded_N, kind="stable")
     seq = self._sequence_leaves(params, arrays)
-    ahead = {}
+    plan = []  # (rows, length) of every batch; wrap-around pads the last
     for start in range(0, n, batch_size):
       idx = order[np.arange(start, start + batch_size) % n]
-      ahead.setdefault(int(padded_N[idx].max()), idx)
+      plan.append((idx, int(padded_N[idx].max())))
+    one_per_length = {length: idx for idx, length in plan}  # the shapes to compile
     self.compile_ahead(
         [
             ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
-            for length, idx in ahead.items()
+            for length, idx in one_per_length.items()
         ]
     )
 
@@ -439,14 +440,10 @@ class Trainer:
       width = [(0, 0), (0, max_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
       return np.pad(x, width, constant_values=fill)
 
-    def batches():
-      for start in range(0, n, batch_size):
-        idx = order[np.arange(start, start + batch_size) % n]  # wrap-around pads the last
-        yield take(arrays, idx, int(padded_N[idx].max()), MODEL_INPUTS)
-
     out, treedef = [], None
-    bar = progress_bar(-(-n // batch_size), f"{self.name} predict", progress)
-    for batch in prefetch(batches(), self.batch_sh):
+    bar = progress_bar(len(plan), f"{self.name} predict", progress)
+    batches = (take(arrays, idx, length, MODEL_INPUTS) for idx, length in plan)
+    for batch in prefetch(batches, self.batch_sh):
       step = self._executables.get(_shapes("predict", batch), self._predict)
       leaves, treedef = jax.tree.flatten(step(params, batch))
       out.append([full_length(x, s) for x, s in zip(leaves, seq)])
