@@ -5,22 +5,22 @@ Each subcommand lives in `bertjax/commands/<name>.py` and exposes
 so `bertjax --help` is instant and the model-only commands work without TensorFlow.
 
 Errors in what the user asked for (a flag, a config field or value, a variant, a path, a
-checkpoint that does not match the config) print one line, `bertjax COMMAND: MESSAGE`, and exit
-with status 2; a command that runs and fails exits 1. `--debug` (anywhere on the command line)
+checkpoint that does not match the config) are `bertjax.errors.UserError`s: they print one line,
+`bertjax COMMAND: MESSAGE`, and exit with status 2; any other exception is a bug and keeps its
+traceback (exit 1). `--debug` (anywhere on the command line)
 or `BERTJAX_DEBUG=1` shows the full traceback instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import copy
 import importlib.abc
 import importlib.util
 import logging
 import os
 import sys
 import tempfile
+import traceback
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -59,30 +59,6 @@ def _usage() -> str:
       "traceback.",
   ]
   return "\n".join(lines)
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-  """Help of every argparse command: the description as written, each option's default.
-
-  A default is appended as `(default: X)` unless the help mentions it already, the option is
-  required, or the default is None/False/"" (nothing to say).
-  """
-
-  def add_argument(self, action):
-    default = action.default
-    if (
-        action.help is not argparse.SUPPRESS
-        and action.option_strings
-        and not action.required
-        and default is not argparse.SUPPRESS
-        and default is not None
-        and default is not False
-        and default != ""
-        and "default" not in (action.help or "")
-    ):
-      action = copy.copy(action)
-      action.help = f"{action.help or ''} (default: %(default)s)".strip()
-    super().add_argument(action)
 
 
 # ----------------------------------------------------------------------------- quiet start-up
@@ -195,22 +171,21 @@ def _quiet_orbax() -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-  """The exception types that mean "the arguments are wrong", not "bertjax has a bug"."""
-  kinds: list[type[BaseException]] = [ValueError, KeyError, FileNotFoundError]
+  """What means "the user asked for something wrong": `UserError` and the flag parsers' errors.
+
+  Nothing else: a ValueError raised by a bug keeps its traceback (exit 1).
+  """
+  from bertjax import errors
+
+  kinds: list[type[BaseException]] = [errors.UserError]
   absl_flags = sys.modules.get("absl.flags")  # only a command that imported it can raise it
   if absl_flags is not None:
     kinds.append(absl_flags.Error)
   return tuple(kinds)
 
 
-def _is_message(e: KeyError) -> bool:
-  """ml_collections' KeyErrors carry a sentence ("'stepz' Did you mean ..."), lookups a key."""
-  return len(e.args) == 1 and isinstance(e.args[0], str) and " " in e.args[0].strip()
-
-
 def _one_line(e: BaseException) -> str:
-  msg = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else str(e)
-  return " ".join(line.strip() for line in str(msg).splitlines() if line.strip()) or repr(e)
+  return " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or repr(e)
 
 
 def _load(name: str):
@@ -284,11 +259,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return int(_load(name).main(rest) or 0)
   except _user_errors() as e:
-    if debug:
-      raise
-    if isinstance(e, KeyError) and not _is_message(e):
-      raise  # KeyError: 0 or KeyError: 'name' is a failed lookup (a bug), not a message
     sys.stdout.flush()
+    if debug:  # the traceback, and still the user error's exit status
+      traceback.print_exc()
+      return 2
     print(f"bertjax {name}: {_one_line(e)}", file=sys.stderr)
     return 2
 

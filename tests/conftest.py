@@ -349,3 +349,19 @@ def torch_logits(m, ids, types, mask, pos):
     )
   mlm = np.take_along_axis(out.prediction_logits.numpy(), pos[:, :, None], axis=1)
   return mlm, out.seq_relationship_logits.numpy()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+  """A finished 3-step tiny pretraining workdir (synthetic data, vocab 1000), built once."""
+  from bertjax.training import loop
+
+  workdir = tmp_path_factory.mktemp("tiny_run")
+  assert loop.train_and_evaluate(loop_config(3, **{"eval.every_steps": 0}), str(workdir)) == 0
+  return workdir
+
+
+@pytest.fixture(scope="session")
+def austen_shards(tmp_path_factory, prepare_austen):
+  """The first ~40k characters of the bundled corpus prepared into shards, built once."""
+  return pathlib.Path(prepare_austen(tmp_path_factory.mktemp("austen_shards"), 40_000))

@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 
-from bertjax.cli import HelpFormatter
+from bertjax.commands.args import HelpFormatter
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).

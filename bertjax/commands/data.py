@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from bertjax.cli import HelpFormatter
+from bertjax.commands.args import HelpFormatter
 from bertjax.data import pretraining
 
 # The library is imported inside the functions below, not at the top: `--help` and flag

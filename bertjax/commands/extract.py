@@ -33,7 +33,7 @@ import re
 import sys
 from pathlib import Path
 
-from bertjax.cli import HelpFormatter
+from bertjax.commands.args import HelpFormatter
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).

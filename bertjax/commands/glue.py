@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import sys
 
-from bertjax.cli import HelpFormatter
+from bertjax.commands.args import HelpFormatter
 from bertjax.commands import finetune_args
 
 # The library is imported inside the functions below, not at the top: `--help` and flag

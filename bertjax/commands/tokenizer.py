@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from bertjax.cli import HelpFormatter
+from bertjax.commands.args import HelpFormatter
 from bertjax.data import tokenizer as tokenizer_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag

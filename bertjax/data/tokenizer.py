@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
+from bertjax import errors
 from bertjax.data import wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -44,7 +45,7 @@ def _starts_word(piece: str) -> bool:
   return piece.startswith(WORD_START) or (bool(piece) and wordpiece.is_cjk(piece[0]))
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.UserError, ValueError):
   """A tokenizer file that is missing, damaged, or lacks BERT's special tokens."""
 
 

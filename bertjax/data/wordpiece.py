@@ -34,6 +34,8 @@ import pathlib
 import unicodedata
 from typing import Callable, Iterable, Sequence
 
+from bertjax import errors
+
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SUFFIX = "##"
 MAX_WORD_CHARS = 200  # google-research/bert's max_input_chars_per_word (transformers: 100)
@@ -52,7 +54,7 @@ _CJK_RANGES = (
 )
 
 
-class WordPieceError(ValueError):
+class WordPieceError(errors.UserError, ValueError):
   """A vocabulary file that is missing, empty or lacks BERT's special tokens."""
 
 

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.model.config import BertConfig
 
@@ -28,7 +29,7 @@ Params = dict[str, Any]
 _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "relu": "relu"}
 
 
-class ConversionError(ValueError):
+class ConversionError(errors.UserError, ValueError):
   """A checkpoint could not be converted; the message names the file and tensor."""
 
 

@@ -18,10 +18,12 @@ import socket
 import sys
 import time
 
+from bertjax import errors
+
 LOCK_NAME = ".bertjax.lock"
 
 
-class WorkdirBusyError(ValueError):
+class WorkdirBusyError(errors.UserError, ValueError):
   """Another live process holds the directory's lock."""
 
 

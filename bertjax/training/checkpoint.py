@@ -43,6 +43,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bertjax import errors
 from bertjax import model as model_lib
 
 PRETRAINED_FORMAT = "bertjax-pretrained-1"
@@ -65,11 +66,11 @@ def absolute(path: str | epath.Path) -> epath.Path:
   return epath.Path(path if "://" in path else os.path.abspath(os.path.expanduser(path)))
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(errors.UserError, ValueError):
   """A checkpoint whose model or optimizer differs from the config trying to restore it."""
 
 
-class NoGoodCheckpointError(ValueError):
+class NoGoodCheckpointError(errors.UserError, ValueError):
   """Every checkpoint of the run failed its digest or its restore."""
 
 

@@ -25,10 +25,11 @@ from typing import Iterator
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.tasks.glue import features, tasks
 
 
-class GlueDataError(ValueError):
+class GlueDataError(errors.UserError, ValueError):
   """A GLUE file that is missing or unusable as a whole; the message names it."""
 
 

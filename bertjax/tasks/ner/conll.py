@@ -16,10 +16,12 @@ import dataclasses
 import os
 import re
 
+from bertjax import errors
+
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
 
 
-class ConllError(ValueError):
+class ConllError(errors.UserError, ValueError):
   """A file that is missing or holds no sentences."""
 
 

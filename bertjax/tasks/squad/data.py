@@ -15,10 +15,12 @@ import dataclasses
 import json
 import os
 
+from bertjax import errors
+
 VERSIONS = ("1.1", "2.0")
 
 
-class SquadDataError(ValueError):
+class SquadDataError(errors.UserError, ValueError):
   """A file that is missing or not SQuAD JSON."""
 
 

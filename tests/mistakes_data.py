@@ -1,0 +1,5 @@
+"""Mistakes table rows (see test_mistakes.py) for the data commands."""
+
+from mistakes_common import Mistake
+
+ROWS: list[Mistake] = []
