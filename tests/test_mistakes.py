@@ -59,6 +59,7 @@ def test_mistake(row: Mistake, tmp_path, monkeypatch, capfd, request):
   if row.setup is not None:
     row.setup(work)
   argv = [a.format(**values) for a in row.argv]
+  capfd.readouterr()  # what building the fixtures printed is not the command's output
   before = _snapshot(work)
   rc = cli.main(argv)
   captured = capfd.readouterr()

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax import cli, errors
 from bertjax.commands import prepare as prepare_cmd
-from bertjax.data import prepare, records, text, tokenizer as tok_lib
+from bertjax.data import corpus, encode, prepare, records, text, tokenizer as tok_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER = str(REPO / "data" / "tokenizer.model")
@@ -241,9 +242,7 @@ def test_eval_split_is_disjoint_and_stable(tmp_path):
 
 def test_chinese_text(tmp_path):
   chinese = REPO / "tests" / "fixtures" / "data" / "chinese.txt"
-  tok_lib.train_tokenizer(
-      [str(chinese)], str(tmp_path / "zh"), tok_lib.TrainOptions(vocab_size=700, num_threads=1)
-  )
+  tok_lib.train_tokenizer([str(chinese)], str(tmp_path / "zh"), tok_lib.TrainOptions(num_threads=1))
   meta = prepare.prepare(
       prepare.PrepareConfig(
           output=str(tmp_path / "out"),
@@ -260,8 +259,9 @@ def test_chinese_text(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-  rc = prepare_cmd.main(
+  rc = cli.main(
       [
+          "prepare",
           "--input",
           str(tmp_path / "none.txt"),
           "--tokenizer",
@@ -272,11 +272,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
       ]
   )
   err = capsys.readouterr().err.strip()
-  assert rc == 1 and err == f"bertjax prepare: {tmp_path / 'none.txt'}: no such file"
+  assert rc == 2 and err == f"bertjax prepare: {tmp_path / 'none.txt'}: no such file"
   (tmp_path / "a.txt").write_text("Hello there.\n")
   (tmp_path / "bad.model").write_text("Hello there.\n")
-  rc = prepare_cmd.main(
+  rc = cli.main(
       [
+          "prepare",
           "--input",
           str(tmp_path / "a.txt"),
           "--tokenizer",
@@ -286,10 +287,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
       ]
   )
   err = capsys.readouterr().err.strip()
-  assert rc == 1 and "not a SentencePiece model" in err and len(err.splitlines()) == 1
+  assert rc == 2 and "not a SentencePiece model" in err and len(err.splitlines()) == 1
   # A .txt is taken for a WordPiece vocab.txt, and checked as one.
-  rc = prepare_cmd.main(
+  rc = cli.main(
       [
+          "prepare",
           "--input",
           str(tmp_path / "a.txt"),
           "--tokenizer",
@@ -299,7 +301,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
       ]
   )
   err = capsys.readouterr().err.strip()
-  assert rc == 1 and "special token [PAD] is missing" in err and len(err.splitlines()) == 1
+  assert rc == 2 and "special token [PAD] is missing" in err and len(err.splitlines()) == 1
+  assert not (tmp_path / "o").exists()  # every check runs before the output is created
 
 
 def test_tfds_mock_corpus(tmp_path):
@@ -451,12 +454,11 @@ def test_reprepare_needs_overwrite_and_replaces_the_old_shards(tmp_path, capsys)
   ]
   assert prepare_cmd.main(args + ["--num-shards", "4"]) == 0
   capsys.readouterr()
-  assert prepare_cmd.main(args + ["--num-shards", "2"]) == 1
+  assert cli.main(["prepare", *args, "--num-shards", "2"]) == 2
   err = capsys.readouterr().err.strip()
   assert err == (
-      f"bertjax prepare: {tmp_path / 'o' / 'metadata.json'}: {tmp_path / 'o'} "
-      "already holds prepared data; pass --overwrite to replace it, or choose "
-      "another --output"
+      f"bertjax prepare: --output {tmp_path / 'o'} already holds prepared data "
+      "(metadata.json) — pass --overwrite to replace it, or choose another --output"
   )
   assert len(records.load_metadata(tmp_path / "o")["shards"]) == 4  # left as it was
   assert prepare_cmd.main(args + ["--num-shards", "2", "--overwrite"]) == 0
@@ -559,7 +561,7 @@ def test_binary_file_is_skipped_and_counted(tmp_path, capsys):
 
 
 def test_huge_documents_and_lines_are_cut_by_content_not_by_reads(tmp_path, monkeypatch):
-  monkeypatch.setattr(prepare, "_MAX_DOC_BYTES", 1 << 16)
+  monkeypatch.setattr(corpus, "MAX_DOC_BYTES", 1 << 16)
   words = " ".join(f"word{i}" for i in range(40_000))  # a ~390 KB line with spaces
   many = "\n".join(f"Line {i} of a long document." for i in range(6_000))  # ~170 KB, no blank
   body = (
@@ -585,11 +587,11 @@ def test_huge_documents_and_lines_are_cut_by_content_not_by_reads(tmp_path, monk
         max_line_chars=1_000,
     )
     docs, problems = [], []
-    for task in prepare._Tasks(cfg):
+    for task in corpus.Tasks(cfg):
       assert len(task.data) <= chunk_bytes + (1 << 16)
       found = []
       docs += [
-          [(task.first_line + n, s) for n, s in doc] for doc in prepare._documents(task, cfg, found)
+          [(task.first_line + n, s) for n, s in doc] for doc in encode.documents(task, cfg, found)
       ]
       problems += [(task.first_line + p.line, p.reason) for p in found]
     return docs, problems
@@ -687,3 +689,132 @@ def test_pretrain_refuses_shards_missing_or_not_their_recorded_size(tmp_path):
   shard.unlink()
   with pytest.raises(FileNotFoundError, match=rf"{shard}: missing"):
     loop.resolve_config(config, str(tmp_path / "run"))
+
+
+# ----------------------------------------------------------------------------- checks first
+
+
+def _cfg(tmp_path, **kw) -> prepare.PrepareConfig:
+  base = dict(
+      output=str(tmp_path / "out" / "data"),
+      tokenizer=TOKENIZER,
+      inputs=(str(tmp_path / "a.txt"),),
+      num_shards=1,
+      processes=1,
+      progress=False,
+  )
+  return prepare.PrepareConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("num_shards", 0, "PrepareConfig.num_shards=0 must be an integer >= 1"),
+        ("eval_shards", -1, "PrepareConfig.eval_shards=-1"),
+        ("processes", 0, "PrepareConfig.processes=0"),
+        ("max_line_chars", 0, "PrepareConfig.max_line_chars=0"),
+        ("eval_fraction", 1.0, "PrepareConfig.eval_fraction=1.0 must be >= 0 and < 1"),
+        ("eval_fraction", -0.1, "PrepareConfig.eval_fraction=-0.1"),
+        ("worker_index", 2, "PrepareConfig.worker_index=2 must be >= 0 and < PrepareConfig.num_"),
+        ("tfds", "wikipedia", "PrepareConfig.inputs (text files) and PrepareConfig.tfds"),
+    ],
+)
+def test_config_errors_name_the_field_and_write_nothing(tmp_path, field, value, needle):
+  (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS))
+  with pytest.raises(errors.ConfigError) as e:
+    prepare.prepare(_cfg(tmp_path, **{field: value}))
+  assert needle in str(e.value) and "--" not in str(e.value)
+  assert not (tmp_path / "out").exists()
+
+
+def test_the_command_names_flags_for_config_fields(tmp_path):
+  names = prepare_cmd.flag_names(prepare_cmd._parser(), "PrepareConfig", {"input": "inputs"})
+  e = prepare_cmd.reword(
+      errors.ConfigError(
+          "PrepareConfig.worker_index=2 must be < PrepareConfig.num_workers=2; pass "
+          "PrepareConfig.overwrite=True, PrepareConfig.inputs or PrepareConfig.tfds_data_dir"
+      ),
+      names,
+  )
+  assert str(e) == (
+      "--worker-index 2 must be < --num-workers 2; pass --overwrite, --input or --tfds-data-dir"
+  )
+  assert isinstance(e, errors.ConfigError)
+
+
+@pytest.mark.parametrize(
+    "files, needle",
+    [
+        ({"a.txt": b""}, f"a.txt: {text.EMPTY_FILE}"),
+        ({"a.txt": b"\n \n\t\n"}, f"a.txt: {text.BLANK_FILE}"),
+        ({"a.txt": bytes(range(256)) * 64}, f"a.txt: {text.BINARY_FILE}"),
+        ({"a.txt": b"", "b.txt": b"\n\n"}, f"a.txt: {text.EMPTY_FILE}; "),
+    ],
+)
+def test_a_corpus_without_documents_is_an_error_and_writes_nothing(tmp_path, capsys, files, needle):
+  for name, data in files.items():
+    (tmp_path / name).write_bytes(data)
+  args = ["prepare", "--input", *[str(tmp_path / n) for n in files], "--tokenizer", TOKENIZER]
+  args += ["--output", str(tmp_path / "out" / "data"), "--processes", "1", "--no-progress"]
+  assert cli.main(args) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("bertjax prepare: no document in the input (") and needle in err, err
+  assert len(err.splitlines()) == 1
+  assert not (tmp_path / "out").exists()  # the directories it made for the output are gone
+
+
+def test_a_corpus_without_documents_leaves_an_existing_output_as_it_was(tmp_path):
+  (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS))
+  prepare.prepare(_cfg(tmp_path))
+  out = tmp_path / "out" / "data"
+  before = sorted(p.name for p in out.iterdir())
+  (tmp_path / "a.txt").write_text("\n\n")
+  with pytest.raises(errors.BadInputError, match=text.BLANK_FILE):
+    prepare.prepare(_cfg(tmp_path, overwrite=True))
+  assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_input_and_output_paths_are_checked_first(tmp_path):
+  (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS))
+  (tmp_path / "dir").mkdir()
+  with pytest.raises(errors.InputNotFoundError, match=r"dir: is a directory — name its files"):
+    prepare.prepare(_cfg(tmp_path, inputs=(str(tmp_path / "dir"),)))
+  with pytest.raises(errors.InputNotFoundError, match=r"nothing\*.txt: no file matches"):
+    prepare.prepare(_cfg(tmp_path, inputs=(str(tmp_path / "nothing*.txt"),)))
+  with pytest.raises(errors.ConfigError, match=r"a.txt is a file, not a directory"):
+    prepare.prepare(_cfg(tmp_path, output=str(tmp_path / "a.txt" / "out")))
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_compressed_input_names_the_file(tmp_path):
+  import gzip
+
+  (tmp_path / "a.txt").write_bytes(gzip.compress(_bert_format(GOOD_DOCS * 50).encode())[:300])
+  with pytest.raises(errors.BadInputError, match=r"a.txt.*unreadable input .* gzip -t"):
+    prepare.prepare(_cfg(tmp_path))
+  assert not (tmp_path / "out").exists()
+
+
+def test_more_shards_than_open_files_allow_is_refused_before_writing(tmp_path):
+  resource = pytest.importorskip("resource")
+  _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  if hard == resource.RLIM_INFINITY or hard > 1 << 24:
+    pytest.skip("no finite limit on open files here")
+  (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS))
+  with pytest.raises(errors.ConfigError, match=r"num_shards=.*ulimit -n"):
+    prepare.prepare(_cfg(tmp_path, num_shards=hard))
+  assert not (tmp_path / "out").exists()
+
+
+def test_tfds_without_the_text_feature_is_refused_before_writing(tmp_path):
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+
+  def as_dataset(self, split, *args, **kwargs):
+    del self, split, args, kwargs
+    return tf.data.Dataset.from_tensor_slices({"body": ["One document."], "title": ["t"]})
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    with pytest.raises(errors.ConfigError, match=r"tfds_text_key=text: .* has body, title"):
+      prepare.prepare(_cfg(tmp_path, inputs=(), tfds="wikipedia/20230601.en"))
+  assert not (tmp_path / "out").exists()

@@ -309,32 +309,6 @@ def test_synthetic_source_runs_without_tensorflow():
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_global_batch_and_prefetch_keep_values_and_state():
-  import jax
-
-  n = len(jax.devices())
-  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-  cfg = pretraining.InputConfig(
-      source="synthetic", vocab_size=300, seq_len=16, max_predictions_per_seq=4
-  )
-  make = lambda: pretraining.make_stream(
-      cfg, global_batch_size=2 * n, process_index=0, process_count=1
-  )
-  host = list(itertools.islice(make(), 3))
-  g = pretraining.global_batch(host[0], sharding)
-  assert g["input_ids"].shape == (2 * n, 16) and g["nsp_labels"].shape == (2 * n,)
-  assert g["input_ids"].sharding.spec == jax.sharding.PartitionSpec("data", None)
-  prefetched = pretraining.prefetch_to_device(make(), sharding, size=2)
-  for want in host:
-    got = next(prefetched)
-    for k in pretraining.FEATURES:
-      np.testing.assert_array_equal(np.asarray(got[k]), want[k])
-  # The state is that after the batches handed out, not after those prefetched.
-  assert prefetched.get_state()["step"] == 3
-  prefetched.close()
-
-
 @pytest.mark.slow
 def test_prepared_source_runs_without_tensorflow(data_dir):
   code = (
@@ -345,3 +319,43 @@ def test_prepared_source_runs_without_tensorflow(data_dir):
       "assert b['input_ids'].shape == (8, 128)\n"
   )
   subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("seq_len", 4, "InputConfig.seq_len=4 is too short for pair_mode 'nsp': it must be >= 5"),
+        ("max_predictions_per_seq", 0, "InputConfig.max_predictions_per_seq=0 must be >= 1"),
+        ("mask_prob", 1.5, "InputConfig.mask_prob=1.5 must be in [0, 1]"),
+        ("short_seq_prob", -0.1, "InputConfig.short_seq_prob=-0.1"),
+        ("random_token_prob", 0.3, "mask_token_prob + random_token_prob = 1.1 must be <= 1"),
+        ("shuffle_buffer", 0, "InputConfig.shuffle_buffer=0 must be >= 1"),
+        ("pair_mode", "mlm", "InputConfig.pair_mode='mlm': valid options"),
+    ],
+)
+def test_input_config_is_range_checked(data_dir, field, value, needle):
+  from bertjax import errors
+
+  with pytest.raises(errors.ConfigError) as e:
+    _stream(_cfg(data_dir, **{field: value}))
+  assert needle in str(e.value)
+
+
+def test_a_split_without_shards_and_a_directory_without_data_are_named(data_dir, tmp_path):
+  from bertjax import errors
+
+  (tmp_path / "d").mkdir()
+  meta = json.loads((pathlib.Path(data_dir) / "metadata.json").read_text())
+  meta["shards"] = [s for s in meta["shards"] if s["split"] == "train"]
+  for s in meta["shards"]:
+    (tmp_path / "d" / s["file"]).symlink_to(pathlib.Path(data_dir) / s["file"])
+  (tmp_path / "d" / "metadata.json").write_text(json.dumps(meta))
+  with pytest.raises(errors.ConfigError, match=r"no eval shard — none of its documents is held"):
+    _stream(_cfg(str(tmp_path / "d")), split="eval")
+  with pytest.raises(errors.InputNotFoundError, match=r"no metadata.json in it, so not data"):
+    records.load_metadata(tmp_path)
+  with pytest.raises(errors.InputNotFoundError, match=r"nowhere: no such directory"):
+    records.load_metadata(tmp_path / "nowhere")
+  (tmp_path / "d" / "metadata.json").write_text('{"shards": [')
+  with pytest.raises(errors.BadInputError, match=r"metadata.json: not valid JSON .*--overwrite"):
+    records.load_metadata(tmp_path / "d")

@@ -1,65 +1,78 @@
 """`bertjax data`: look at the MLM/NSP examples the model will be trained on.
 
 bertjax data preview --data runs/data -n 5
-bertjax data stats --data runs/data --seq-len 128 --pair-mode nsp --n 10000
+bertjax data stats --data runs/data --seq-len 128 --pair-mode nsp -n 10000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands.args import ArgumentParser, fraction, nonneg_int, positive_int
 from bertjax.data import pretraining
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
+# Tokens an example needs besides its text: [CLS] A [SEP] B [SEP], or [CLS] A [SEP].
+_MIN_SEQ_LEN = {"nsp": 5, "sop": 5, "none": 3}
 
-def _add_stream_args(p: argparse.ArgumentParser) -> None:
+
+def _add_stream_args(p: argparse.ArgumentParser, n: int, n_help: str) -> None:
   d = pretraining.InputConfig()
   p.add_argument("--data", required=True, metavar="DIR", help="output of `bertjax prepare`")
   p.add_argument("--split", choices=("train", "eval"), default="train")
-  p.add_argument("--seq-len", type=int, default=d.seq_len)
-  p.add_argument("--max-predictions", type=int, default=d.max_predictions_per_seq)
+  p.add_argument("--seq-len", type=positive_int, default=d.seq_len)
+  p.add_argument("--max-predictions", type=positive_int, default=d.max_predictions_per_seq)
   p.add_argument("--pair-mode", choices=("nsp", "sop", "none"), default=d.pair_mode)
-  p.add_argument("--mask-prob", type=float, default=d.mask_prob)
-  p.add_argument("--short-seq-prob", type=float, default=d.short_seq_prob)
+  p.add_argument("--mask-prob", type=fraction, default=d.mask_prob)
+  p.add_argument("--short-seq-prob", type=fraction, default=d.short_seq_prob)
   p.add_argument("--whole-word-mask", action="store_true")
-  p.add_argument("--seed", type=int, default=d.seed)
+  p.add_argument("--seed", type=nonneg_int, default=d.seed)
   p.add_argument(
       "--reader",
       choices=("tf.data", "python"),
       default=d.reader,
       help="shard reader; both give the same examples",
   )
+  # -n is the spelling; --n, which `data stats` had, is kept as an alias.
+  p.add_argument("-n", "--n", dest="n", type=positive_int, default=n, help=n_help)
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax data", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-  )
+  p = ArgumentParser(prog="bertjax data", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="action", required=True)
-  pv = sub.add_parser(
-      "preview",
-      help="print decoded examples with their masks and labels",
-      formatter_class=HelpFormatter,
-  )
-  _add_stream_args(pv)
-  pv.add_argument("-n", type=int, default=5, help="examples to print")
-  st = sub.add_parser(
-      "stats",
-      help="print masking/label statistics as one JSON object",
-      formatter_class=HelpFormatter,
-  )
-  _add_stream_args(st)
-  st.add_argument("--n", type=int, default=10_000, help="examples to measure")
+  pv = sub.add_parser("preview", help="print decoded examples with their masks and labels")
+  _add_stream_args(pv, 5, "examples to print")
+  st = sub.add_parser("stats", help="print masking/label statistics as one JSON object")
+  _add_stream_args(st, 10_000, "examples to measure")
   return p
+
+
+def _check(args: argparse.Namespace) -> None:
+  """What the flags' types cannot see: how they go together, and that --data is a directory."""
+  need = _MIN_SEQ_LEN[args.pair_mode]
+  if args.seq_len < need:
+    raise errors.ConfigError(
+        f"--seq-len {args.seq_len} is too short for --pair-mode {args.pair_mode}: it must be "
+        f">= {need} ([CLS] and [SEP]s included)"
+    )
+  if not os.path.exists(args.data) and "://" not in args.data:
+    raise errors.InputNotFoundError(
+        f"--data {args.data}: no such directory — give the --output of `bertjax prepare`"
+    )
+  if os.path.isfile(args.data):
+    raise errors.ConfigError(
+        f"--data {args.data}: is a file — give the directory `bertjax prepare` wrote"
+    )
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
+  _check(args)
   from bertjax.data import inspect
 
   cfg = pretraining.InputConfig(
@@ -74,13 +87,8 @@ def main(argv: list[str]) -> int:
       seed=args.seed,
       reader=args.reader,
   )
-  split = args.split
-  try:
-    if args.action == "preview":
-      print(inspect.preview(cfg, args.n, split=split))
-    else:
-      print(json.dumps(inspect.stats(cfg, args.n, split=split)))
-  except (ValueError, OSError) as e:
-    print(f"bertjax data: {e}", file=sys.stderr)
-    return 1
+  if args.action == "preview":
+    print(inspect.preview(cfg, args.n, split=args.split))
+  else:
+    print(json.dumps(inspect.stats(cfg, args.n, split=args.split)))
   return 0

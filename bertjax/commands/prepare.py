@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import re
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands.args import ArgumentParser, nonneg_int, open_fraction, positive_int
 from bertjax.data import prepare as prepare_lib
-
-# The library is imported inside the functions below, not at the top: `--help` and flag
-# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
 
 def _parser() -> argparse.ArgumentParser:
   d = prepare_lib.PrepareConfig(output="", tokenizer="")
-  p = argparse.ArgumentParser(
-      prog="bertjax prepare", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-  )
+  p = ArgumentParser(prog="bertjax prepare", description=__doc__.split("\n")[0])
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument(
       "--input",
@@ -47,33 +43,36 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument(
       "--num-shards",
-      type=int,
+      type=positive_int,
       default=d.num_shards,
       help="train shards (per worker); at least the number of training hosts",
   )
   p.add_argument(
       "--eval-fraction",
-      type=float,
+      type=open_fraction,
       default=d.eval_fraction,
-      help="share of documents held out in eval-*.tfrecord",
+      help="share of documents held out in eval-*.tfrecord, in [0, 1)",
   )
   p.add_argument(
       "--eval-shards",
-      type=int,
+      type=positive_int,
       default=d.eval_shards,
       help="eval shards (per worker); at least the number of hosts",
   )
-  p.add_argument("--worker-index", type=int, default=d.worker_index)
-  p.add_argument("--num-workers", type=int, default=d.num_workers)
+  p.add_argument("--worker-index", type=nonneg_int, default=d.worker_index)
+  p.add_argument("--num-workers", type=positive_int, default=d.num_workers)
   p.add_argument(
-      "--processes", type=int, default=d.processes, help="tokenizer processes on this machine"
+      "--processes",
+      type=positive_int,
+      default=d.processes,
+      help="tokenizer processes on this machine",
   )
-  p.add_argument("--max-line-chars", type=int, default=d.max_line_chars)
-  p.add_argument("--max-doc-sentences", type=int, default=d.max_doc_sentences)
+  p.add_argument("--max-line-chars", type=positive_int, default=d.max_line_chars)
+  p.add_argument("--max-doc-sentences", type=positive_int, default=d.max_doc_sentences)
   p.add_argument("--no-progress", action="store_true")
   p.add_argument(
       "--seed",
-      type=int,
+      type=nonneg_int,
       default=d.seed,
       help="seed of the document shuffle over the corpus (same seed, same shards)",
   )
@@ -85,8 +84,44 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def flag_names(
+    parser: argparse.ArgumentParser, prefix: str, renames: dict[str, str] | None = None
+) -> dict[str, str]:
+  """{library word: flag} for `reword`: `PREFIX.field=` -> `--flag `, `PREFIX.field` ->
+  `--flag`, and `PREFIX.field=True` -> `--flag` for a switch. `renames`: {dest: field} where
+  they differ (dest "input" for the field "inputs")."""
+  out = {}
+  for action in parser._actions:
+    if not action.option_strings or action.dest == "help":
+      continue
+    flag = max(action.option_strings, key=len)
+    field = f"{prefix}.{(renames or {}).get(action.dest, action.dest)}"
+    if isinstance(action, argparse._StoreTrueAction):
+      out[f"{field}=True"] = flag
+    out[f"{field}="] = f"{flag} "
+    out[field] = flag
+  return out
+
+
+def reword(error: errors.UserError, names: dict[str, str]) -> errors.UserError:
+  """The library's error in the command line's words: config fields become their flags."""
+  message = str(error)
+  pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+  if names and re.search(pattern, message):
+    error.args = (re.sub(pattern, lambda m: names[m.group(0)], message),)
+  return error
+
+
 def main(argv: list[str]) -> int:
-  args = _parser().parse_args(argv)
+  parser = _parser()
+  args = parser.parse_args(argv)
+  if args.worker_index >= args.num_workers:
+    raise errors.ConfigError(
+        f"--worker-index {args.worker_index} must be < --num-workers {args.num_workers} "
+        "(workers are numbered from 0)"
+    )
+  if args.tfds_data_dir and not args.tfds:
+    raise errors.UsageError("--tfds-data-dir goes with --tfds NAME; drop it for --input files")
   cfg = prepare_lib.PrepareConfig(
       output=args.output,
       tokenizer=args.tokenizer,
@@ -108,9 +143,8 @@ def main(argv: list[str]) -> int:
   )
   try:
     meta = prepare_lib.prepare(cfg)
-  except (ValueError, OSError, KeyError) as e:
-    print(f"bertjax prepare: {e}", file=sys.stderr)
-    return 1
+  except errors.UserError as e:  # reworded, and left for the command line to report
+    raise reword(e, flag_names(parser, "PrepareConfig", {"input": "inputs"}))
   summary = {
       k: meta[k]
       for k in ("documents", "sentences", "tokens", "skipped", "repaired", "warnings", "seconds")

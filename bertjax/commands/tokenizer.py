@@ -1,31 +1,48 @@
 """`bertjax tokenizer`: train or inspect a SentencePiece tokenizer with BERT's special tokens.
 
 bertjax tokenizer train --input data/austen.txt --vocab-size 8000 --output data/tokenizer
-bertjax tokenizer encode --model data/tokenizer.model "It is a truth universally acknowledged"
-bertjax tokenizer info --model data/tokenizer.model
+bertjax tokenizer encode --tokenizer data/tokenizer.model "It is a truth universally acknowledged"
+bertjax tokenizer info --tokenizer data/tokenizer.model
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 
-from bertjax.commands.args import HelpFormatter
-from bertjax.data import tokenizer as tokenizer_lib
+from bertjax import errors
+from bertjax.commands.args import ArgumentParser, fraction, positive_int
+from bertjax.commands.prepare import reword
+from bertjax.data import tokenizer as tokenizer_lib, wordpiece
 
-# The library is imported inside the functions below, not at the top: `--help` and flag
-# errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+# The library's words for what this command's flags set (`reword`).
+_FLAGS = {
+    "TrainOptions.vocab_size=": "--vocab-size ",
+    "TrainOptions.vocab_size": "--vocab-size",
+    "TrainOptions.character_coverage=": "--character-coverage ",
+    "TrainOptions.character_coverage": "--character-coverage",
+    "TrainOptions.model_type=": "--model-type ",
+    "output_prefix": "--output",
+    "overwrite=True": "--overwrite",
+}
+
+
+def _add_tokenizer(p: argparse.ArgumentParser) -> None:
+  p.add_argument(
+      "--tokenizer",
+      "--model",
+      dest="tokenizer",
+      required=True,
+      metavar="PREFIX.model|vocab.txt",
+      help="SentencePiece model or WordPiece vocab.txt (--model is the older spelling)",
+  )
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax tokenizer", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-  )
+  p = ArgumentParser(prog="bertjax tokenizer", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="action", required=True)
-  t = sub.add_parser(
-      "train", help="train PREFIX.model + PREFIX.vocab", formatter_class=HelpFormatter
-  )
+  t = sub.add_parser("train", help="train PREFIX.model + PREFIX.vocab")
   t.add_argument(
       "--input",
       nargs="+",
@@ -33,15 +50,22 @@ def _parser() -> argparse.ArgumentParser:
       metavar="FILE_OR_GLOB",
       help="text files, one sentence per line",
   )
-  t.add_argument("--vocab-size", type=int, default=8000)
+  t.add_argument(
+      "--vocab-size",
+      type=positive_int,
+      default=None,
+      help=f"pieces, special ones included; exact when given: a corpus that supports fewer is "
+      f"an error giving the most it does (default: {tokenizer_lib.DEFAULT_VOCAB_SIZE}, or "
+      "the most the corpus supports if fewer; printed)",
+  )
   t.add_argument("--output", required=True, metavar="PREFIX")
   t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
   t.add_argument(
       "--character-coverage",
-      type=float,
+      type=fraction,
       default=None,
-      help="share of character occurrences given their own piece (default: 1.0 "
-      "when every character fits in the vocabulary, else chosen so that "
+      help=f"share of character occurrences given their own piece, {tokenizer_lib.MIN_COVERAGE} "
+      "to 1 (default: 1.0 when every character fits in the vocabulary, else chosen so that "
       "characters fill 70%% of it; printed)",
   )
   t.add_argument(
@@ -49,56 +73,61 @@ def _parser() -> argparse.ArgumentParser:
       action="store_true",
       help="uncovered characters become [UNK] instead of UTF-8 byte pieces",
   )
-  e = sub.add_parser(
-      "encode", help="print the pieces and ids of some text", formatter_class=HelpFormatter
+  t.add_argument(
+      "--overwrite",
+      action="store_true",
+      help="replace an existing PREFIX.model and PREFIX.vocab (else an error)",
   )
-  e.add_argument("--model", required=True)
+  e = sub.add_parser("encode", help="print the pieces and ids of some text")
+  _add_tokenizer(e)
   e.add_argument("text", nargs="+")
-  i = sub.add_parser(
-      "info",
-      help="print vocab size, checksum and special tokens as JSON",
-      formatter_class=HelpFormatter,
-  )
-  i.add_argument("--model", required=True)
+  i = sub.add_parser("info", help="print vocab size, checksum and special tokens as JSON")
+  _add_tokenizer(i)
   return p
+
+
+def _train(args: argparse.Namespace) -> None:
+  options = tokenizer_lib.TrainOptions(
+      vocab_size=args.vocab_size,
+      model_type=args.model_type,
+      character_coverage=args.character_coverage,
+      byte_fallback=not args.no_byte_fallback,
+  )
+  try:
+    tok = tokenizer_lib.train_tokenizer(args.input, args.output, options, args.overwrite)
+  except errors.UserError as e:  # reworded, and left for the command line to report
+    raise reword(e, _FLAGS)
+  print(
+      f"wrote {args.output}.model and {args.output}.vocab: vocab_size "
+      f"{tok.vocab_size}, sha256 {tok.sha256[:16]}"
+  )
+
+
+def _load(path: str):
+  if not os.path.exists(path) and os.path.isfile(path + ".model"):
+    raise errors.InputNotFoundError(
+        f"--tokenizer {path}: no such file — did you mean {path}.model?"
+    )
+  return wordpiece.load_tokenizer(path)
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  try:
-    if args.action == "train":
-      options = tokenizer_lib.TrainOptions(
-          vocab_size=args.vocab_size,
-          model_type=args.model_type,
-          character_coverage=args.character_coverage,
-          byte_fallback=not args.no_byte_fallback,
-      )
-      tok = tokenizer_lib.train_tokenizer(args.input, args.output, options)
-      print(
-          f"wrote {args.output}.model and {args.output}.vocab: vocab_size "
-          f"{tok.vocab_size}, sha256 {tok.sha256[:16]}"
-      )
-    elif args.action == "encode":
-      tok = tokenizer_lib.SentencePieceTokenizer(args.model)
-      ids = tok.encode(" ".join(args.text))
-      print(" ".join(tok.id_to_piece(i) for i in ids))
-      print(" ".join(map(str, ids)))
-    else:
-      tok = tokenizer_lib.SentencePieceTokenizer(args.model)
-      print(
-          json.dumps(
-              {
-                  "path": str(tok.path),
-                  "vocab_size": tok.vocab_size,
-                  "sha256": tok.sha256,
-                  "special_tokens": dict(
-                      zip(tokenizer_lib.SPECIAL_PIECES, range(tokenizer_lib.NUM_SPECIAL))
-                  ),
-              },
-              indent=2,
-          )
-      )
-  except (ValueError, OSError) as e:
-    print(f"bertjax tokenizer: {e}", file=sys.stderr)
-    return 1
+  if args.action == "train":
+    _train(args)
+    return 0
+  tok = _load(args.tokenizer)
+  if args.action == "encode":
+    ids = tok.encode(" ".join(args.text))
+    print(" ".join(tok.id_to_piece(i) for i in ids))
+    print(" ".join(map(str, ids)))
+    return 0
+  special = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)
+  info = {
+      "path": str(tok.path),
+      "vocab_size": tok.vocab_size,
+      "sha256": tok.sha256,
+      "special_tokens": {tok.id_to_piece(i): i for i in special},
+  }
+  print(json.dumps(info, indent=2))
   return 0

@@ -1,14 +1,22 @@
 """Data layer: corpus preparation, the MLM/NSP example stream, and inspection.
 
+    tokenizer.py    SentencePiece with BERT's special ids: loading, training (`tokenizer train`)
+    coverage.py     which characters of a corpus get their own piece
+    wordpiece.py    WordPiece from a BERT vocab.txt; `load_tokenizer` picks either kind
     text.py         cleaning raw lines and rule-based sentence splitting
     records.py      the shard format (TFRecord of tokenized documents), metadata.json, and the
                     plain-Python reader
     tf_reader.py    the stream's default shard reader: tf.data, same documents in the same order
-    prepare.py      `bertjax prepare`: streaming, multi-process text/TFDS -> shards
+    prepare.py      `bertjax prepare`: checks, then streaming, multi-process text/TFDS -> shards
+    corpus.py       reading the inputs: globs, decompression, chunks cut at document boundaries
+    encode.py       prepare's per-chunk work in a process pool: documents, tokens, records
+    shuffle.py      prepare's external shuffle over the whole corpus, and the shard writers
+    bundled.py      the bundled corpus and tokenizer (data/), prepared once for demo/pretrain
     instances.py    google-research/bert's segment pairing (nsp / sop / none) and truncation
     masking.py      counter-based RNG and vectorised MLM masking
     synthetic.py    TensorFlow-free random batches, independent of the number of hosts
-    pretraining.py  `make_stream`, `InputConfig`, global batches and device prefetch
+    pretraining.py  `make_stream`, `InputConfig`: the endless, resumable MLM/NSP stream
+    prefetch.py     host batches -> global device arrays, built ahead in a thread
     inspect.py      `bertjax data preview` / `bertjax data stats`
 
 Preparing text files and the synthetic source never import TensorFlow (TFDS input does); the

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from bertjax import errors
+
 Document = Sequence[np.ndarray]  # sentences of int32 token ids
 
 
@@ -127,7 +129,7 @@ def create_instances(
   """All instances of document `others[current]`; NotNext segments come from a uniformly
   random other document of `others` (the stream passes a block of shuffled documents)."""
   if spec.pair_mode not in ("nsp", "sop", "none"):
-    raise ValueError(f"pair_mode {spec.pair_mode!r}: valid options are nsp, sop, none")
+    raise errors.ConfigError(f"pair_mode {spec.pair_mode!r}: valid options are nsp, sop, none")
   doc = others[current]
   out: list[Instance] = []
 

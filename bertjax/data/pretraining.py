@@ -34,16 +34,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
-import queue
 import random
-import sys
-import threading
-import time
 from typing import Iterator
 
-import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import (
     instances as instances_lib,
     masking,
@@ -52,6 +48,10 @@ from bertjax.data import (
     tf_reader,
     wordpiece,
 )
+
+# Moving the stream's batches to the devices (prefetch.py); importable from here, where the
+# stream's callers have always found them.
+from bertjax.data.prefetch import Prefetcher, global_batch, prefetch_to_device  # noqa: F401
 
 FEATURES = (
     "input_ids",
@@ -89,22 +89,48 @@ def _check(
     cfg: InputConfig, global_batch_size: int, process_index: int, process_count: int, split: str
 ) -> None:
   if cfg.source not in ("prepared", "synthetic"):
-    raise ValueError(f"source {cfg.source!r}: valid options are 'prepared', 'synthetic'")
+    raise errors.ConfigError(
+        f"InputConfig.source={cfg.source!r}: valid options are 'prepared', 'synthetic'"
+    )
   if cfg.reader not in ("tf.data", "python"):
-    raise ValueError(f"InputConfig.reader {cfg.reader!r}: valid options are 'tf.data', " "'python'")
+    raise errors.ConfigError(
+        f"InputConfig.reader {cfg.reader!r}: valid options are 'tf.data', 'python'"
+    )
   if cfg.pair_mode not in ("nsp", "sop", "none"):
-    raise ValueError(f"pair_mode {cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'")
-  if cfg.seq_len < (5 if cfg.pair_mode != "none" else 3):
-    raise ValueError(f"seq_len {cfg.seq_len} is too short for pair_mode {cfg.pair_mode!r}")
+    raise errors.ConfigError(
+        f"InputConfig.pair_mode={cfg.pair_mode!r}: valid options are 'nsp', 'sop', 'none'"
+    )
+  need = 5 if cfg.pair_mode != "none" else 3  # [CLS] A [SEP] B [SEP], or [CLS] A [SEP]
+  if cfg.seq_len < need:
+    raise errors.ConfigError(
+        f"InputConfig.seq_len={cfg.seq_len} is too short for pair_mode {cfg.pair_mode!r}: "
+        f"it must be >= {need}"
+    )
+  if cfg.max_predictions_per_seq < 1:
+    raise errors.ConfigError(
+        f"InputConfig.max_predictions_per_seq={cfg.max_predictions_per_seq} must be >= 1"
+    )
+  for name in ("mask_prob", "short_seq_prob", "mask_token_prob", "random_token_prob"):
+    if not 0.0 <= getattr(cfg, name) <= 1.0:
+      raise errors.ConfigError(f"InputConfig.{name}={getattr(cfg, name)} must be in [0, 1]")
+  if cfg.mask_token_prob + cfg.random_token_prob > 1.0:
+    raise errors.ConfigError(
+        f"InputConfig.mask_token_prob + random_token_prob = "
+        f"{cfg.mask_token_prob + cfg.random_token_prob:g} must be <= 1"
+    )
+  if cfg.shuffle_buffer < 1:
+    raise errors.ConfigError(f"InputConfig.shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
+  if global_batch_size < 1:
+    raise errors.ConfigError(f"global_batch_size {global_batch_size} must be >= 1")
   if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    raise errors.ConfigError(f"process_index {process_index} not in [0, {process_count})")
   if global_batch_size % process_count:
-    raise ValueError(
+    raise errors.ConfigError(
         f"global_batch_size {global_batch_size} is not divisible by "
         f"process_count {process_count}"
     )
   if split not in ("train", "eval"):
-    raise ValueError(f"split {split!r}: valid options are 'train', 'eval'")
+    raise errors.ConfigError(f"split {split!r}: valid options are 'train', 'eval'")
 
 
 def _fingerprint(
@@ -338,14 +364,22 @@ def host_shards(
   shards = records.split_shards(meta, cfg.path, split)
   for i, shard in enumerate(shards):
     shard["id"] = i  # stable across host counts: part of every example's identity
+  if not shards:
+    fix = (
+        "prepare it again: the corpus gave no training document"
+        if split == "train"
+        else f"none of its documents is held out (eval_fraction {meta.get('eval_fraction', 0):g})"
+        " — read the train split, or prepare it again with a larger `--eval-fraction`"
+    )
+    raise errors.ConfigError(f"{cfg.path}: no {split} shard — {fix}")
   if len(shards) < process_count:
-    raise ValueError(
+    raise errors.ConfigError(
         f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
-        f"{process_count} hosts; every host needs at least one file: prepare "
+        f"{process_count} hosts; every host needs at least one file — prepare it again "
         + (
-            f"with --num-shards >= {process_count}"
+            f"with `--num-shards {process_count}` or more"
             if split == "train"
-            else f"with --eval-fraction > 0 and --eval-shards >= {process_count}"
+            else f"with `--eval-shards {process_count}` or more"
         )
     )
   return meta, shards[process_index::process_count]
@@ -367,13 +401,13 @@ def make_stream(
   state = dict(state or {})
   mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
   if mismatched:
-    raise ValueError(
+    raise errors.ConfigError(
         "input state was saved with different settings "
         f"(saved, now): {mismatched}; resume with the same config and hosts"
     )
   if cfg.source == "synthetic":
     if not cfg.vocab_size:
-      raise ValueError("source 'synthetic' needs InputConfig.vocab_size")
+      raise errors.ConfigError("source 'synthetic' needs InputConfig.vocab_size")
     word_start = synthetic.word_start_table(cfg.vocab_size)
     return SyntheticStream(
         cfg,
@@ -386,7 +420,7 @@ def make_stream(
   vocab_size = meta["tokenizer"]["vocab_size"]
   # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
   if cfg.vocab_size and cfg.vocab_size < vocab_size:
-    raise ValueError(
+    raise errors.ConfigError(
         f"InputConfig.vocab_size={cfg.vocab_size} but {cfg.path} was "
         f"tokenized with vocab_size={vocab_size}; the model needs >= that"
     )
@@ -397,98 +431,3 @@ def make_stream(
 
   spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
   return PreparedStream(cfg, spec, shards, rows, fingerprint, state, _reader(cfg))
-
-
-def _feature_sharding(sharding, name: str, ndim: int):
-  """Per-feature sharding: a dict, or one NamedSharding whose first axis is the batch."""
-  if isinstance(sharding, dict):
-    return sharding[name]
-
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    batch_axis = sharding.spec[0] if len(sharding.spec) else None
-    spec = jax.sharding.PartitionSpec(batch_axis, *([None] * (ndim - 1)))
-    return jax.sharding.NamedSharding(sharding.mesh, spec)
-  return sharding
-
-
-def global_batch(batch: dict[str, np.ndarray], sharding) -> dict:
-  """Host-local rows -> global jax.Arrays of global_batch_size rows on `sharding`."""
-  out = {}
-  for name, local in batch.items():
-    global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
-    out[name] = jax.make_array_from_process_local_data(
-        _feature_sharding(sharding, name, local.ndim), local, global_shape
-    )
-  return out
-
-
-class Prefetcher:
-  """Iterator of global batches, `size` ahead, built by a background thread.
-
-  The thread draws host batches and starts their transfer while the device runs the current
-  step. `get_state()` is the input state *after the last batch handed out* (not after the
-  ones prefetched), which is what a checkpoint must store.
-  """
-
-  def __init__(self, iterator, sharding, size: int = 2):
-    self._it, self._sharding = iterator, sharding
-    self._queue: queue.Queue = queue.Queue(maxsize=max(1, size))
-    self._state = iterator.get_state() if hasattr(iterator, "get_state") else None
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._produce, daemon=True)
-    self._thread.start()
-
-  def _produce(self) -> None:
-    try:
-      for host_batch in self._it:
-        state = self._it.get_state() if hasattr(self._it, "get_state") else None
-        item = (global_batch(host_batch, self._sharding), state, None)
-        while not self._stop.is_set():
-          try:
-            self._queue.put(item, timeout=0.1)
-            break
-          except queue.Full:
-            continue
-        if self._stop.is_set():
-          return
-    except BaseException as e:  # surfaced in the consumer, not lost in the thread
-      self._queue.put((None, None, e))
-      return
-    self._queue.put((None, None, StopIteration()))
-
-  def __iter__(self) -> "Prefetcher":
-    return self
-
-  def __next__(self) -> dict:
-    batch, state, error = self._queue.get()
-    if error is not None:
-      raise error
-    self._state = state
-    return batch
-
-  def get_state(self) -> dict | None:
-    return self._state
-
-  def close(self, timeout: float = 60.0) -> None:
-    """Stop the producer and wait for it.
-
-    A daemon thread still inside TensorFlow or XLA when the interpreter exits aborts the
-    process ("terminate called ... exception not rethrown"), so the thread is joined here.
-    """
-    self._stop.set()
-    deadline = time.monotonic() + timeout
-    while self._thread.is_alive() and time.monotonic() < deadline:
-      try:  # make room for a producer blocked on a full queue
-        self._queue.get_nowait()
-      except queue.Empty:
-        pass
-      self._thread.join(timeout=0.1)
-    if self._thread.is_alive():
-      print(
-          f"warning: the input prefetch thread did not stop within {timeout:.0f} s", file=sys.stderr
-      )
-
-
-def prefetch_to_device(iterator, sharding, size: int = 2) -> Prefetcher:
-  """Global jax.Array batches from a host-batch iterator, overlapping host and device."""
-  return Prefetcher(iterator, sharding, size)

@@ -22,10 +22,13 @@ from typing import Iterator
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "eval")
+# The fix for a damaged shard or metadata file, appended to its error.
+_REPREPARE = " — copy it again, or prepare the data again with `bertjax prepare ... --overwrite`"
 
 
 def shard_name(split: str, index: int, total: int) -> str:
@@ -129,7 +132,7 @@ def _fields(buf: memoryview):
       n = 8 if wire == 1 else 4
       value, pos = bytes(buf[pos : pos + n]), pos + n
     else:
-      raise ValueError(f"unsupported protobuf wire type {wire}")
+      raise errors.BadInputError(f"not a tf.train.Example: unsupported protobuf wire type {wire}")
     yield number, wire, value
 
 
@@ -186,16 +189,18 @@ def read_records(path: str, start: int = 0) -> Iterator[bytes]:
       if not header:
         return
       if len(header) < 12:
-        raise ValueError(f"{path}: truncated record header after record {index}")
+        raise errors.BadInputError(
+            f"{path}: truncated record header after record {index}{_REPREPARE}"
+        )
       n = int.from_bytes(header[:8], "little")
       if header[8:12] != _masked_crc(header[:8]):
-        raise ValueError(f"{path}: corrupt length of record {index}")
+        raise errors.BadInputError(f"{path}: corrupt length of record {index}{_REPREPARE}")
       if index < start:
         f.seek(n + 4, 1)
       else:
         data = f.read(n + 4)
         if len(data) < n + 4:
-          raise ValueError(f"{path}: truncated record {index}")
+          raise errors.BadInputError(f"{path}: truncated record {index}{_REPREPARE}")
         yield data[:n]
       index += 1
 
@@ -233,8 +238,22 @@ def _merge(parts: list[dict]) -> dict:
   merged["shards"] = [s for p in parts for s in p["shards"]]
   merged["examples_of_problems"] = [e for p in parts for e in p.get("examples_of_problems", [])]
   if len({p["tokenizer"]["sha256"] for p in parts}) > 1:
-    raise ValueError("metadata parts were prepared with different tokenizers")
+    names = [f"metadata-{p['worker_index']:05d}" for p in parts]
+    raise errors.BadInputError(
+        f"the workers' metadata ({', '.join(names)}) name different tokenizers — prepare "
+        "every worker's part with the same tokenizer"
+    )
   return merged
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    meta = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise errors.BadInputError(f"{path}: not valid JSON ({e}){_REPREPARE}") from None
+  if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
+    raise errors.BadInputError(f"{path}: not the metadata of prepared data{_REPREPARE}")
+  return meta
 
 
 def load_metadata(data_dir: str | os.PathLike) -> dict:
@@ -242,18 +261,20 @@ def load_metadata(data_dir: str | os.PathLike) -> dict:
   data_dir = pathlib.Path(data_dir)
   single = data_dir / "metadata.json"
   if single.is_file():
-    return json.loads(single.read_text())
+    return _read_json(single)
   parts = sorted(glob.glob(str(data_dir / "metadata-*-of-*.json")))
   if not parts:
-    raise FileNotFoundError(
-        f"{data_dir}: no metadata.json; prepare the data with " "`bertjax prepare --output DIR`"
+    what = "no such directory" if not data_dir.is_dir() else "no metadata.json in it"
+    raise errors.InputNotFoundError(
+        f"{data_dir}: {what}, so not data prepared by `bertjax prepare` — prepare it with "
+        f"`bertjax prepare --output {data_dir}`"
     )
-  metas = [json.loads(pathlib.Path(p).read_text()) for p in parts]
+  metas = [_read_json(pathlib.Path(p)) for p in parts]
   expected = metas[0]["num_workers"]
   have = sorted(m["worker_index"] for m in metas)
   if have != list(range(expected)):
     missing = sorted(set(range(expected)) - set(have))
-    raise FileNotFoundError(
+    raise errors.InputNotFoundError(
         f"{data_dir}: metadata of workers {missing} of {expected} is "
         "missing; run `bertjax prepare --worker-index K` for them"
     )
@@ -287,13 +308,13 @@ def check_shards(meta: dict, data_dir: str | os.PathLike) -> None:
       continue
     path = pathlib.Path(data_dir) / s["file"]
     if not path.is_file():
-      raise FileNotFoundError(
+      raise errors.InputNotFoundError(
           f"{path}: missing, but {data_dir}/metadata.json lists it "
           "(an incomplete copy?); copy it again, or re-prepare with "
           "`bertjax prepare ... --overwrite`"
       )
     if "bytes" in s and path.stat().st_size != s["bytes"]:
-      raise ValueError(
+      raise errors.BadInputError(
           f"{path}: {path.stat().st_size:,} bytes, but metadata.json records "
           f"{s['bytes']:,} (truncated or replaced); copy it again, or "
           "re-prepare with `bertjax prepare ... --overwrite`"
@@ -303,7 +324,7 @@ def check_shards(meta: dict, data_dir: str | os.PathLike) -> None:
 def split_shards(meta: dict, data_dir: str | os.PathLike, split: str) -> list[dict]:
   """The shards of one split, sorted by name, each with its absolute `path`."""
   if split not in SPLITS:
-    raise ValueError(f"split {split!r}: valid options are {SPLITS}")
+    raise errors.ConfigError(f"split {split!r}: valid options are {SPLITS}")
   shards = sorted(
       (s for s in meta["shards"] if s["split"] == split and s["documents"] > 0),
       key=lambda s: s["file"],

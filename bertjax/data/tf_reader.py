@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from bertjax import errors
+
 Document = tuple[int, int, list[np.ndarray]]  # (shard id, record number, int32 sentences)
 EPOCHS_PER_PIPELINE = 64  # epochs per tf.data pipeline; a new one is built after them
 
@@ -169,7 +171,7 @@ def read_blocks(
       except tf.errors.OpError as e:  # e.g. a truncated or corrupted shard
         message = e.message.strip().splitlines()[0]
         names = sorted({s["path"] for s in shards})
-        raise ValueError(
+        raise errors.BadInputError(
             f"tf.data could not read the shards {names}: {message}; "
             "InputConfig(reader='python') names the file and record"
         ) from None

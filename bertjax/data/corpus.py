@@ -1,0 +1,272 @@
+"""Reading a raw corpus: input files and globs, compressed or not, cut into chunks of documents.
+
+`expand_inputs` turns the user's files and globs into files, with one-line errors for a
+pattern that matches nothing, a directory or an unreadable file. `open_input` decompresses
+gzip, bzip2 and xz by content, whatever the name; `is_binary` tells text from other bytes.
+`file_chunks` cuts a file into pieces of about `chunk_bytes` at document boundaries (a blank
+line), so a worker process can clean and tokenize each on its own; a document over `max_doc`
+bytes, even a single line, is cut into several, so no line is ever held whole. `Tasks` is
+`prepare`'s sequence of such chunks for one worker, from files or from a TFDS dataset; its
+constructor checks the whole input before anything is written.
+"""
+
+from __future__ import annotations
+
+import bz2
+import dataclasses
+import glob
+import gzip
+import lzma
+import os
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from bertjax import errors
+from bertjax.data import text
+
+if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
+  from bertjax.data.prepare import PrepareConfig
+
+# Magic numbers of the compressed formats `open_input` reads (bzip2: "BZh", level, block magic).
+_GZIP, _BZIP2, _XZ = b"\x1f\x8b\x08", b"1AY&SY", b"\xfd7zXZ\x00"
+
+
+def expand_inputs(patterns: Sequence[str]) -> list[str]:
+  """Files of `patterns` (globs expanded, sorted); a pattern that gives no readable file is an
+  error naming it and why."""
+  files = []
+  for pattern in patterns:
+    matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    found = [m for m in matched if os.path.isfile(m)]
+    if not found:
+      if not glob.has_magic(pattern) and os.path.isdir(pattern):
+        raise errors.InputNotFoundError(
+            f"{pattern}: is a directory — name its files, e.g. '{os.path.join(pattern, '*.txt')}'"
+        )
+      what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
+      raise errors.InputNotFoundError(f"{pattern}: {what}")
+    for path in found:
+      if not os.access(path, os.R_OK):
+        raise errors.InputNotFoundError(f"{path}: not readable (permission denied)")
+    files.extend(found)
+  return files
+
+
+def compression(path: str) -> str | None:
+  """ "gzip", "bzip2" or "xz" when the file's content is compressed so, else None."""
+  with open(path, "rb") as f:
+    head = f.read(10)
+  if head.startswith(_GZIP):
+    return "gzip"
+  if head.startswith(b"BZh") and head[4:10] == _BZIP2:
+    return "bzip2"
+  if head.startswith(_XZ):
+    return "xz"
+  return None
+
+
+def open_input(path: str):
+  """An input file, decompressed when its content is gzip, bzip2 or xz, whatever its name."""
+  kind = compression(path)
+  if kind == "gzip":
+    return gzip.open(path, "rb")
+  if kind == "bzip2":
+    return bz2.open(path, "rb")
+  if kind == "xz":
+    return lzma.open(path, "rb")
+  return open(path, "rb")
+
+
+def read(f, n: int, path: str, line: int = 0) -> bytes:
+  """`f.read(n)`, with a corrupt or truncated compressed file as a one-line error."""
+  try:
+    return f.read(n)
+  except (OSError, EOFError, lzma.LZMAError) as e:
+    where = f"{path}:{line + 1}" if line else path
+    raise errors.BadInputError(
+        f"{where}: unreadable input ({e}) — if it is compressed, check it with gzip -t, "
+        "bzip2 -t or xz -t"
+    ) from None
+
+
+def is_binary(path: str) -> bool:
+  """Whether the first 64 KB (decompressed) are mostly not text: a third or more of the
+  characters invalid UTF-8 or control bytes other than whitespace."""
+  with open_input(path) as f:
+    sample = read(f, 1 << 16, path).decode("utf-8", errors="replace")
+  bad = sum(1 for c in sample if c == "\ufffd" or (c < " " and c not in "\t\n\r\f"))
+  return bad * 3 >= len(sample) > 0
+
+
+# A document (a stretch without a blank line) longer than this is cut into several, so that no
+# document or line is ever in memory whole, however long.
+MAX_DOC_BYTES = 1 << 20
+
+
+def _after_blank(buf: bytes, start: int, end: int) -> int:
+  """The position after the first newline of the last blank line in buf[start:end], or start."""
+  return max(buf.rfind(b"\n\n", start, end), buf.rfind(b"\n\r\n", start, end), start - 1) + 1
+
+
+def cut(buf: bytes, max_doc: int, final: bool) -> tuple[int, bool]:
+  """Where the next chunk of `buf` ends (0: read more), and whether that is inside a line.
+
+  After a blank line, as late as possible; but a document longer than `max_doc` is cut at its
+  last line end in its first `max_doc` bytes, else (a longer line) after the last space in
+  their second half, else between characters. The cuts depend on the text, not on the reads.
+  """
+  start = 0
+  while len(buf) - start > max_doc:
+    end = _after_blank(buf, start, start + max_doc)
+    if end == start:  # the document at `start` is longer than max_doc
+      break
+    start = end
+  else:
+    return (len(buf) if final else _after_blank(buf, start, len(buf))), False
+  if start:
+    return start, False
+  at = buf.rfind(b"\n", 0, max_doc) + 1
+  if at:
+    return at, False
+  at = buf.rfind(b" ", max_doc // 2, max_doc) + 1
+  if not at:
+    at = max_doc
+    while at > max_doc - 3 and buf[at] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+      at -= 1
+  return at, True
+
+
+def file_chunks(path: str, chunk_bytes: int, max_doc: int) -> Iterator[tuple[int, bytes, bool]]:
+  """(first line, bytes, starts inside a line) pieces of a file, cut by `cut`; at most
+  `chunk_bytes + max_doc` bytes of it are held."""
+  first_line, buf, continued = 0, b"", False
+  with open_input(path) as f:
+    while True:
+      block = read(f, chunk_bytes, path, first_line)
+      buf += block
+      while True:
+        end, inside = cut(buf, max_doc, final=not block)
+        if not end:
+          break
+        yield first_line, buf[:end], continued
+        first_line += buf.count(b"\n", 0, end)
+        buf, continued = buf[end:], inside
+      if not block:
+        return
+
+
+@dataclasses.dataclass
+class Task:
+  """One worker process's share of work: a chunk of a file, or a batch of TFDS records."""
+
+  source: str  # file name, or "tfds NAME:SPLIT"
+  first_line: int  # line (or record) number of the chunk's first line, 0-based
+  data: bytes | list[bytes]  # file chunk, or the texts of TFDS records
+  first_chunk: bool = True
+  continued: bool = False  # the chunk starts inside a line (cut from the previous chunk)
+
+
+class Tasks:
+  """The tasks of one worker, from files or a TFDS dataset.
+
+  The constructor checks the whole input before anything is written: every pattern matches a
+  readable file and some file is neither empty nor binary (those are skipped and counted), or
+  the TFDS dataset is prepared and has the text feature.
+  """
+
+  def __init__(self, cfg: "PrepareConfig"):
+    self.cfg = cfg
+    self.total_bytes = 0
+    self.files: list[str] = []
+    self.empty_files: list[str] = []
+    self.binary_files: list[str] = []
+    self._tfds = None
+    if cfg.tfds:
+      self._tfds = _open_tfds(cfg)
+      return
+    self.files = expand_inputs(cfg.inputs)
+    for path in self.files:
+      if os.path.getsize(path) == 0:
+        self.empty_files.append(path)
+      elif is_binary(path):
+        self.binary_files.append(path)
+    self.total_bytes = sum(os.path.getsize(f) for f in self.files)
+    if len(self.empty_files) + len(self.binary_files) == len(self.files):
+      raise no_documents(
+          [(p, text.EMPTY_FILE) for p in self.empty_files]
+          + [(p, text.BINARY_FILE) for p in self.binary_files]
+      )
+
+  def __iter__(self) -> Iterator[Task]:
+    return self._tfds_tasks() if self.cfg.tfds else self._file_tasks()
+
+  def _file_tasks(self) -> Iterator[Task]:
+    cfg, index = self.cfg, 0
+    skip = set(self.empty_files) | set(self.binary_files)
+    for path in self.files:
+      if path in skip:
+        continue
+      # A line of max_line_chars characters (<= 4 bytes each) is never cut, and the part
+      # of a cut line before the cut is longer than that, so the line is counted.
+      max_doc = max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+      for first_line, data, continued in file_chunks(path, cfg.chunk_bytes, max_doc):
+        # Chunks go round-robin to the workers, so even one big file is shared.
+        if index % cfg.num_workers == cfg.worker_index:
+          yield Task(
+              path, first_line, data, first_chunk=not (first_line or continued), continued=continued
+          )
+        index += 1
+
+  def _tfds_tasks(self) -> Iterator[Task]:
+    ds, source = self._tfds
+    key = self.cfg.tfds_text_key
+    batch, first = [], 0
+    for i, example in enumerate(ds.as_numpy_iterator()):
+      batch.append(example[key])
+      self.total_bytes += len(batch[-1])
+      if len(batch) == 256:
+        yield Task(source, first, batch)
+        batch, first = [], i + 1
+    if batch:
+      yield Task(source, first, batch)
+
+
+def _open_tfds(cfg: "PrepareConfig"):
+  """(dataset of this worker's part, source name), checked: the name, the prepared data and
+  the text feature, so that a mistake is found before anything is written."""
+  import tensorflow_datasets as tfds  # only for TFDS input: text files need no TensorFlow
+
+  name, _, split = cfg.tfds.partition(":")
+  split = split or "train"
+  try:
+    builder = tfds.builder(name, data_dir=cfg.tfds_data_dir)
+  except Exception as e:  # unknown name or version: tfds's own one-line message
+    raise errors.ConfigError(f"PrepareConfig.tfds={cfg.tfds}: {str(e).splitlines()[0]}") from None
+  part = tfds.even_splits(split, n=cfg.num_workers)[cfg.worker_index]
+  try:
+    ds = builder.as_dataset(split=part, shuffle_files=False)
+  except AssertionError:  # tfds's way of saying the data is not there
+    where = cfg.tfds_data_dir or "the default TFDS data_dir (~/tensorflow_datasets)"
+    raise errors.InputNotFoundError(
+        f"PrepareConfig.tfds={cfg.tfds}: not prepared in {where}; nothing is downloaded at run "
+        "time — download and prepare it with `tfds build` on a connected machine, then set "
+        "PrepareConfig.tfds_data_dir to its data_dir"
+    ) from None
+  except ValueError as e:  # an unknown split
+    raise errors.ConfigError(f"PrepareConfig.tfds={cfg.tfds}: {str(e).splitlines()[0]}") from None
+  features = getattr(ds, "element_spec", None)
+  if isinstance(features, dict) and cfg.tfds_text_key not in features:
+    raise errors.ConfigError(
+        f"PrepareConfig.tfds_text_key={cfg.tfds_text_key}: {cfg.tfds} has no such feature "
+        f"(it has {', '.join(sorted(features))}) — name the one holding the text"
+    )
+  return ds, f"tfds {name}:{part}"
+
+
+def no_documents(reasons: list[tuple[str, str]]) -> errors.BadInputError:
+  """The error for an input without a single document: each source and why (3 named)."""
+  shown = "; ".join(f"{source}: {reason}" for source, reason in reasons[:3])
+  more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+  return errors.BadInputError(
+      f"no document in the input ({shown}{more}) — give text with one sentence per line and "
+      "a blank line between documents"
+  )
