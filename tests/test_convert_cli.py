@@ -90,18 +90,70 @@ def test_through_bertjax_checkpoint(google_dir, tmp_path):
   _assert_same_logits(m, tmp_path / "hf2", seed=1)
 
 
+def _one_line(capsys) -> str:
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
 def test_help_and_errors(google_dir, tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     _run("--help")
   assert e.value.code == 0 and "--from" in capsys.readouterr().out
-  assert _run("--from", "google", tmp_path, "--to", "hf", tmp_path / "x") == 1
-  assert "no bert_model.ckpt.index" in capsys.readouterr().err
+  assert _run("--from", "google", tmp_path, "--to", "hf", tmp_path / "x") == 2
+  assert "no bert_model.ckpt.index" in _one_line(capsys)
   _, d = google_dir
   small = write_vocab(tmp_path / "big_vocab.txt", HF_CONFIG["vocab_size"] + 5)
-  assert _run("--from", "google", d, "--to", "hf", tmp_path / "x", "--vocab", small) == 1
-  assert "big_vocab.txt: 104 pieces but the model's vocab_size is 99" in capsys.readouterr().err
-  assert _run("--from", "hf", tmp_path, "--to", "hf", tmp_path / "x") == 1
-  assert "config.json: not found" in capsys.readouterr().err
+  assert _run("--from", "google", d, "--to", "hf", tmp_path / "x", "--vocab", small) == 2
+  assert "big_vocab.txt: 104 pieces but the model's vocab_size is 99" in _one_line(capsys)
+  assert _run("--from", "hf", tmp_path, "--to", "hf", tmp_path / "x") == 2
+  assert "config.json: not found" in _one_line(capsys)
+  assert _run("--from", "hf", tmp_path / "none", "--to", "hf", tmp_path / "x") == 2
+  assert "SRC " + str(tmp_path / "none") + ": no such file or directory" in _one_line(capsys)
+  assert _run("--from", "tf", d, "--to", "hf", tmp_path / "x") == 2
+  assert "argument --from: invalid choice: 'tf'" in _one_line(capsys)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["big_vocab.txt"]  # nothing written
+
+
+def test_existing_output_is_refused_unless_overwrite(google_dir, tmp_path, capsys):
+  m, d = google_dir
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "mine.txt").write_text("keep me")
+  assert _run("--from", "google", d, "--to", "hf", out) == 2
+  assert f"DST {out} already exists — pass --overwrite" in _one_line(capsys)
+  assert [p.name for p in out.iterdir()] == ["mine.txt"]
+  assert _run("--from", "google", d, "--to", "hf", out, "--overwrite") == 0
+  assert not (out / "mine.txt").exists()  # replaced, not merged
+  _assert_same_logits(m, out)
+  capsys.readouterr()  # transformers' loading bars
+  (tmp_path / "file").write_text("keep me")
+  assert _run("--from", "google", d, "--to", "bertjax", tmp_path / "file") == 2
+  assert "already exists" in _one_line(capsys)
+  assert (tmp_path / "file").read_text() == "keep me"
+  assert _run("--from", "google", d, "--to", "bertjax", d, "--overwrite") == 2
+  assert "holds SRC" in _one_line(capsys)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf"]
+
+
+def test_a_failure_midway_leaves_no_partial_output(google_dir, tmp_path, monkeypatch):
+  from bertjax.commands import convert as convert_cmd
+
+  _, d = google_dir
+  real = convert_cmd.write_hf_tokenizer
+
+  def fails(tok, dst, max_len):
+    real(tok, dst, max_len)
+    raise OSError("disk full")
+
+  monkeypatch.setattr(convert_cmd, "write_hf_tokenizer", fails)
+  with pytest.raises(OSError, match="disk full"):
+    _run("--from", "google", d, "--to", "hf", tmp_path / "hf")
+  (tmp_path / "old").mkdir()
+  (tmp_path / "old" / "mine.txt").write_text("keep me")
+  with pytest.raises(OSError, match="disk full"):
+    _run("--from", "google", d, "--to", "hf", tmp_path / "old", "--overwrite")
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["mine.txt", "old"]
 
 
 def test_save_hf_then_load_hf_keeps_the_config(google_dir, tmp_path):

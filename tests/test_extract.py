@@ -182,7 +182,7 @@ def test_default_layers_are_the_last_four_transformer_layers(hf_dir, input_file,
 @pytest.mark.slow
 def test_features_do_not_depend_on_batching(hf_dir):
   _, d = hf_dir
-  enc = encoder_lib.load_encoder(d, prefix="extract")
+  enc = encoder_lib.load_encoder(str(d))
   tok = enc.tokenizer
   examples = [features.make_example(i, l, tok, 32) for i, l in enumerate(LINES)]
   one = [x for _, x in features.extract(enc, examples, [-1], batch_size=1)]
@@ -230,43 +230,69 @@ def test_through_bertjax_checkpoint(hf_dir, input_file, tmp_path):
     np.testing.assert_allclose(np.load(out)[i, 0], hidden[-1, 0], atol=2e-5)
 
 
+def _one_line(capsys) -> str:
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1, lines
+  return lines[0]
+
+
 def test_errors(hf_dir, input_file, tmp_path, capsys):
   _, d = hf_dir
-  assert (
-      _extract(
-          "--init", d, "--input", input_file, "--layers", "-1,5", "--output", tmp_path / "x.npy"
-      )
-      == 1
-  )
-  assert "--layers: 5 is out of range for a 2-layer model" in capsys.readouterr().err
+  base = ("--init", d, "--input", input_file)
+  assert _extract(*base, "--layers", "-1,5", "--output", tmp_path / "x.npy") == 2
+  assert "--layers: 5 is out of range for a 2-layer model" in _one_line(capsys)
   for bad in ("2", "-3"):  # hidden_states indexes before; google's have L, not L + 1
-    assert (
-        _extract(
-            "--init", d, "--input", input_file, "--layers", bad, "--output", tmp_path / "x.npy"
-        )
-        == 1
-    )
-    assert f"--layers: {bad} is out of range" in capsys.readouterr().err
+    assert _extract(*base, "--layers", bad, "--output", tmp_path / "x.npy") == 2
+    assert f"--layers: {bad} is out of range" in _one_line(capsys)
+  assert _extract(*base, "--layers", "-1,embedding", "--output", tmp_path / "x.npy") == 2
+  assert "'embedding' is not a layer index or 'embeddings'" in _one_line(capsys)
+  assert _extract(*base, "--output", tmp_path / "x.txt") == 2
+  assert "use a .jsonl or .npy" in _one_line(capsys)
   assert (
-      _extract(
-          "--init",
-          d,
-          "--input",
-          input_file,
-          "--layers",
-          "-1,embedding",
-          "--output",
-          tmp_path / "x.npy",
-      )
-      == 1
+      _extract("--init", d, "--input", tmp_path / "none.txt", "--output", tmp_path / "x.npy") == 2
   )
-  assert "'embedding' is not a layer index or 'embeddings'" in capsys.readouterr().err
-  assert _extract("--init", d, "--input", input_file, "--output", tmp_path / "x.txt") == 1
-  assert "use a .jsonl or .npy" in capsys.readouterr().err
-  assert (
-      _extract("--init", d, "--input", tmp_path / "none.txt", "--output", tmp_path / "x.npy") == 1
-  )
-  assert "none.txt: no such file" in capsys.readouterr().err
+  assert "none.txt: no such file" in _one_line(capsys)
+  assert _extract(*base, "--output", tmp_path / "x.npy", "--max-seq-len", 1024) == 2
+  assert "--max-seq-len 1024 exceeds the model's max_position_embeddings" in _one_line(capsys)
+  assert _extract(*base, "--output", tmp_path / "x.npy", "--batch-size", -1) == 2
+  assert "argument --batch-size: '-1' must be >= 1" in _one_line(capsys)
+  assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no partial file
   with pytest.raises(SystemExit) as e:
     _extract("--help")
   assert e.value.code == 0 and "--layers" in capsys.readouterr().out
+
+
+def test_existing_output_is_refused_unless_overwrite(hf_dir, input_file, tmp_path, capsys):
+  _, d = hf_dir
+  out = tmp_path / "f.npy"
+  argv = ("--init", d, "--input", input_file, "--layers", "-1", "--output", out)
+  out.write_text("keep me")
+  assert _extract(*argv) == 2
+  assert f"--output {out} already exists — pass --overwrite" in _one_line(capsys)
+  assert out.read_text() == "keep me"
+  out.unlink()
+  out.with_suffix(".tokens.jsonl").write_text("keep me too")
+  assert _extract(*argv) == 2
+  assert "f.tokens.jsonl (the tokens beside --output) already exists" in _one_line(capsys)
+  assert not out.exists()
+  assert _extract(*argv, "--overwrite") == 0
+  assert np.load(out).shape == (len(LINES), 64, 1, HF_CONFIG["hidden_size"])  # 64 positions
+  assert len(out.with_suffix(".tokens.jsonl").read_text().splitlines()) == len(LINES)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["f.npy", "f.tokens.jsonl"]
+
+
+def test_a_failure_midway_leaves_no_partial_output(hf_dir, input_file, tmp_path, monkeypatch):
+  _, d = hf_dir
+  real = features.extract
+
+  def fails_after_one(*args, **kw):
+    for k, item in enumerate(real(*args, **kw)):
+      if k == 1:
+        raise RuntimeError("interrupted")
+      yield item
+
+  monkeypatch.setattr(features, "extract", fails_after_one)
+  for name in ("f.jsonl", "f.npy"):
+    with pytest.raises(RuntimeError, match="interrupted"):
+      _extract("--init", d, "--input", input_file, "--output", tmp_path / name)
+  assert list(tmp_path.iterdir()) == []

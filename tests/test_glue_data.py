@@ -157,8 +157,8 @@ def test_a_test_row_that_cannot_be_read_is_an_error(tmp_path, glue_dir, name, he
   (d / "test.tsv").write_text("\n".join(lines) + "\n")
   first = broken[0] + 2  # 1-based, after the header
   got = len(bad.format(i=0).split("\t"))
-  want = f"{d / 'test.tsv'}:{first}: {got} fields, expected {width}; every test row needs"
-  with pytest.raises(ValueError, match="^" + re.escape(want)):
+  want = f"{d / 'test.tsv'}:{first}: {got} fields, expected {width} — every test row needs"
+  with pytest.raises(tsv.GlueDataError, match="^" + re.escape(want)):
     tsv.load_tests(task, str(tmp_path))
   (d / "test.tsv").write_text(
       "\n".join(l for k, l in enumerate(lines) if k - 1 not in broken) + "\n\n"
@@ -170,7 +170,7 @@ def test_a_test_row_without_its_id_is_an_error(tmp_path):
   d = tmp_path / "RTE"
   d.mkdir()
   (d / "test.tsv").write_text("index\tsentence1\tsentence2\n0\ta\tb\n\tc\td\n")
-  with pytest.raises(ValueError, match=r"RTE/test.tsv:3: empty 'index' column"):
+  with pytest.raises(tsv.GlueDataError, match=r"RTE/test.tsv:3: empty 'index' column"):
     tsv.load_tests(tasks.TASKS["rte"], str(tmp_path))
 
 
@@ -282,3 +282,27 @@ def test_encode_with_the_sentencepiece_tokenizer():
   sep_a = int(np.argmax(row == tokenizer_lib.SEP_ID))
   assert (f.token_type_ids_NxL[0, : sep_a + 1] == 0).all()
   assert (f.token_type_ids_NxL[0, sep_a + 1 :] == 1).all()
+
+
+def test_check_task_reads_every_file_and_refuses_an_empty_split(tmp_path):
+  d = tmp_path / "SST-2"
+  d.mkdir()
+  (d / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+  (d / "dev.tsv").write_text("sentence\tlabel\nso so\tmaybe\n")
+  sst2 = tasks.TASKS["sst2"]
+  want = r"SST-2/dev.tsv: no usable rows \(1 skipped; first: SST-2/dev.tsv:2: label 'maybe'"
+  with pytest.raises(tsv.GlueDataError, match=want):
+    tsv.check_task(sst2, str(tmp_path))
+  (d / "dev.tsv").write_text("sentence\tlabel\nfine\t0\n")
+  tsv.check_task(sst2, str(tmp_path))
+  (d / "test.tsv").write_text("index\tsentence\n")  # a submission needs every test row
+  with pytest.raises(tsv.GlueDataError, match=r"SST-2/test.tsv: no usable rows \(0 skipped\)"):
+    tsv.check_task(sst2, str(tmp_path))
+
+
+def test_unknown_task_is_a_config_error():
+  from bertjax import errors
+
+  assert tasks.get("ax") is tasks.TASKS["mnli"]
+  with pytest.raises(errors.ConfigError, match="task 'sst3' is not a GLUE task — valid: cola"):
+    tasks.get("sst3")

@@ -76,10 +76,10 @@ def test_malformed_test_rows_stop_the_command_before_training(tmp_path, capsys, 
   assert _glue(tmp_path / "glue", tmp_path / "out") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [
-      f"glue: {d / 'test.tsv'}:7: 4 fields, expected 5; every test row needs a "
+      f"bertjax glue: {d / 'test.tsv'}:7: 4 fields, expected 5 — every test row needs a "
       "prediction, so the submission would be incomplete: fix this row"
   ]
-  assert not (tmp_path / "out" / "submission").exists()
+  assert not (tmp_path / "out").exists()  # nothing written: not even the output directory
 
 
 def test_writer_refuses_an_incomplete_or_invalid_submission(tmp_path):
@@ -134,6 +134,7 @@ def test_bad_train_rows_skipped_and_every_test_row_submitted(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "glue: mrpc: MRPC/train.tsv: skipped 1 malformed rows (first: line 3: 6 fields" in out
   assert "glue: mrpc: train 15, dev 8, test 23" in out
+  assert f"glue: results in {tmp_path / 'out' / 'results.json'} and results.md" in out
   lines = (tmp_path / "out" / "submission" / "MRPC.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and [l.split("\t")[0] for l in lines[1:]] == [
       str(i) for i in range(23)

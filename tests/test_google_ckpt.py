@@ -115,5 +115,13 @@ def test_errors_name_file_and_tensor(google_dir, tmp_path):
       convert.ConversionError, match="'bert/encoder/layer_1/attention/self/key/kernel' is missing"
   ):
     google_ckpt.load_google(tmp_path / "broken")
-  with pytest.raises(convert.ConversionError, match=r"nope.json: not found \(pass --bert-config\)"):
+  with pytest.raises(convert.ConversionError, match=r"nope.json: not found — a Google BERT"):
     google_ckpt.load_google(d, tmp_path / "nope.json")
+  (tmp_path / "list.json").write_text("[1, 2]")
+  with pytest.raises(
+      convert.ConversionError, match="list.json: a JSON object expected, found list"
+  ):
+    google_ckpt.load_google(d, tmp_path / "list.json")
+  (tmp_path / "partial.json").write_text('{"vocab_size": 99}')
+  with pytest.raises(convert.ConversionError, match="partial.json: field 'hidden_size' is missing"):
+    google_ckpt.load_google(d, tmp_path / "partial.json")

@@ -2,7 +2,9 @@
 both tokenizers satisfy."""
 
 import numpy as np
+import pytest
 
+from bertjax import errors
 from bertjax.data import tokenizer as tokenizer_lib, wordpiece
 from bertjax.tasks import extract, inputs
 from bertjax.tasks.glue import features
@@ -47,3 +49,12 @@ def test_every_task_packs_a_pair_the_same_way(tmp_path):
     assert ex.input_ids == ids and ex.token_type_ids == types
     f = features.encode(tok, features.Examples([a], [b], np.zeros(1, np.int32), ["0"]), 9)
     assert f.input_ids_NxL[0].tolist() == ids and f.token_type_ids_NxL[0].tolist() == types
+
+
+def test_a_window_without_room_for_text_names_the_argument(tmp_path):
+  sp, _ = _tokenizers(tmp_path)
+  assert inputs.segments([7], [8], 4, sp) == ([2, 7, 3, 3], [0, 0, 0, 1])  # B truncated away
+  with pytest.raises(
+      errors.ConfigError, match=r"max_seq_len=3 leaves no room for text .* at least 4"
+  ):
+    inputs.segments([7], [8], 3, sp)

@@ -27,8 +27,19 @@ def test_reader_docstart_blank_lines_and_malformed_lines():
       "train.txt:24: tag 'BAD-TAG' is not O or B-/I-/E-/S-TYPE",
   ]
   assert conll.label_list(s) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-ORG", "I-PER"]
-  with pytest.raises(conll.ConllError, match="no such file"):
+  with pytest.raises(conll.ConllError, match="missing.txt: no such file"):
     conll.read(os.path.join(FIXTURES, "missing.txt"))
+
+
+def test_a_file_without_sentences_names_its_first_bad_line(tmp_path):
+  path = tmp_path / "train.txt"
+  path.write_text("-DOCSTART- -X- O\n\nEU\nJohn PER\n")
+  want = r"train.txt: no sentences \(2 bad lines; first: train.txt:3: one column 'EU'"
+  with pytest.raises(conll.ConllError, match=want):
+    conll.read(str(path))
+  path.write_text("-DOCSTART- -X- O\n\n")
+  with pytest.raises(conll.ConllError, match="train.txt: no sentences — expected 'TOKEN ... TAG'"):
+    conll.read(str(path))
 
 
 def test_entities_iob1_and_iob2():

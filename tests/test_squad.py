@@ -125,8 +125,18 @@ def test_reader_skips_bad_questions_naming_file_and_id():
   assert 'question data[0].paragraphs[0].qas[4]: no "id"' in text
   assert "question q-founded: duplicate id" in text
   assert "question q-empty-context: its paragraph has no context" in text
-  with pytest.raises(data.SquadDataError, match='no top-level "data"'):
+  with pytest.raises(data.SquadDataError, match='not-squad.json: field "data" is missing'):
     data.read(os.path.join(FIXTURES, "not-squad.json"), "1.1", True)
+
+
+def test_reader_names_the_line_of_malformed_json(tmp_path):
+  path = tmp_path / "train.json"
+  path.write_text('{"data": [\n  {"paragraphs": [}\n]}')
+  with pytest.raises(data.SquadDataError, match=r"train.json:2: not valid JSON \(Expecting value"):
+    data.read(str(path), "1.1", True)
+  path.write_bytes(b'{"data": "\xff"}')
+  with pytest.raises(data.SquadDataError, match=r"train.json: not UTF-8 text \(byte 10\)"):
+    data.read(str(path), "1.1", True)
 
 
 def test_reader_v2_impossible_questions():
@@ -140,7 +150,7 @@ def test_reader_v2_impossible_questions():
   _, skipped = data.read(os.path.join(FIXTURES, "dev-v2.0.json"), "1.1", training=False)
   assert skipped == [
       "dev-v2.0.json: question d-closed: is_impossible is set, which v1.1 does "
-      "not have; run with --version 2.0"
+      "not have (read the file as version 2.0)"
   ]
 
 

@@ -8,17 +8,23 @@
 Pretraining heads (MLM, NSP) travel with the encoder, so a converted model can continue
 pretraining. The tokenizer goes along: `vocab.txt` (WordPiece) or `tokenizer.model`
 (SentencePiece).
+
+An existing DST is refused unless --overwrite. The output is written beside DST under a
+temporary name and renamed when complete, so a failed conversion leaves no partial model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands import args as args_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -35,9 +41,7 @@ _SPECIAL = {
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax convert", description=__doc__, formatter_class=HelpFormatter
-  )
+  p = args_lib.ArgumentParser(prog="bertjax convert", description=__doc__)
   p.add_argument(
       "--from",
       dest="src_kind",
@@ -49,12 +53,15 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("src", metavar="SRC", help="model directory or checkpoint prefix")
   p.add_argument("--to", dest="dst_kind", required=True, choices=TARGETS, help="format to write")
   p.add_argument("dst", metavar="DST", help="output directory")
+  p.add_argument("--overwrite", action="store_true", help="replace an existing DST")
   p.add_argument(
       "--bert-config",
-      help="bert_config.json for --from google " "(default: the one beside the checkpoint)",
+      help="bert_config.json for --from google (default: the one beside the checkpoint)",
   )
   p.add_argument(
+      "--tokenizer",
       "--vocab",
+      dest="tokenizer",
       help="tokenizer to record: vocab.txt or a SentencePiece .model "
       "(default: the one found in SRC)",
   )
@@ -68,12 +75,25 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def _find_vocab(kind: str, src: Path, explicit: str | None, recorded: str | None) -> Path | None:
+def _check_args(args) -> None:
+  """Paths and flags, before anything is read or written."""
+  src, dst = Path(args.src), Path(args.dst)
+  if not (src.exists() or Path(f"{src}.index").exists()):
+    raise errors.InputNotFoundError(f"SRC {src}: no such file or directory")
+  if args.bert_config and args.src_kind != "google":
+    raise errors.ConfigError("--bert-config: only for --from google")
+  for flag, path in (("--bert-config", args.bert_config), ("--tokenizer", args.tokenizer)):
+    if path and not Path(path).is_file():
+      raise errors.InputNotFoundError(f"{flag} {path}: no such file")
+  errors.refuse_existing(str(dst), args.overwrite, "DST")
+  src_dir = (src if src.is_dir() else src.parent).resolve()
+  if dst.resolve() == src_dir or dst.resolve() in src_dir.parents:
+    raise errors.ConfigError(f"DST {dst} holds SRC {src} — write the conversion elsewhere")
+
+
+def _find_vocab(src: Path, explicit: str | None, recorded: str | None) -> Path | None:
   if explicit:
-    path = Path(explicit)
-    if not path.is_file():
-      raise FileNotFoundError(f"--vocab {path}: no such file")
-    return path
+    return Path(explicit)
   if recorded:
     return Path(recorded)
   base = src if src.is_dir() else src.parent
@@ -92,17 +112,22 @@ def _load(args):
   if args.src_kind == "google":
     from bertjax.interop import google_ckpt
 
-    cfg, params = google_ckpt.load_google(src, args.bert_config)
+    config = args.bert_config
+    if not config:
+      config = Path(google_ckpt.find_checkpoint(src)).parent / google_ckpt.CONFIG_NAME
+      if not config.is_file():
+        raise errors.InputNotFoundError(
+            f"{config}: not found — pass --bert-config, the bert_config.json of this checkpoint"
+        )
+    cfg, params = google_ckpt.load_google(src, config)
   elif args.src_kind == "hf":
     cfg, params = convert_lib.load_hf(src)
-  elif args.src_kind == "bertjax":
-    from bertjax.training import checkpoint
-
-    loaded = checkpoint.load_pretrained(src)
-    cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
   else:
-    raise ValueError(f"--from {args.src_kind!r}; valid: {', '.join(SOURCES)}")
-  return cfg, params, _find_vocab(args.src_kind, src, args.vocab, recorded)
+    from bertjax.tasks import encoder as encoder_lib
+
+    loaded = encoder_lib.load_bertjax(src)
+    cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
+  return cfg, params, _find_vocab(src, args.tokenizer, recorded)
 
 
 def _check_tokenizer(vocab: Path, cfg, lower_case):
@@ -110,9 +135,9 @@ def _check_tokenizer(vocab: Path, cfg, lower_case):
 
   tok = wordpiece.load_tokenizer(vocab, lower_case)
   if tok.vocab_size > cfg.vocab_size:
-    raise ValueError(
+    raise errors.ConfigError(
         f"{vocab}: {tok.vocab_size} pieces but the model's vocab_size is "
-        f"{cfg.vocab_size}; pass the tokenizer this model was trained with (--vocab)"
+        f"{cfg.vocab_size} — pass the tokenizer this model was trained with (--tokenizer)"
     )
   return tok
 
@@ -184,71 +209,92 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
   return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
 
-def _save(args, cfg, params, vocab: Path | None, tok) -> None:
-  dst = Path(args.dst)
+def _save(args, out: Path, cfg, params, vocab: Path | None, tok) -> str:
+  """Write the model in --to's format into `out`; returns what was written."""
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib
 
-    convert_lib.save_hf(params, cfg, dst)
+    convert_lib.save_hf(params, cfg, out)
     written = ["config.json", "model.safetensors"]
     if tok is not None:
-      written += write_hf_tokenizer(tok, dst, cfg.max_position_embeddings)
-    print(f"convert: wrote {', '.join(written)} to {dst}")
-  elif args.dst_kind == "bertjax":
+      written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
+    return ", ".join(written)
+  if args.dst_kind == "bertjax":
     from bertjax.training import checkpoint
 
     checkpoint.save_pretrained(
-        dst, cfg, params, tokenizer_path=str(vocab) if vocab else None, step=0
+        str(out), cfg, params, tokenizer_path=str(vocab) if vocab else None, step=0
     )
     if tok is not None and hasattr(tok, "lower_case"):
       # vocab.txt does not say whether the model is uncased; this file beside it does, and
       # `wordpiece.load_tokenizer` reads it (as transformers does).
-      (dst / "tokenizer_config.json").write_text(
+      (out / "tokenizer_config.json").write_text(
           json.dumps({"do_lower_case": tok.lower_case}) + "\n"
       )
-    print(f"convert: wrote a bertjax checkpoint to {dst}")
-  elif args.dst_kind == "google":
-    from bertjax.interop import google_ckpt
+    return "a bertjax checkpoint"
+  from bertjax.interop import google_ckpt
 
-    is_wordpiece = vocab is not None and vocab.suffix == ".txt"
-    google_ckpt.save_google(params, cfg, dst, vocab if is_wordpiece else None)
-    if vocab is not None and not is_wordpiece:
-      shutil.copyfile(vocab, dst / "tokenizer.model")
-    print(f"convert: wrote {google_ckpt.CKPT_NAME}.*, {google_ckpt.CONFIG_NAME} to {dst}")
-  else:
-    raise ValueError(f"--to {args.dst_kind!r}; valid: {', '.join(TARGETS)}")
+  is_wordpiece = vocab is not None and vocab.suffix == ".txt"
+  google_ckpt.save_google(params, cfg, out, vocab if is_wordpiece else None)
+  if vocab is not None and not is_wordpiece:
+    shutil.copyfile(vocab, out / "tokenizer.model")
+  return f"{google_ckpt.CKPT_NAME}.*, {google_ckpt.CONFIG_NAME}"
+
+
+def _remove(path: Path) -> None:
+  if path.is_dir() and not path.is_symlink():
+    shutil.rmtree(path)
+  elif path.exists() or path.is_symlink():
+    path.unlink()
+
+
+def publish(dst: Path, write: Callable[[Path], str]) -> str:
+  """`write(tmp)` into a temporary directory beside `dst`, then rename it to `dst` (replacing
+  what is there: the caller has applied the overwrite policy). A failure leaves `dst` as it
+  was and no temporary directory behind."""
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
+  old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+  try:
+    what = write(tmp)
+    replacing = dst.exists() or dst.is_symlink()
+    if replacing:
+      dst.rename(old)
+    try:
+      tmp.rename(dst)
+    except BaseException:
+      if replacing:
+        old.rename(dst)
+      raise
+    if replacing:
+      _remove(old)
+  finally:
+    if tmp.exists() or tmp.is_symlink():
+      _remove(tmp)
+  return what
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.interop import convert as convert_lib
-  from bertjax.data import wordpiece
-
+  _check_args(args)
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
-  try:
-    print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
-    cfg, params, vocab = _load(args)
+  print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
+  cfg, params, vocab = _load(args)
+  print(
+      f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
+      f"vocab {cfg.vocab_size}",
+      flush=True,
+  )
+  tok = None
+  if vocab is not None:
+    tok = _check_tokenizer(vocab, cfg, lower_case)
+    print(f"convert: tokenizer {vocab} ({type(tok).__name__}, {tok.vocab_size} pieces)")
+  else:
     print(
-        f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
-        f"vocab {cfg.vocab_size}",
-        flush=True,
+        "convert: warning: no tokenizer found in SRC and no --tokenizer; the output has none",
+        file=sys.stderr,
     )
-    tok = None
-    if vocab is None:
-      print(
-          "convert: warning: no tokenizer found in SRC and no --vocab; the output has none",
-          file=sys.stderr,
-      )
-    else:
-      tok = _check_tokenizer(vocab, cfg, lower_case)
-      print(f"convert: tokenizer {vocab} ({type(tok).__name__}, {tok.vocab_size} pieces)")
-    _save(args, cfg, params, vocab, tok)
-  except (
-      convert_lib.ConversionError,
-      wordpiece.WordPieceError,
-      FileNotFoundError,
-      ValueError,
-  ) as e:
-    print(f"bertjax convert: error: {e}", file=sys.stderr)
-    return 1
+  dst = Path(args.dst)
+  what = publish(dst, lambda out: _save(args, out, cfg, params, vocab, tok))
+  print(f"convert: wrote {what} to {dst}")
   return 0

@@ -22,6 +22,9 @@ With --pooling cls|mean, "features" is replaced by "layers" (one pooled vector p
 The .npy output is float32: [N, K, H] pooled ([N, K*H] with --concat); per token
 [N, max_seq_len, K, H] ([N, max_seq_len, K*H]), zero past each line's tokens, which are listed
 in OUT.tokens.jsonl beside it.
+
+An existing output is refused unless --overwrite; outputs are written under temporary names
+and renamed when complete, so a failed run leaves none behind.
 """
 
 from __future__ import annotations
@@ -33,16 +36,16 @@ import re
 import sys
 from pathlib import Path
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands import args as args_lib
+from bertjax.commands import finetune_args
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax extract", description=__doc__, formatter_class=HelpFormatter
-  )
+  p = args_lib.ArgumentParser(prog="bertjax extract", description=__doc__)
   p.add_argument(
       "--init",
       required=True,
@@ -51,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--input", required=True, help="UTF-8 text file, one example per line")
   p.add_argument("--output", required=True, help="OUT.jsonl or OUT.npy")
+  p.add_argument(
+      "--overwrite", action="store_true", help="replace an existing output (and its tokens file)"
+  )
   p.add_argument(
       "--layers",
       default=None,
@@ -70,15 +76,22 @@ def _parser() -> argparse.ArgumentParser:
       help="one vector per example: [CLS] or the mean over its tokens "
       "(default: none, per token)",
   )
-  p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
+  p.add_argument(
+      "--batch-size", type=args_lib.positive_int, default=32, help="examples per forward pass"
+  )
   p.add_argument(
       "--max-seq-len",
-      type=int,
+      type=finetune_args.int_at_least(4, "[CLS] a [SEP] b [SEP]"),
       default=None,
       help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
       "(default: 128, or the model's max_position_embeddings if smaller)",
   )
-  p.add_argument("--vocab", help="tokenizer (vocab.txt or .model) if the checkpoint has none")
+  p.add_argument(
+      "--tokenizer",
+      "--vocab",
+      dest="tokenizer",
+      help="tokenizer (vocab.txt or .model) if the checkpoint has none, or to override it",
+  )
   p.add_argument(
       "--lower-case",
       choices=("auto", "true", "false"),
@@ -106,23 +119,41 @@ def _jsonl_record(example, feats, layers, concat: bool, pooling: str) -> dict:
   }
 
 
-def _check_args(args) -> Path:
+def _outputs(args) -> list[Path]:
+  """The files this run writes (OUT, and OUT.tokens.jsonl for per-token .npy), checked."""
+  if args.init == "random":
+    raise errors.ConfigError(
+        "--init random: extract reads the features of a trained encoder — pass a checkpoint"
+    )
   out = Path(args.output)
   if out.suffix not in (".jsonl", ".npy"):
-    raise ValueError(f"--output {out}: use a .jsonl or .npy file name")
+    raise errors.ConfigError(f"--output {out}: use a .jsonl or .npy file name")
   if not Path(args.input).is_file():
-    raise FileNotFoundError(f"--input {args.input}: no such file")
-  if args.batch_size < 1:
-    raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
-  return out
+    raise errors.InputNotFoundError(f"--input {args.input}: no such file")
+  outs = [out]
+  if out.suffix == ".npy" and args.pooling == "none":
+    outs.append(out.with_suffix(".tokens.jsonl"))
+  errors.refuse_existing(str(out), args.overwrite, "--output")
+  if len(outs) > 1 and outs[1].exists() and not args.overwrite:
+    raise errors.OutputExistsError(
+        f"{outs[1]} (the tokens beside --output) already exists — pass --overwrite to replace "
+        "it, or choose another --output"
+    )
+  return outs
 
 
 def _read_lines(path: str) -> list[str]:
+  raw = Path(path).read_bytes()
   try:
-    return Path(path).read_text(encoding="utf-8").splitlines()
+    lines = raw.decode("utf-8").splitlines()
   except UnicodeDecodeError as e:
-    line = Path(path).read_bytes()[: e.start].count(b"\n") + 1
-    raise ValueError(f"{path}:{line}: invalid UTF-8") from None
+    line = raw[: e.start].count(b"\n") + 1
+    raise errors.BadInputError(
+        f"{path}:{line}: invalid UTF-8 — --input must be UTF-8 text"
+    ) from None
+  if not lines:
+    raise errors.BadInputError(f"{path}: empty — --input holds one example per line")
+  return lines
 
 
 def _join_layers(argv: list[str]) -> list[str]:
@@ -137,53 +168,45 @@ def _join_layers(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(_join_layers(argv))
-  from bertjax.interop import convert as convert_lib
-  from bertjax.data import wordpiece
+  outs = _outputs(args)
+  lines = _read_lines(args.input)
+  from bertjax.tasks import extract as features
 
+  lower = {"auto": None, "true": True, "false": False}[args.lower_case]
+  enc = finetune_args.load_encoder(args, lower_case=lower)
+  cfg = enc.config
+  if args.max_seq_len is None:
+    args.max_seq_len = min(128, cfg.max_position_embeddings)
+  layers = (
+      features.default_layers(cfg.num_layers)
+      if args.layers is None
+      else features.parse_layers(args.layers, cfg.num_layers, name="--layers")
+  )
+  # Every check has passed: from here on the command writes.
+  partial = [p.with_name(f".{p.name}.partial") for p in outs]
   try:
-    out = _check_args(args)
-    return _run(args, out)
-  except (
-      convert_lib.ConversionError,
-      wordpiece.WordPieceError,
-      FileNotFoundError,
-      ValueError,
-  ) as e:
-    print(f"bertjax extract: error: {str(e).removeprefix('extract: ')}", file=sys.stderr)
-    return 1
+    _write(args, enc, lines, layers, partial)
+    for tmp, path in zip(partial, outs):
+      tmp.replace(path)
+  finally:
+    for tmp in partial:
+      tmp.unlink(missing_ok=True)
+  print(f"extract: wrote {' and '.join(map(str, outs))}", file=sys.stderr)
+  return 0
 
 
-def _run(args, out: Path) -> int:
+def _write(args, enc, lines: list[str], layers, paths: list[Path]) -> None:
+  """Features of every line to paths[0] (and the tokens to paths[1]: per-token .npy)."""
   import jax
   import numpy as np
   from tqdm import tqdm
 
-  from bertjax.tasks import encoder as encoder_lib
   from bertjax.tasks import extract as features
   from bertjax.training import sharding
 
-  print(f"extract: loading {args.init}", file=sys.stderr, flush=True)
-  lower = {"auto": None, "true": True, "false": False}[args.lower_case]
-  enc = encoder_lib.load_encoder(
-      args.init, args.vocab, prefix="extract", tokenizer_flag="--vocab", lower_case=lower
-  )
-  tok = enc.tokenizer
   cfg = enc.config
-  if args.max_seq_len is None:
-    args.max_seq_len = min(128, cfg.max_position_embeddings)
-  if args.max_seq_len > cfg.max_position_embeddings:
-    raise ValueError(
-        f"--max-seq-len {args.max_seq_len} exceeds the model's "
-        f"max_position_embeddings={cfg.max_position_embeddings}"
-    )
-  layers = (
-      features.default_layers(cfg.num_layers)
-      if args.layers is None
-      else features.parse_layers(args.layers, cfg.num_layers)
-  )
-  lines = _read_lines(args.input)
   examples = [
-      features.make_example(i, line, tok, args.max_seq_len)
+      features.make_example(i, line, enc.tokenizer, args.max_seq_len)
       for i, line in enumerate(
           tqdm(lines, desc="tokenize", unit="line", file=sys.stderr, disable=len(lines) < 1000)
       )
@@ -199,9 +222,10 @@ def _run(args, out: Path) -> int:
   stream = features.extract(
       enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh
   )
+  out = paths[0]
   out.parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(total=len(examples), desc="extract", unit="ex", file=sys.stderr)
-  if out.suffix == ".jsonl":
+  if Path(args.output).suffix == ".jsonl":
     with out.open("w") as f:
       for e, x in stream:
         f.write(json.dumps(_jsonl_record(e, x, layers, args.concat, args.pooling)) + "\n")
@@ -214,7 +238,7 @@ def _run(args, out: Path) -> int:
         + ((k * h,) if args.concat else (k, h))
     )
     array = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=shape)
-    tokens = out.with_suffix(".tokens.jsonl").open("w") if per_token else contextlib.nullcontext()
+    tokens = paths[1].open("w") if per_token else contextlib.nullcontext()
     with tokens as tokens_f:
       for e, x in stream:
         x = x.reshape(x.shape[:-2] + (k * h,)) if args.concat else x
@@ -227,13 +251,3 @@ def _run(args, out: Path) -> int:
     array.flush()
     del array
   bar.close()
-  print(
-      f"extract: wrote {out}"
-      + (
-          f" and {out.with_suffix('.tokens.jsonl')}"
-          if out.suffix == ".npy" and args.pooling == "none"
-          else ""
-      ),
-      file=sys.stderr,
-  )
-  return 0

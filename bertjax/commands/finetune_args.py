@@ -1,4 +1,9 @@
-"""Command-line options shared by `bertjax glue`, `squad` and `ner` (no heavy imports here)."""
+"""Command-line options shared by `bertjax glue`, `squad` and `ner` (no heavy imports here).
+
+Every numeric flag is range-checked by its argparse type; `check_recipe_args` checks what
+depends on the devices (the mesh, the batch sizes it must split) and `load_encoder` what depends
+on the checkpoint, so a command finds every mistake before it writes anything.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,49 @@ import argparse
 import json
 import os
 import sys
+from typing import Callable
+
+from bertjax import errors
+from bertjax.commands import args as args_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+
+
+def _number(text: str, kind: type):
+  try:
+    return kind(text)
+  except ValueError:
+    name = "an integer" if kind is int else "a number"
+    raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+
+
+def nonneg_float(text: str) -> float:
+  """argparse type: a finite number >= 0."""
+  value = _number(text, float)
+  if not 0.0 <= value < float("inf"):
+    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+  return value
+
+
+def finite_float(text: str) -> float:
+  """argparse type: any finite number."""
+  value = _number(text, float)
+  if not abs(value) < float("inf"):
+    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+  return value
+
+
+def int_at_least(low: int, why: str) -> Callable[[str], int]:
+  """argparse type: an integer >= `low`; `why` says what needs that many."""
+
+  def parse(text: str) -> int:
+    value = _number(text, int)
+    if value < low:
+      raise argparse.ArgumentTypeError(f"{text!r} must be >= {low} ({why})")
+    return value
+
+  return parse
 
 
 def add_encoder_args(p: argparse.ArgumentParser) -> None:
@@ -22,32 +67,50 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
   p.add_argument(
       "--tokenizer",
       default=None,
-      help="override the checkpoint's tokenizer: a "
-      "SentencePiece .model or a WordPiece vocab.txt",
+      help="override the checkpoint's tokenizer: a SentencePiece .model or a WordPiece vocab.txt",
   )
   p.add_argument("--preset", default="tiny", help="model preset for --init random")
 
 
 def add_recipe_args(
-    g, *, learning_rate: float, epochs: int, max_seq_len: int | None, eval_untrained: bool = True
+    g,
+    *,
+    learning_rate: float,
+    epochs: int,
+    max_seq_len: int | None,
+    min_seq_len: tuple[int, str] = (3, "[CLS] a [SEP]"),
+    eval_untrained: bool = True,
 ) -> None:
-  """The fine-tuning recipe: optimizer and its schedule, dropout, global batch sizes."""
+  """The fine-tuning recipe: optimizer and its schedule, dropout, global batch sizes.
+
+  `min_seq_len` is the smallest --max-seq-len the task takes, and why.
+  """
   if max_seq_len is not None:
-    g.add_argument("--max-seq-len", type=int, default=max_seq_len)
+    g.add_argument("--max-seq-len", type=int_at_least(*min_seq_len), default=max_seq_len)
   g.add_argument(
       "--learning-rate",
-      type=float,
+      type=args_lib.positive_float,
       default=None,
       help=f"peak learning rate (default: by the encoder's width: {learning_rate:g} "
       "(BERT's) for base/large, 1e-4 up to hidden 512, 5e-4 up to 256, 1e-3 up "
       "to 128; printed)",
   )
   g.set_defaults(bert_learning_rate=learning_rate)
-  g.add_argument("--epochs", type=int, default=epochs)
-  g.add_argument("--batch-size", type=int, default=32, help="global batch size")
-  g.add_argument("--eval-batch-size", type=int, default=64, help="global batch size for eval")
-  g.add_argument("--warmup", type=float, default=0.1, help="warmup fraction of all steps")
-  g.add_argument("--weight-decay", type=float, default=0.01)
+  g.add_argument("--epochs", type=args_lib.positive_int, default=epochs)
+  g.add_argument("--batch-size", type=args_lib.positive_int, default=32, help="global batch size")
+  g.add_argument(
+      "--eval-batch-size",
+      type=args_lib.positive_int,
+      default=64,
+      help="global batch size for eval",
+  )
+  g.add_argument(
+      "--warmup",
+      type=args_lib.open_fraction,
+      default=0.1,
+      help="warmup fraction of all steps, in [0, 1)",
+  )
+  g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
   g.add_argument(
       "--optimizer",
       choices=("bert_adamw", "adamw"),
@@ -56,19 +119,24 @@ def add_recipe_args(
       "adamw: bias-corrected, warmup then linear decay (default: bert_adamw "
       "for base/large, adamw up to hidden 512; printed)",
   )
-  g.add_argument("--dropout", type=float, default=0.1)
-  g.add_argument("--seed", type=int, default=0)
-  g.add_argument("--max-steps", type=int, default=0, help="cap steps per epoch (smoke runs)")
+  g.add_argument("--dropout", type=args_lib.open_fraction, default=0.1, help="in [0, 1)")
+  g.add_argument("--seed", type=args_lib.nonneg_int, default=0)
+  g.add_argument(
+      "--max-steps",
+      type=args_lib.nonneg_int,
+      default=0,
+      help="cap steps per epoch (smoke runs); 0: no cap",
+  )
   g.add_argument(
       "--length-bucket",
-      type=int,
+      type=args_lib.nonneg_int,
       default=8,
       help="pad each batch to its longest row rounded up to a multiple of this (the "
       "cost of the real tokens); 0: every row to --max-seq-len",
   )
   g.add_argument(
       "--max-lengths",
-      type=int,
+      type=args_lib.nonneg_int,
       default=8,
       help="at most this many batch lengths, i.e. compiled steps; a length is kept only "
       "if the padding it saves over the run outweighs a compile; 0: no cap",
@@ -76,9 +144,10 @@ def add_recipe_args(
   g.add_argument(
       "--mesh",
       default=None,
-      help="data,fsdp,tensor device mesh as `bertjax pretrain`'s config.mesh (one "
-      "may be -1: the rest of the devices), e.g. 1,-1,1 for FSDP (default: the mesh the "
-      "checkpoint was pretrained on, when it fits these devices, else -1,1,1; printed)",
+      help="device mesh as `bertjax pretrain`'s config.mesh, e.g. data=1,fsdp=-1,tensor=1 "
+      "for FSDP (one axis may be -1: the rest of the devices; an axis left out is 1) "
+      "(default: the mesh the checkpoint was pretrained on, when it fits these devices, "
+      "else data=-1; printed)",
   )
   if eval_untrained:
     g.add_argument(
@@ -87,6 +156,61 @@ def add_recipe_args(
         help="also score the model before fine-tuning (epoch 0 in metrics.jsonl)",
     )
   g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def mesh_of(args: argparse.Namespace) -> tuple[tuple[int, int, int], str | None]:
+  """(data, fsdp, tensor) of --mesh, or of the pretraining run behind --init when it is unset
+  (then also why, for the log line)."""
+  if args.mesh is None:
+    return pretrained_mesh(getattr(args, "init", None))
+  axes = {"data": 1, "fsdp": 1, "tensor": 1, **args_lib.parse_mesh(args.mesh)}
+  return (axes["data"], axes["fsdp"], axes["tensor"]), None
+
+
+def spell_mesh(mesh: tuple[int, int, int]) -> str:
+  return ",".join(f"{a}={n}" for a, n in zip(args_lib.MESH_AXES, mesh))
+
+
+def check_recipe_args(args: argparse.Namespace) -> None:
+  """What the flags' types cannot see: the mesh must fit the devices, and each global batch
+  must split evenly over its batch shards."""
+  import jax
+
+  from bertjax.training import sharding
+
+  mesh, why = mesh_of(args)
+  where = f"--mesh {args.mesh}" if why is None else f"the mesh {spell_mesh(mesh)} ({why})"
+  try:
+    data, fsdp, _ = sharding.axis_sizes(*mesh, jax.device_count())
+  except ValueError as e:
+    detail = str(e).removeprefix("mesh: ").replace("; change config.mesh", "")
+    raise errors.ConfigError(f"{where}: {detail} — e.g. --mesh data=-1 uses every device") from None
+  shards = data * fsdp * jax.process_count()
+  for flag in ("--batch-size", "--eval-batch-size"):
+    value = getattr(args, flag[2:].replace("-", "_"))
+    if value % shards:
+      raise errors.ConfigError(
+          f"{flag} {value} does not split over the {shards} batch shards of {where} — use a "
+          f"multiple of {shards}"
+      )
+
+
+def load_encoder(args: argparse.Namespace, tokenizer_flag: str = "--tokenizer", **kw):
+  """The encoder of --init (and --tokenizer), its messages in flag words; --max-seq-len must
+  fit its position embeddings."""
+  from bertjax.tasks import encoder as encoder_lib
+
+  names = {"init": "--init", "tokenizer": tokenizer_flag, "preset": "--preset"}
+  enc = encoder_lib.load_encoder(
+      args.init, args.tokenizer, getattr(args, "preset", "tiny"), names=names, **kw
+  )
+  limit = enc.config.max_position_embeddings
+  if getattr(args, "max_seq_len", None) and args.max_seq_len > limit:
+    raise errors.ConfigError(
+        f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings={limit}"
+        f" — use at most {limit}"
+    )
+  return enc
 
 
 def recipe_from_args(
@@ -105,28 +229,9 @@ def recipe_from_args(
   if optimizer is None:
     optimizer, why = finetuning.optimizer_for(hidden_size)
     print(f"{prefix}: optimizer {optimizer} ({why}; --optimizer overrides)", flush=True)
-  if args.mesh is None:
-    mesh, why = pretrained_mesh(getattr(args, "init", None))
-    print(f"{prefix}: mesh {','.join(map(str, mesh))} ({why}; --mesh overrides)", flush=True)
-    args.mesh = ",".join(map(str, mesh))
-  try:
-    mesh = tuple(int(x) for x in args.mesh.split(","))
-  except ValueError:
-    mesh = ()
-  if len(mesh) != 3:
-    raise SystemExit(
-        f"{prefix}: --mesh={args.mesh!r}: give three integers data,fsdp,tensor "
-        "(one may be -1), e.g. 1,-1,1"
-    )
-  if args.length_bucket < 0:
-    raise SystemExit(
-        f"{prefix}: --length-bucket={args.length_bucket}: use 0 (no buckets) or "
-        "a positive multiple, e.g. 8"
-    )
-  if args.max_lengths < 0:
-    raise SystemExit(
-        f"{prefix}: --max-lengths={args.max_lengths}: use 0 (no cap) or a positive count, e.g. 8"
-    )
+  mesh, why = mesh_of(args)
+  if why is not None:
+    print(f"{prefix}: mesh {spell_mesh(mesh)} ({why}; --mesh overrides)", flush=True)
   return finetuning.Recipe(
       learning_rate=lr,
       epochs=args.epochs,

@@ -8,31 +8,52 @@
 
 Writes OUT/results.json (task -> metric -> value), OUT/results.md, OUT/submission/<Name>.tsv
 for every test set it has, and per task OUT/<task>/ with metrics.jsonl and the best epoch's
-checkpoint (best/, best.json). See docs/glue.md.
+checkpoint (best/, best.json). Every task's data is read, and the checkpoint loaded, before
+OUT is created. See docs/glue.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
+import os
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
+TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
+_CUSTOM_FLAGS = ("train", "dev", "test", "text_columns", "label_column")
+
+
+def _learning_rates(text: str) -> list[float]:
+  """argparse type of --learning-rates: a comma list of numbers > 0."""
+  rates = [args_lib.positive_float(x.strip()) for x in text.split(",") if x.strip()]
+  if not rates:
+    raise argparse.ArgumentTypeError(f"{text!r}: give one or more rates, e.g. 5e-5,3e-5")
+  return rates
+
+
+def _seeds(text: str) -> list[int]:
+  """argparse type of --seeds: a count N (seeds 0..N-1) or a comma list of seeds."""
+  parts = [x.strip() for x in text.split(",") if x.strip()]
+  if len(parts) == 1:
+    return list(range(args_lib.positive_int(parts[0])))
+  if not parts:
+    raise argparse.ArgumentTypeError(f"{text!r}: give a count (3) or a list of seeds (0,7,9)")
+  return [args_lib.nonneg_int(x) for x in parts]
+
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax glue", description=__doc__, formatter_class=HelpFormatter
-  )
+  p = args_lib.ArgumentParser(prog="bertjax glue", description=__doc__)
   p.add_argument(
       "--task",
       required=True,
-      help="cola|sst2|mrpc|stsb|qqp|mnli|qnli|rte|wnli|ax|all|custom "
-      "(ax = the MNLI model's predictions on the diagnostic)",
+      help=f"{'|'.join(TASK_NAMES)}|all|custom (ax = the MNLI model's predictions on the "
+      "diagnostic)",
   )
   finetune_args.add_encoder_args(p)
   p.add_argument(
@@ -45,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
   g = p.add_argument_group("recipe (BERT's defaults)")
   finetune_args.add_recipe_args(
-      g, learning_rate=2e-5, epochs=3, max_seq_len=128, eval_untrained=False
+      g,
+      learning_rate=2e-5,
+      epochs=3,
+      max_seq_len=128,
+      min_seq_len=(4, "[CLS] a [SEP] b [SEP]"),
+      eval_untrained=False,
   )
   g.add_argument(
       "--pooling",
@@ -61,18 +87,22 @@ def _parser() -> argparse.ArgumentParser:
   )
   g.add_argument(
       "--learning-rates",
+      type=_learning_rates,
       default=None,
       help="comma-separated grid for --sweep (default: by the encoder's width, "
       "BERT's 5e-5,4e-5,3e-5,2e-5 for base/large; printed)",
   )
   g.add_argument(
-      "--seeds", default="1", help="with --sweep: a count N (seeds 0..N-1) or a comma list (0,7,9)"
+      "--seeds",
+      type=_seeds,
+      default=None,
+      help="with --sweep: a count N (seeds 0..N-1) or a comma list (0,7,9) (default: 1)",
   )
   g.add_argument(
       "--max-train-examples",
-      type=int,
+      type=args_lib.nonneg_int,
       default=0,
-      help="use only the first N training examples (smoke runs)",
+      help="use only the first N training examples (smoke runs); 0: all",
   )
   c = p.add_argument_group("custom tasks (--task custom)")
   c.add_argument("--name", default="custom", help="results key and submission file name")
@@ -85,32 +115,66 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def _check_flags(args) -> None:
+  """Flags that only make sense together."""
+  if args.task != "custom":
+    given = [_flag(n) for n in _CUSTOM_FLAGS if getattr(args, n)] + (
+        ["--regression"] if args.regression else []
+    )
+    if given:
+      raise errors.ConfigError(
+          f"{', '.join(given)}: only for --task custom (--task {args.task} reads its own files)"
+      )
+  if args.sweep and args.learning_rate is not None:
+    raise errors.ConfigError(
+        "--learning-rate: a --sweep runs the grid of --learning-rates — give the rate there"
+    )
+  if not args.sweep:
+    given = [f for f in ("--learning-rates", "--seeds") if getattr(args, f[2:].replace("-", "_"))]
+    if given:
+      raise errors.ConfigError(
+          f"{' and '.join(given)}: only with --sweep (one run: --learning-rate, --seed)"
+      )
+
+
 def _task_list(args) -> list:
+  """The tasks of --task; a custom task's training file is read for its label list."""
   from bertjax.tasks.glue import tasks, tsv
 
   if args.task == "custom":
     missing = [
-        f"--{n.replace('_', '-')}"
-        for n in ("train", "dev", "text_columns", "label_column")
-        if not getattr(args, n)
+        _flag(n) for n in ("train", "dev", "text_columns", "label_column") if not getattr(args, n)
     ]
     if missing:
-      raise SystemExit(f"glue: --task custom needs {', '.join(missing)}")
+      raise errors.ConfigError(f"--task custom needs {', '.join(missing)}")
     cols = tuple(c.strip() for c in args.text_columns.split(",") if c.strip())
     if len(cols) not in (1, 2):
-      raise SystemExit(f"glue: --text-columns={args.text_columns!r}: give one or two columns")
+      raise errors.ConfigError(
+          f"--text-columns {args.text_columns!r}: give one or two column names, e.g. review "
+          "or question,answer"
+      )
     labels = None if args.regression else tsv.custom_labels(args.train, cols, args.label_column)
     return [
         tasks.custom(args.name, args.train, args.dev, args.test, cols, args.label_column, labels)
     ]
   if args.task == "all":
     return [tasks.TASKS[n] for n in tasks.ALL]
+  if args.task not in TASK_NAMES:
+    raise errors.ConfigError(
+        f"--task {args.task!r} is not a task — valid: {', '.join(TASK_NAMES)}, all, custom"
+    )
   return [tasks.get(args.task)]
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.tasks import encoder as encoder_lib
+  _check_flags(args)
+  task_list = _task_list(args)
+  finetune_args.check_recipe_args(args)
   from bertjax.tasks.glue import sweep
 
   opts = sweep.Options(
@@ -121,14 +185,14 @@ def main(argv: list[str]) -> int:
       max_train_examples=args.max_train_examples,
       progress=not args.no_progress,
   )
-  try:
-    task_list = _task_list(args)
-    sweep.check_test_files(task_list, opts)
-    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset)
-    seeds = sweep.parse_seeds(args.seeds) if args.sweep else [args.seed]
-  except (ValueError, FileNotFoundError) as e:  # ConversionError, TokenizerError, ... too
-    print(f"glue: {e}" if not str(e).startswith("glue:") else str(e), file=sys.stderr)
-    return 2
+  if opts.data not in ("", "tfds") and not os.path.isdir(opts.data):
+    raise errors.InputNotFoundError(
+        f"--data {opts.data}: not 'tfds' and no such directory — pass a GLUE_DIR in the "
+        "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"
+    )
+  sweep.check_data(task_list, opts)
+  enc = finetune_args.load_encoder(args)
+  # Every check has passed: from here on the command prints and writes.
   print(
       f"glue: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
       f"{enc.config.hidden_size}, vocab {enc.config.vocab_size}; tokenizer {enc.tokenizer!r}"
@@ -137,9 +201,14 @@ def main(argv: list[str]) -> int:
       args, enc.config.hidden_size, "glue", announce=not args.sweep
   )
   base = dataclasses.replace(base, pooling=args.pooling)
-  lrs = [base.learning_rate]
+  lrs, seeds = [base.learning_rate], [args.seed]
   if args.sweep:
     lrs, why = sweep.learning_rate_grid(args.learning_rates, enc.config.hidden_size)
-    print(f"glue: --sweep learning rates {','.join(f'{x:g}' for x in lrs)} ({why})")
-  failed = sweep.run(task_list, enc, opts, sweep.recipes(base, lrs, seeds))
-  return 1 if failed else 0
+    why = why if args.learning_rates else f"{why}; --learning-rates overrides"
+    seeds = args.seeds or [0]
+    print(
+        f"glue: --sweep learning rates {','.join(f'{x:g}' for x in lrs)} ({why}), seeds "
+        f"{','.join(map(str, seeds))}"
+    )
+  sweep.run(task_list, enc, opts, sweep.recipes(base, lrs, seeds))
+  return 0

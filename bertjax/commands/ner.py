@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from bertjax.commands.args import HelpFormatter
+from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
@@ -25,31 +24,28 @@ from bertjax.commands import finetune_args
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax ner", description=__doc__, formatter_class=HelpFormatter
-  )
+  p = args_lib.ArgumentParser(prog="bertjax ner", description=__doc__)
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="CoNLL-format training file")
   p.add_argument("--dev", required=True, help="CoNLL-format dev file (scored every epoch)")
   p.add_argument("--test", default=None, help="optional CoNLL-format test file")
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
   g = p.add_argument_group("recipe")
-  finetune_args.add_recipe_args(g, learning_rate=5e-5, epochs=3, max_seq_len=128)
+  finetune_args.add_recipe_args(
+      g, learning_rate=5e-5, epochs=3, max_seq_len=128, min_seq_len=(3, "[CLS] word [SEP]")
+  )
   return p
 
 
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.tasks import encoder as encoder_lib
+  finetune_args.check_recipe_args(args)
   from bertjax.tasks.ner import conll, train
 
-  try:
-    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset, "ner")
-    files = dict(train=args.train, dev=args.dev, **({"test": args.test} if args.test else {}))
-    splits = {k: conll.read(v) for k, v in files.items()}
-  except (ValueError, FileNotFoundError) as e:
-    print(str(e) if str(e).startswith("ner:") else f"ner: {e}", file=sys.stderr)
-    return 2
+  files = dict(train=args.train, dev=args.dev, **({"test": args.test} if args.test else {}))
+  splits = {k: conll.read(v) for k, v in files.items()}
+  enc = finetune_args.load_encoder(args)
+  # Every check has passed: from here on the command prints and writes.
   os.makedirs(args.workdir, exist_ok=True)
   finetune_args.report_skipped(
       "ner",
@@ -62,19 +58,15 @@ def main(argv: list[str]) -> int:
       flush=True,
   )
   recipe = finetune_args.recipe_from_args(args, enc.config.hidden_size, "ner")
-  try:
-    result = train.train_and_evaluate(
-        enc,
-        splits,
-        recipe,
-        args.max_seq_len,
-        args.workdir,
-        args.eval_untrained,
-        progress=not args.no_progress,
-    )
-  except ValueError as e:
-    print(str(e), file=sys.stderr)
-    return 2
+  result = train.train_and_evaluate(
+      enc,
+      splits,
+      recipe,
+      args.max_seq_len,
+      args.workdir,
+      args.eval_untrained,
+      progress=not args.no_progress,
+  )
   print(
       f"ner: best epoch {result.best_epoch}: dev precision {result.best['precision']:.4f} "
       f"recall {result.best['recall']:.4f} f1 {result.best['f1']:.4f}"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from bertjax.commands.args import HelpFormatter
+from bertjax import errors
+from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
@@ -26,23 +26,26 @@ from bertjax.commands import finetune_args
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="bertjax squad", description=__doc__, formatter_class=HelpFormatter
-  )
+  p = args_lib.ArgumentParser(prog="bertjax squad", description=__doc__)
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="SQuAD training JSON")
   p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
   p.add_argument("--version", required=True, choices=("1.1", "2.0"))
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
   g = p.add_argument_group("features and decoding (google-research/bert's defaults)")
-  g.add_argument("--max-seq-len", type=int, default=384)
-  g.add_argument("--doc-stride", type=int, default=128)
-  g.add_argument("--max-query-length", type=int, default=64)
-  g.add_argument("--n-best", type=int, default=20)
-  g.add_argument("--max-answer-length", type=int, default=30, help="in tokens")
+  g.add_argument(
+      "--max-seq-len",
+      type=args_lib.positive_int,
+      default=384,
+      help="tokens per window; at least --max-query-length + 8",
+  )
+  g.add_argument("--doc-stride", type=args_lib.positive_int, default=128)
+  g.add_argument("--max-query-length", type=args_lib.positive_int, default=64)
+  g.add_argument("--n-best", type=args_lib.positive_int, default=20)
+  g.add_argument("--max-answer-length", type=args_lib.positive_int, default=30, help="in tokens")
   g.add_argument(
       "--null-threshold",
-      type=float,
+      type=finetune_args.finite_float,
       default=0.0,
       help="v2.0: answer '' when null score - best span score exceeds this",
   )
@@ -51,18 +54,36 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _read(path: str, version: str, training: bool):
+  """The questions of one SQuAD file (and the skipped ones); a file without one usable
+  question is refused, naming the first reason."""
+  from bertjax.tasks.squad import data
+
+  examples, skipped = data.read(path, version, training)
+  if not examples:
+    first = f"; first: {skipped[0]}" if skipped else ""
+    raise data.SquadDataError(
+        f"{path}: no usable questions ({len(skipped)} skipped{first}) — is it SQuAD "
+        f"v{version} (--version)?"
+    )
+  return examples, skipped
+
+
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
-  from bertjax.tasks import encoder as encoder_lib
-  from bertjax.tasks.squad import data, train
+  if args.max_seq_len < args.max_query_length + 8:
+    raise errors.ConfigError(
+        f"--max-seq-len {args.max_seq_len} leaves no room for the context after a "
+        f"--max-query-length {args.max_query_length} question — raise --max-seq-len to at "
+        f"least {args.max_query_length + 8} or lower --max-query-length"
+    )
+  finetune_args.check_recipe_args(args)
+  from bertjax.tasks.squad import train
 
-  try:
-    enc = encoder_lib.load_encoder(args.init, args.tokenizer, args.preset, "squad")
-    train_ex, bad_train = data.read(args.train, args.version, training=True)
-    dev_ex, bad_dev = data.read(args.dev, args.version, training=False)
-  except (ValueError, FileNotFoundError) as e:
-    print(str(e) if str(e).startswith("squad:") else f"squad: {e}", file=sys.stderr)
-    return 2
+  train_ex, bad_train = _read(args.train, args.version, training=True)
+  dev_ex, bad_dev = _read(args.dev, args.version, training=False)
+  enc = finetune_args.load_encoder(args)
+  # Every check has passed: from here on the command prints and writes.
   os.makedirs(args.workdir, exist_ok=True)
   finetune_args.report_skipped(
       "squad", bad_train + bad_dev, os.path.join(args.workdir, "skipped_questions.txt")
@@ -83,13 +104,9 @@ def main(argv: list[str]) -> int:
       null_threshold=args.null_threshold,
       eval_untrained=args.eval_untrained,
   )
-  try:
-    result = train.train_and_evaluate(
-        enc, train_ex, dev_ex, recipe, opts, args.workdir, progress=not args.no_progress
-    )
-  except ValueError as e:
-    print(str(e), file=sys.stderr)
-    return 2
+  result = train.train_and_evaluate(
+      enc, train_ex, dev_ex, recipe, opts, args.workdir, progress=not args.no_progress
+  )
   print(
       f"squad: best epoch {result.best_epoch}: "
       + ", ".join(f"{k} {v:.2f}" for k, v in result.best.items() if not k.endswith("_total"))

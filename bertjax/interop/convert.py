@@ -26,6 +26,13 @@ from bertjax.model.config import BertConfig
 
 Params = dict[str, Any]
 
+REQUIRED_HF_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
 _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "relu": "relu"}
 
 
@@ -38,6 +45,11 @@ class ConversionError(errors.UserError, ValueError):
 
 def config_from_hf(hf: dict[str, Any], **overrides) -> BertConfig:
   """A `BertConfig` from a Hugging Face `config.json` dict."""
+  if not isinstance(hf, dict):
+    raise ConversionError(f"config.json: a JSON object expected, found {type(hf).__name__}")
+  for field in REQUIRED_HF_FIELDS:
+    if field not in hf:
+      raise ConversionError(f"config.json: field {field!r} is missing — is this a BERT config?")
   act = hf.get("hidden_act", "gelu")
   if act not in _HF_ACT:
     raise ConversionError(

@@ -114,18 +114,17 @@ def read_config(path: str | Path) -> BertConfig:
   """A `BertConfig` from `bert_config.json` (the same field names as HF's config.json)."""
   path = Path(path)
   if not path.is_file():
-    raise convert.ConversionError(f"{path}: not found (pass --bert-config)")
+    raise convert.ConversionError(
+        f"{path}: not found — a Google BERT checkpoint needs its bert_config.json (beside it, "
+        "or named by config_path)"
+    )
   try:
     raw = json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise convert.ConversionError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
-  for field in (
-      "vocab_size",
-      "hidden_size",
-      "num_hidden_layers",
-      "num_attention_heads",
-      "intermediate_size",
-  ):
+  if not isinstance(raw, dict):
+    raise convert.ConversionError(f"{path}: a JSON object expected, found {type(raw).__name__}")
+  for field in convert.REQUIRED_HF_FIELDS:
     if field not in raw:
       raise convert.ConversionError(f"{path}: field {field!r} is missing")
   return convert.config_from_hf(raw)

@@ -1,4 +1,4 @@
-"""The encoder every task starts from (`--init`), and its tokenizer.
+"""The encoder every task starts from, and its tokenizer.
 
 `load_encoder(init)` reads any of the places a BERT can come from:
   a `bertjax pretrain` workdir, one of its checkpoints/<step> dirs, or a `save_pretrained` dir
@@ -17,13 +17,19 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import wordpiece
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop import convert, google_ckpt
 from bertjax.training import checkpoint
+
+BERTJAX_KINDS = (
+    "a `bertjax pretrain` workdir (or one of its checkpoints/<step>) or a save_pretrained dir"
+)
+KINDS = "a `bertjax pretrain` workdir or save_pretrained dir, a Hugging Face or a Google BERT dir"
 
 
 @dataclasses.dataclass
@@ -36,19 +42,48 @@ class Encoder:
   source: str  # what was restored, for logs and best.json
 
 
+def checkpoint_kind(path: str | Path) -> str | None:
+  """ "bertjax", "hf" or "google" by the files at `path`; None when it holds no checkpoint."""
+  path = Path(path)
+  # A pretrain workdir also has a config.json (the training config) beside checkpoints/.
+  if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+    return "hf"
+  if any(path.glob("*.ckpt.index")) or Path(f"{path}.index").is_file():
+    return "google"
+  if path.is_dir() and (
+      (path / "pretrained.json").is_file()
+      or (path / "state").is_dir()
+      or (path / "checkpoints").is_dir()
+      or any(p.name.isdigit() for p in path.iterdir())
+  ):
+    return "bertjax"
+  return None
+
+
 def read_encoder(path: str | Path) -> tuple[model_lib.BertConfig, Any, str | None, str]:
   """(config, bert params, tokenizer path or None, kind) of a bertjax, Hugging Face or Google
   checkpoint; kind is "bertjax", "hf" or "google"."""
   path = Path(path)
-  # A pretrain workdir also has a config.json (the training config) beside checkpoints/.
-  if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+  kind = checkpoint_kind(path)
+  if kind == "hf":
     cfg, params = convert.load_hf(path)
     return cfg, params["bert"], _tokenizer_in(path), "hf"
-  if any(path.glob("*.ckpt.index")) or Path(str(path) + ".index").is_file():
+  if kind == "google":
     cfg, params = google_ckpt.load_google(path)
     return cfg, params["bert"], _tokenizer_in(path if path.is_dir() else path.parent), "google"
-  loaded = checkpoint.load_pretrained(str(path))
+  loaded = load_bertjax(path)
   return loaded.config, loaded.params["bert"], loaded.tokenizer_path, "bertjax"
+
+
+def load_bertjax(path: str | Path) -> checkpoint.Pretrained:
+  """`checkpoint.load_pretrained`, with a path that holds no bertjax checkpoint refused first,
+  naming it."""
+  path = Path(path)
+  if not path.exists():
+    raise errors.InputNotFoundError(f"{path}: no such checkpoint or directory")
+  if checkpoint_kind(path) != "bertjax":
+    raise errors.BadInputError(f"{path}: not a bertjax checkpoint — expected {BERTJAX_KINDS}")
+  return checkpoint.load_pretrained(str(path))
 
 
 def _tokenizer_in(directory: Path) -> str | None:
@@ -62,37 +97,56 @@ def load_encoder(
     init: str,
     tokenizer: str | None = None,
     preset: str = "tiny",
-    prefix: str = "glue",
-    tokenizer_flag: str = "--tokenizer",
+    *,
     lower_case: bool | None = None,
+    names: Mapping[str, str] | None = None,
+    prefix: str | None = None,
 ) -> Encoder:
-  """The encoder and tokenizer behind `--init` (see the module docstring for the kinds).
+  """The encoder and tokenizer behind `init` (see the module docstring for the kinds).
 
-  `prefix` (the command: "glue", "squad", "ner", "extract") starts the error messages and
-  `tokenizer_flag` is the command's flag that overrides the tokenizer; `lower_case` applies to
-  WordPiece vocabularies (None: inferred).
+  `lower_case` applies to WordPiece vocabularies (None: inferred). Messages name the arguments
+  `init`, `tokenizer` and `preset`; `names` renames them for the caller (a command passes its
+  flags, {"init": "--init", "tokenizer": "--vocab"}). `prefix` is accepted from older callers
+  and unused: the command line prefixes every message with the command's name.
   """
+  del prefix
+  n = {"init": "init", "tokenizer": "tokenizer", "preset": "preset", **(names or {})}
+  tok_kinds = "a SentencePiece .model or a WordPiece vocab.txt"
+  if tokenizer and not os.path.exists(tokenizer):
+    raise errors.InputNotFoundError(
+        f"{n['tokenizer']} {tokenizer}: no such file — pass {tok_kinds}"
+    )
   if init == "random":
     if not tokenizer:
-      raise ValueError(f"{prefix}: --init random needs {tokenizer_flag} (a .model or vocab.txt)")
+      raise errors.ConfigError(
+          f"{n['init']} random needs {n['tokenizer']}: a random model has no tokenizer — "
+          f"pass {n['tokenizer']} PATH ({tok_kinds})"
+      )
+    if preset not in model_lib.PRESETS:
+      raise errors.ConfigError(
+          f"{n['preset']} {preset!r} is not a model preset — valid: {', '.join(model_lib.PRESETS)}"
+      )
     tok = wordpiece.load_tokenizer(tokenizer, lower_case)
     return Encoder(
         model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
     )
   if not (os.path.exists(init) or os.path.exists(init + ".index")):
-    raise FileNotFoundError(f"{prefix}: --init {init}: no such checkpoint or directory")
+    raise errors.InputNotFoundError(
+        f"{n['init']} {init}: no such checkpoint or directory — pass {KINDS} (or 'random')"
+    )
+  if checkpoint_kind(init) is None:
+    raise errors.BadInputError(f"{n['init']} {init}: not a checkpoint — expected {KINDS}")
   cfg, bert_params, tok_path, kind = read_encoder(init)
   tok_path = tokenizer or tok_path
   if not tok_path:
-    raise ValueError(
-        f"{prefix}: --init {init}: no tokenizer recorded with it or found beside it; "
-        f"pass {tokenizer_flag} PATH (.model or vocab.txt)"
+    raise errors.ConfigError(
+        f"{n['init']} {init}: no tokenizer recorded with it or found beside it — pass "
+        f"{n['tokenizer']} PATH ({tok_kinds})"
     )
   tok = wordpiece.load_tokenizer(tok_path, lower_case)
   if tok.vocab_size > cfg.vocab_size:
-    raise ValueError(
-        f"{prefix}: tokenizer {tok_path} has {tok.vocab_size} ids but the model's "
-        f"vocab_size is {cfg.vocab_size}; pass the tokenizer it was "
-        f"pretrained with ({tokenizer_flag})"
+    raise errors.ConfigError(
+        f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but the model's vocab_size is "
+        f"{cfg.vocab_size} — pass the tokenizer it was pretrained with"
     )
   return Encoder(cfg, bert_params, tok, f"{kind}:{init}")

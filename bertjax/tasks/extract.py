@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.tasks import inputs
@@ -43,29 +44,29 @@ class Example:
 EMBEDDINGS = "embeddings"  # the --layers name of the embedding output
 
 
-def parse_layers(spec: str, num_layers: int) -> list[int | str]:
+def parse_layers(spec: str, num_layers: int, name: str = "layers") -> list[int | str]:
   """ "-1,-2,embeddings" -> [-1, -2, "embeddings"]: google's Transformer layer indexes (0 =
-  first, -1 = last) or EMBEDDINGS, checked against a `num_layers`-layer model."""
+  first, -1 = last) or EMBEDDINGS, checked against a `num_layers`-layer model. Messages call
+  `spec` `name` (a command passes its flag)."""
   example = "e.g. -1,-2,-3,-4 (the last four layers) or embeddings,-1"
-  names = [x.strip() for x in spec.split(",") if x.strip()]
-  if not names:
-    raise ValueError(f"--layers is empty; {example}")
+  items = [x.strip() for x in spec.split(",") if x.strip()]
+  if not items:
+    raise errors.ConfigError(f"{name} is empty — {example}")
   layers = []
-  for name in names:
-    if name == EMBEDDINGS:
-      layers.append(name)
+  for item in items:
+    if item == EMBEDDINGS:
+      layers.append(item)
       continue
     try:
-      i = int(name)
+      i = int(item)
     except ValueError:
-      raise ValueError(
-          f"--layers {spec!r}: {name!r} is not a layer index or {EMBEDDINGS!r}; " f"{example}"
+      raise errors.ConfigError(
+          f"{name} {spec!r}: {item!r} is not a layer index or {EMBEDDINGS!r} — {example}"
       ) from None
     if not -num_layers <= i < num_layers:
-      raise ValueError(
-          f"--layers: {i} is out of range for a {num_layers}-layer model (valid: "
-          f"0 = first .. {num_layers - 1}, -1 = last .. -{num_layers}, or "
-          f"{EMBEDDINGS})"
+      raise errors.ConfigError(
+          f"{name}: {i} is out of range for a {num_layers}-layer model — valid: 0 = first .. "
+          f"{num_layers - 1}, -1 = last .. -{num_layers}, or {EMBEDDINGS}"
       )
     layers.append(i)
   return layers
@@ -106,7 +107,7 @@ def make_extract_fn(
   """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
   for `layers` as `parse_layers` returns them."""
   if pooling not in POOLINGS:
-    raise ValueError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
+    raise errors.ConfigError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
   model = model_lib.BertModel(cfg.replace(scan_layers=False))
   layers = tuple(hidden_state_index(i, cfg.num_layers) for i in layers)
 

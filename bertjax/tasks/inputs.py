@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from bertjax import errors
 from bertjax.data.tokenizer import Tokenizer
 
 
@@ -35,7 +36,10 @@ def segments(
   cls, sep, _ = special_ids(tok)
   budget = max_seq_len - (3 if b is not None else 2)
   if budget < 1:
-    raise ValueError(f"--max-seq-len {max_seq_len} leaves no room for text")
+    raise errors.ConfigError(
+        f"max_seq_len={max_seq_len} leaves no room for text after [CLS] and [SEP] — use at "
+        f"least {max_seq_len - budget + 1}"
+    )
   a, b = truncate_pair(a, b, budget)
   ids = [cls] + a + [sep]
   types = [0] * len(ids)

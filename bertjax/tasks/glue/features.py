@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.tasks import inputs
 
@@ -41,7 +42,9 @@ class Features:
 def encode(tok: Tokenizer, ex: Examples, max_seq_len: int) -> Features:
   """Tokenize and pack every example of a split."""
   if max_seq_len < 4:
-    raise ValueError(f"--max-seq-len={max_seq_len}: need at least 4 ([CLS] a [SEP] b [SEP])")
+    raise errors.ConfigError(
+        f"max_seq_len={max_seq_len} must be >= 4 ([CLS] a [SEP] b [SEP] holds 3 special tokens)"
+    )
   ids_a = tok.encode_batch(list(ex.text_a))
   ids_b = tok.encode_batch(list(ex.text_b)) if ex.text_b is not None else [None] * len(ids_a)
   n = len(ids_a)

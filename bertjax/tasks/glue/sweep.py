@@ -4,7 +4,8 @@
 (`finetune.train_and_evaluate`), keeps the best run on dev (its checkpoint, its submissions),
 and reports the spread over seeds at the learning rate whose seeds average best: median, mean
 and std beside the best-on-dev figure (the paper's protocol, an optimistic pick). The command
-(bertjax/commands/glue.py) only parses flags into `Options` and recipes.
+(bertjax/commands/glue.py) parses and checks flags into `Options` and recipes, and has
+`check_data` read every task's data before anything is written.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 from typing import Sequence
 
 import jax
 import numpy as np
 
+from bertjax import errors
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.glue import features, finetune, metrics, submission, tasks, tfds_source, tsv
@@ -34,24 +35,13 @@ class Options:
   progress: bool = True
 
 
-def parse_seeds(spec: str) -> list[int]:
-  """ "3" -> [0, 1, 2]; "0,7,9" -> [0, 7, 9]."""
-  try:
-    values = [int(s) for s in spec.split(",") if s.strip()]
-  except ValueError:
-    raise ValueError(f"--seeds={spec!r}: expected a count or a comma list of integers") from None
-  if not values:
-    raise ValueError(f"--seeds={spec!r}: expected a count or a comma list of integers")
-  return list(range(values[0])) if len(values) == 1 else values
-
-
-def learning_rate_grid(spec: str | None, hidden_size: int) -> tuple[list[float], str]:
-  """The sweep's learning rates: `spec` ("5e-5,3e-5") or the default for the encoder's width;
+def learning_rate_grid(rates: Sequence[float] | None, hidden_size: int) -> tuple[list[float], str]:
+  """The sweep's learning rates: `rates` if given, else the default for the encoder's width;
   and a line saying which."""
-  if spec is not None:
-    return [float(x) for x in spec.split(",") if x.strip()], "--learning-rates"
+  if rates:
+    return list(rates), "as given"
   _, grid, why = finetuning.learning_rates_for(hidden_size)
-  return list(grid), f"{why}; --learning-rates overrides"
+  return list(grid), why
 
 
 def recipes(
@@ -64,21 +54,29 @@ def recipes(
 
 def load_data(task: tasks.Task, opts: Options) -> dict[str, features.Examples]:
   """Examples of every split, from TFDS, a GLUE_DIR, or the custom files."""
-  if not opts.data:
-    return tsv.load_task(task, "")
   if opts.data == "tfds":
     return tfds_source.load_task(task, opts.tfds_data_dir)
-  if not os.path.isdir(opts.data):
-    raise ValueError(f"glue: --data {opts.data}: not 'tfds' and not a directory")
-  return tsv.load_task(task, opts.data)
+  return tsv.load_task(task, _glue_dir(opts))
 
 
-def check_test_files(task_list: Sequence[tasks.Task], opts: Options) -> None:
-  """Read every test TSV before anything trains: a test row that cannot be read stops the
-  command (ValueError `file:line: why`) instead of leaving it out of a submission."""
-  if opts.data != "tfds":
-    for task in task_list:
-      tsv.load_tests(task, opts.data)
+def _glue_dir(opts: Options) -> str:
+  if opts.data and not os.path.isdir(opts.data):
+    raise errors.InputNotFoundError(
+        f"data {opts.data}: not 'tfds' and no such directory — expected a GLUE_DIR in the "
+        "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"
+    )
+  return opts.data
+
+
+def check_data(task_list: Sequence[tasks.Task], opts: Options) -> None:
+  """Every task's data, checked before anything is written or trained: TSV files are read
+  whole (a missing file, a bad header, a test row that cannot be read or a split without a
+  usable row stops the command, naming the file); TFDS splits must be prepared."""
+  for task in task_list:
+    if opts.data == "tfds":
+      tfds_source.check_task(task, opts.tfds_data_dir)
+    else:
+      tsv.check_task(task, _glue_dir(opts))
 
 
 def report_skipped(task: tasks.Task, examples: dict, out_dir: str) -> None:
@@ -193,26 +191,17 @@ def run(
     enc: Encoder,
     opts: Options,
     recipe_list: Sequence[finetuning.Recipe],
-) -> list[str]:
-  """Every task in turn, results.json/results.md updated after each; returns the names of the
-  tasks whose data was missing (`--task all` goes on with the others)."""
+) -> None:
+  """Every task in turn, results.json/results.md updated after each (`check_data` first)."""
   os.makedirs(opts.workdir, exist_ok=True)
-  failed = []
+  written = None
   for task in task_list:
-    try:
-      entry = run_task(task, enc, opts, recipe_list)
-    except tsv.GlueDataError as e:
-      print(f"glue: {task.name}: {e}", file=sys.stderr)
-      failed.append(task.name)
-      continue
+    entry = run_task(task, enc, opts, recipe_list)
     if jax.process_index() == 0:
-      submission.write_results(opts.workdir, {task.name: entry})
+      written = submission.write_results(opts.workdir, {task.name: entry})
     print(
         f"glue: {task.name}: "
         + ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if not k.endswith("_runs"))
     )
-  print(
-      f"glue: results in {os.path.join(opts.workdir, 'results.json')} and results.md"
-      + (f"; no data for {', '.join(failed)}" if failed else "")
-  )
-  return failed
+  if written:
+    print(f"glue: results in {written[0]} and {os.path.basename(written[1])}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertjax import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class Split:
@@ -234,7 +236,7 @@ def get(name: str) -> Task:
   if name == "ax":
     return TASKS["mnli"]
   if name not in TASKS:
-    raise ValueError(f"unknown task {name!r}; valid: {', '.join(ALL)}, ax, all, custom")
+    raise errors.ConfigError(f"task {name!r} is not a GLUE task — valid: {', '.join(ALL)}, ax")
   return TASKS[name]
 
 

@@ -19,23 +19,37 @@ def _text(x) -> str:
   return x.decode("utf-8", errors="replace") if isinstance(x, bytes) else str(x)
 
 
+def _open(split: tasks.Split, data_dir: str | None):
+  """The prepared TFDS split as a tf.data.Dataset (nothing read yet)."""
+  import tensorflow_datasets as tfds  # TF stays out of the import path of the model code
+
+  name, tfds_split = split.tfds
+  try:
+    return tfds.load(name, split=tfds_split, data_dir=data_dir, download=False, shuffle_files=False)
+  except Exception as e:  # DatasetNotFoundError, AssertionError, ... depending on version
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise GlueDataError(
+        f"TFDS {name} split {tfds_split!r} is not available in "
+        f"data_dir={data_dir or '~/tensorflow_datasets'} ({first}) — prepare it where there is "
+        f"network access: `tfds build glue --config {name.split('/')[1]} --data_dir DIR`, then "
+        "pass data_dir=DIR; or read the GLUE download's TSV files instead"
+    ) from None
+
+
+def check_task(task: tasks.Task, data_dir: str | None) -> None:
+  """Raise GlueDataError unless the train and dev splits of `task` are prepared (a cheap
+  check before anything is written: the splits are opened, not read)."""
+  for split in (task.train, *task.dev):
+    _open(split, data_dir)
+
+
 def load_split(
     task: tasks.Task, split: tasks.Split, data_dir: str | None, labelled: bool
 ) -> features.Examples:
   import tensorflow_datasets as tfds  # TF stays out of the import path of the model code
 
   name, tfds_split = split.tfds
-  try:
-    ds = tfds.load(name, split=tfds_split, data_dir=data_dir, download=False, shuffle_files=False)
-  except Exception as e:  # DatasetNotFoundError, AssertionError, ... depending on version
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise GlueDataError(
-        f"TFDS {name} split {tfds_split!r} is not available in "
-        f"data_dir={data_dir or '~/tensorflow_datasets'} "
-        f"({first}). Prepare it where there is network access: `tfds build glue --config "
-        f"{name.split('/')[1]} --data_dir DIR`, then pass --tfds-data-dir DIR; or use "
-        "--data GLUE_DIR with the GLUE download."
-    ) from None
+  ds = _open(split, data_dir)
   text_a, text_b, ys, index = [], [], [], []
   col_a = task.tfds_features[0]
   col_b = task.tfds_features[1] if task.is_pair else None

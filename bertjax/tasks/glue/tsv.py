@@ -12,9 +12,11 @@ tabs only. Quirks handled:
   * A train/dev row with the wrong number of fields (a tab inside a sentence included), an
     empty label, or a label outside the task's label list is skipped and reported as
     `file:line: why`; it is never cut into a different sentence and never stops the run.
-  * A test row that cannot be read raises ValueError `file:line: why`: every test row needs
+  * A test row that cannot be read raises GlueDataError `file:line: why`: every test row needs
     its prediction, or the leaderboard rejects the submission.
-A file that is missing, or whose header lacks a needed column, is an error naming the file.
+A file that is missing, or whose header lacks a needed column, is an error naming the file;
+`check_task` reads every file of a task and also refuses a train or dev file without one
+usable row, so a command can check its data before it writes anything.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def _position(header: list[str] | None, col: str | int, path: str) -> int:
     raise GlueDataError(f"{path}: column {col!r} by name needs a header row")
   if col not in header:
     raise GlueDataError(
-        f"{path}:1: header has no column {col!r}; found {header}. "
-        "Is this the right file (GLUE download layout) / the right column name?"
+        f"{path}:1: header has no column {col!r} (found {', '.join(map(repr, header))}) — is "
+        "this the right file, and the right column name?"
     )
   return header.index(col)
 
@@ -68,14 +70,11 @@ def read_rows(
 ) -> tuple[list[tuple[str, list[str], str | None, str | None]], list[str]]:
   """Rows as (source "file:line", texts, raw label, raw index) and the skipped rows' reasons.
 
-  With `strict` (test files) a row that cannot be read raises ValueError `path:line: why`
+  With `strict` (test files) a row that cannot be read raises GlueDataError `path:line: why`
   instead of being skipped.
   """
   if not os.path.isfile(path):
-    raise GlueDataError(
-        f"{path}: not found (expected the GLUE download layout, e.g. "
-        "GLUE_DIR/SST-2/train.tsv; see docs/glue.md)"
-    )
+    raise GlueDataError(f"{path}: no such file")
   lines = _lines(path)
   header = None
   if has_header:
@@ -109,9 +108,9 @@ def read_rows(
           "empty label" if label == "" else f"empty {cols.index!r} column" if index == "" else None
       )
     if why and strict:
-      raise ValueError(
-          f"{path}:{lineno}: {why}; every test row needs a prediction, so the "
-          "submission would be incomplete: fix this row"
+      raise GlueDataError(
+          f"{path}:{lineno}: {why} — every test row needs a prediction, so the submission "
+          "would be incomplete: fix this row"
       )
     if why:
       skipped.append(f"{where}: {why}")
@@ -163,6 +162,11 @@ def load_split(
 ) -> features.Examples:
   """One split of a GLUE task from a local GLUE directory (or custom files: `root` "")."""
   path = os.path.join(root, split.tsv) if root else split.tsv
+  if root and not os.path.isfile(path):
+    raise GlueDataError(
+        f"{path}: not found — expected the GLUE download layout, e.g. GLUE_DIR/SST-2/train.tsv "
+        "(see docs/glue.md)"
+    )
   label_col = task.label_column if labelled else None
   if task.headerless_positions and labelled:
     label_pos, text_pos = task.headerless_positions
@@ -207,6 +211,21 @@ def custom_labels(path: str, text_columns: tuple[str, ...], label_column: str) -
   if len(found) == 1:
     raise GlueDataError(
         f"{path}: column {label_column!r} has one label ({found[0]!r}); "
-        "a classifier needs at least two (or pass --regression)"
+        "a classifier needs at least two (numeric targets: make it a regression task)"
     )
   return tuple(found)
+
+
+def check_task(task: tasks.Task, root: str) -> None:
+  """Read every file of `task` as a run would; raise GlueDataError naming the file for one
+  that is missing or malformed, a test row that cannot be read, or a split without one usable
+  row (the first skipped row says why)."""
+  splits = {s.name: s for s in (task.train, *task.dev, *task.test)}
+  for name, ex in load_task(task, root).items():
+    if len(ex) == 0:
+      path = os.path.join(root, splits[name].tsv) if root else splits[name].tsv
+      first = f"; first: {ex.skipped[0]}" if ex.skipped else ""
+      raise GlueDataError(
+          f"{path}: no usable rows ({len(ex.skipped)} skipped{first}) — fix the file or the "
+          "columns it is read by"
+      )

@@ -22,7 +22,7 @@ _TAG = re.compile(r"^(O|[BIES]-\S+)$")
 
 
 class ConllError(errors.UserError, ValueError):
-  """A file that is missing or holds no sentences."""
+  """A file that is missing or holds no sentences (the first bad line says why)."""
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class Sentences:
 
 def read(path: str) -> Sentences:
   if not os.path.isfile(path):
-    raise ConllError(f"ner: {path}: no such file")
+    raise ConllError(f"{path}: no such file")
   name = os.path.basename(path)
   out = Sentences([], [])
   toks, tags = [], []
@@ -69,8 +69,13 @@ def read(path: str) -> Sentences:
       toks.append(cols[0])
       tags.append(cols[-1])
   close()
+  if not out.tokens and out.skipped:
+    n = len(out.skipped)
+    raise ConllError(
+        f"{path}: no sentences ({n} bad line{'s' if n > 1 else ''}; first: {out.skipped[0]})"
+    )
   if not out.tokens:
-    raise ConllError(f"ner: {path}: no sentences (expected 'TOKEN ... TAG' lines)")
+    raise ConllError(f"{path}: no sentences — expected 'TOKEN ... TAG' lines")
   return out
 
 

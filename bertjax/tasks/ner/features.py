@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import errors
 from bertjax.tasks.inputs import special_ids
 from bertjax.tasks.ner.conll import Sentences
 
@@ -48,7 +49,7 @@ def _rows_of(pieces: list[list[int]], room: int) -> list[tuple[int, int]]:
 
 def build(tok: Any, sents: Sentences, labels: list[str], max_seq_len: int = 128) -> Features:
   if max_seq_len < 3:
-    raise ValueError(f"ner: --max-seq-len={max_seq_len}: need at least 3 ([CLS] word [SEP])")
+    raise errors.ConfigError(f"max_seq_len={max_seq_len} must be >= 3 ([CLS] word [SEP])")
   cls, sep, pad = special_ids(tok)
   unk = tok.unk_id
   label_id = {t: i for i, t in enumerate(labels)}

@@ -62,7 +62,7 @@ def _prf(n_correct: int, n_pred: int, n_gold: int) -> tuple[float, float, float]
 def score(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
   """Micro precision/recall/f1 over all entities, per-type f1 (f1_PER, ...), token accuracy."""
   if len(gold) != len(pred) or any(len(g) != len(p) for g, p in zip(gold, pred)):
-    raise ValueError("ner: gold and predicted tag sequences differ in length")
+    raise ValueError("gold and predicted tag sequences differ in length")
   g, p = entities(gold), entities(pred)
   precision, recall, f1 = _prf(len(g & p), len(p), len(g))
   out = dict(precision=precision, recall=recall, f1=f1)

@@ -45,7 +45,9 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
   text in the context (that span is the target); for evaluation only the texts are needed.
   """
   if version not in VERSIONS:
-    raise SquadDataError(f"squad: --version {version!r}; valid: {', '.join(VERSIONS)}")
+    raise errors.ConfigError(
+        f"version {version!r} is not a SQuAD version — valid: {', '.join(VERSIONS)}"
+    )
   name = os.path.basename(path)
   articles = _load(path)
   examples, skipped, seen = [], [], set()
@@ -69,16 +71,22 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
 
 def _load(path: str) -> list:
   if not os.path.isfile(path):
-    raise SquadDataError(f"squad: {path}: no such file")
+    raise SquadDataError(f"{path}: no such file")
   try:
     with open(path, encoding="utf-8") as f:
       blob = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+  except json.JSONDecodeError as e:
     raise SquadDataError(
-        f"squad: {path}: not JSON ({e}); expected a SQuAD file " '{"data": [{"paragraphs": [...]}]}'
+        f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}) — expected a SQuAD "
+        'file {"data": [{"paragraphs": [...]}]}'
     ) from None
+  except UnicodeDecodeError as e:
+    raise SquadDataError(f"{path}: not UTF-8 text (byte {e.start}) — expected SQuAD JSON") from None
   if not isinstance(blob, dict) or not isinstance(blob.get("data"), list):
-    raise SquadDataError(f'squad: {path}: no top-level "data" list; is this a SQuAD file?')
+    raise SquadDataError(
+        f'{path}: field "data" is missing or not a list — expected a SQuAD file '
+        '{"data": [{"paragraphs": [...]}]}'
+    )
   return blob["data"]
 
 
@@ -95,7 +103,7 @@ def _example(qa, context, version: str, training: bool, where: str) -> tuple[Exa
     return None, 'no "question" text'
   impossible = bool(qa.get("is_impossible", False))
   if impossible and version == "1.1":
-    return None, "is_impossible is set, which v1.1 does not have; run with --version 2.0"
+    return None, "is_impossible is set, which v1.1 does not have (read the file as version 2.0)"
   answers = qa.get("answers", [])
   if not isinstance(answers, list) or not all(isinstance(x, dict) for x in answers):
     return None, '"answers" is not a list of {"text", "answer_start"}'

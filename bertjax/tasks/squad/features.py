@@ -28,6 +28,7 @@ from typing import Any
 import bisect
 import numpy as np
 
+from bertjax import errors
 from bertjax.data import wordpiece
 from bertjax.tasks.inputs import special_ids
 from bertjax.tasks.squad.data import Example
@@ -144,12 +145,12 @@ def build(
 ) -> Features:
   """Every window of every example (google's convert_examples_to_features)."""
   if max_seq_len < max_query_length + 8:
-    raise ValueError(
-        f"squad: --max-seq-len={max_seq_len} leaves no room for the context after "
-        f"a --max-query-length={max_query_length} question; raise it"
+    raise errors.ConfigError(
+        f"max_seq_len={max_seq_len} leaves no room for the context after a "
+        f"max_query_length={max_query_length} question — make it >= {max_query_length + 8}"
     )
   if doc_stride < 1:
-    raise ValueError(f"squad: --doc-stride={doc_stride}: must be >= 1")
+    raise errors.ConfigError(f"doc_stride={doc_stride} must be >= 1")
   cls, sep, pad = special_ids(tok)
   rows, ex_index, all_spans = [], [], []
   for i, ex in enumerate(examples):

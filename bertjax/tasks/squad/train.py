@@ -21,6 +21,7 @@ import os
 import jax
 import optax
 
+from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
@@ -29,7 +30,7 @@ from bertjax.tasks.squad import (
     evaluate as evaluate_lib,
     features as feats_lib,
 )
-from bertjax.tasks.squad.data import Example, gold_answers
+from bertjax.tasks.squad.data import Example, SquadDataError, gold_answers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +99,8 @@ def train_and_evaluate(
 ) -> finetuning.FitResult:
   tok = enc.tokenizer
   if opts.max_seq_len > enc.config.max_position_embeddings:
-    raise ValueError(
-        f"squad: --max-seq-len={opts.max_seq_len} exceeds the model's "
+    raise errors.ConfigError(
+        f"Options.max_seq_len={opts.max_seq_len} exceeds the model's "
         f"max_position_embeddings={enc.config.max_position_embeddings}"
     )
   build = lambda ex, training: feats_lib.build(
@@ -113,7 +114,7 @@ def train_and_evaluate(
       flush=True,
   )
   if not len(train_feats) or not len(dev_feats):
-    raise ValueError("squad: the train or dev file has no usable questions")
+    raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
   total = recipe.epochs * finetuning.steps_per_epoch(len(train_feats), recipe)
   trainer = finetuning.Trainer(
       model_lib.BertForQuestionAnswering, enc, recipe, total, squad_loss, "squad"
