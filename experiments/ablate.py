@@ -263,9 +263,9 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
 
 def prepare_bundled(out: str) -> str:
   """The bundled corpus, prepared once for all variants (same shards, same order)."""
-  from bertjax.training import loop
+  from bertjax.data import bundled
 
-  return loop.bundled_data(out)
+  return bundled.prepared_dir(out)
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -43,8 +43,18 @@ _SCALES = {
     "large": ("large", 256, 1_000_000, 1e-4, 10_000),
 }
 
-
-VARIANTS = (*_SCALES, "base_lamb", "large_lamb")
+# variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
+VARIANTS = {
+    "demo": "`bertjax demo`: tiny model, 2,000 steps, seq 32 then 128, 30% masking (CPU, ~6 min)",
+    "tiny": "tiny model (1.5M params), 2,000 steps of 64 x 128 (CPU, ~1.5 h)",
+    "mini": "mini model (4 layers x 256), 10,000 steps of 128 x 128 (one accelerator)",
+    "small": "small model (4 layers x 512), 20,000 steps of 256 x 128 (one accelerator)",
+    "medium": "medium model (8 layers x 512), 50,000 steps of 256 x 128 (one accelerator)",
+    "base": "BERT-base, the paper's recipe: 1M steps of 256, 90% at seq 128, then 512 (16 chips)",
+    "large": "BERT-large, the paper's recipe: as base with 24 layers x 1024 (64 TPU chips)",
+    "base_lamb": "BERT-base with LAMB: batch 64k at seq 128, then 32k at 512 (You et al. 2019)",
+    "large_lamb": "BERT-large with LAMB: batch 64k at seq 128, then 32k at 512 (You et al. 2019)",
+}
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from bertjax import errors
 from bertjax.training import checkpoint, loop, sharding, train
 from conftest import loop_config, metrics_rows, pretrain_cmd, REPO, run_until, tiny_config
 
@@ -35,14 +36,16 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
   # 8 devices (data=2 x fsdp=2 x tensor=2) -> 1 device, and -> fsdp=4 x tensor=2.
   for mesh in (sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]), sharding.make_mesh(1, 4, 2)):
     s = train.setup(c, mesh)
-    restored, data, _ = mngr.restore(7, s.abstract_state)
-    _equal(restored, state)
-    assert restored.params["mlm_bias"].sharding == s.state_shardings.params["mlm_bias"]
-    assert data == [{"step": 1}]
+    restored = mngr.restore(7, s.abstract_state)
+    _equal(restored.state, state)
+    assert restored.state.params["mlm_bias"].sharding == s.state_shardings.params["mlm_bias"]
+    assert restored.step == 7 and restored.data_states == [{"step": 1}]
+    assert restored.meta == meta
   mngr.close()
   for path in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "7"):
     pre = checkpoint.load_pretrained(str(path))
     assert pre.step == 7 and pre.config == s8.bert_config
+    assert checkpoint.read_config(str(path)) == pre.config  # the same, without the params
     _equal(pre.params, state.params)
   # save_pretrained -> load_pretrained onto given shardings, with the tokenizer copied.
   out = tmp_path / "export"
@@ -51,6 +54,7 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
   )
   one = train.setup(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
   pre = checkpoint.load_pretrained(str(out), shardings=one.state_shardings.params)
+  assert checkpoint.read_config(str(out)) == pre.config == s8.bert_config
   assert (
       pathlib.Path(pre.tokenizer_path).read_bytes()
       == (REPO / "data" / "tokenizer.model").read_bytes()
@@ -222,7 +226,7 @@ def test_no_good_checkpoint_is_one_error(tmp_path):
       checkpoint.NoGoodCheckpointError, match=r"no good checkpoint in .*step 6: .*step 3: "
   ):
     loop.train_and_evaluate(loop_config(9, **kw), str(tmp_path))
-  with pytest.raises(FileNotFoundError):  # both steps were set aside
+  with pytest.raises(errors.InputNotFoundError, match="no checkpoint found"):  # both set aside
     checkpoint.load_pretrained(str(tmp_path))
 
 

@@ -140,3 +140,13 @@ def test_every_experiment_file_has_the_docstring_sections():
     doc = mod.__doc__
     for section in ("Purpose", "Command", "Hardware", "Expected result"):
       assert section in doc, (mod.__name__, section)
+
+
+def test_every_pretrain_variant_has_a_one_line_description():
+  """`bertjax pretrain --help` lists pretrain.VARIANTS: every variant get_config accepts,
+  each with one short line."""
+  for name, text in pretrain.VARIANTS.items():
+    assert text and "\n" not in text and len(text) <= 90, name
+    assert pretrain.get_config(name).variant == name
+  with pytest.raises(ValueError, match=r"unknown variant 'huge'; valid: demo, tiny"):
+    pretrain.get_config("huge")

@@ -11,11 +11,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
-from bertjax.commands.args import HelpFormatter
+from bertjax.commands import args as args_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -119,72 +118,69 @@ def fill_mask(workdir: pathlib.Path, data_dir: pathlib.Path, n: int = 5, k: int 
   return lines
 
 
-def _positive(text: str) -> int:
-  if not text.isdigit() or int(text) < 1:
-    raise argparse.ArgumentTypeError(f"{text!r}: a number of steps >= 1")
-  return int(text)
-
-
-def main(argv: list[str]) -> int:
-  p = argparse.ArgumentParser(
-      prog="bertjax demo", description=__doc__, formatter_class=HelpFormatter
-  )
-  p.add_argument("--workdir", default="runs/demo", help="output directory (default runs/demo)")
+def _parser():
+  p = args_lib.ArgumentParser(prog="bertjax demo", description=__doc__)
+  p.add_argument("--workdir", default="runs/demo", help="output directory")
   p.add_argument(
-      "--steps", type=_positive, default=None, help="training steps (default: the " "demo config's)"
+      "--steps",
+      type=args_lib.positive_int,
+      default=None,
+      help="training steps (default: the demo recipe's, 2000)",
   )
   p.add_argument(
       "--train-tokenizer",
       action="store_true",
       help="train a new tokenizer on the corpus instead of data/tokenizer.model",
   )
-  args = p.parse_args(argv)
+  return p
 
-  from bertjax.training import loop
 
+def main(argv: list[str]) -> int:
+  args = _parser().parse_args(argv)
+
+  from bertjax import errors
   from bertjax.commands import pretrain
+  from bertjax.data import bundled
+  from bertjax.training import config_checks
 
   workdir = pathlib.Path(args.workdir)
   data_dir = workdir / "data" / "austen"
   # The same flag parsing as `bertjax pretrain` (checked before anything is written), so the
   # demo is exactly that command.
-  config_file = loop.REPO_DATA.parent / "experiments" / "pretrain.py"
   overrides = [f"--config.data.path={data_dir}"]
   overrides += [f"--config.train.steps={args.steps}"] if args.steps else []
-  config = pretrain.parse(["--config", f"{config_file}:demo", *overrides], "bertjax demo").config
+  config = pretrain.parse(["--config", "demo", *overrides], "bertjax demo").config
+  corpus = bundled.find(
+      fix="run `bertjax demo` where bertjax was installed from a clone of its repository "
+      "(`pip install -e .`), which has data/"
+  )
+  if workdir.exists() and not workdir.is_dir():
+    raise errors.ConfigError(
+        f"--workdir {workdir}: exists and is not a directory — choose another --workdir"
+    )
+  config_checks.preflight(config)  # the mesh and the batch split, before anything is written
   workdir.mkdir(parents=True, exist_ok=True)
-  corpus = loop.REPO_DATA / "austen.txt"
-  tokenizer = loop.REPO_DATA / "tokenizer.model"
+  tokenizer = corpus.tokenizer
   if args.train_tokenizer:
     from bertjax.data import tokenizer as tokenizer_lib
 
     prefix = workdir / "tokenizer" / "austen"
     if not prefix.with_suffix(".model").exists():
-      print(f"demo: training a tokenizer on {corpus.name} -> {prefix}.model", flush=True)
-      tokenizer_lib.train_tokenizer([str(corpus)], str(prefix))
+      print(f"demo: training a tokenizer on {corpus.text.name} -> {prefix}.model", flush=True)
+      tokenizer_lib.train_tokenizer([str(corpus.text)], str(prefix))
     tokenizer = prefix.with_suffix(".model")
   if not (data_dir / "metadata.json").exists():
-    from bertjax.data import prepare
-
-    print(f"demo: preparing {corpus.name} with {tokenizer} -> {data_dir}", flush=True)
-    prepare.prepare(
-        prepare.PrepareConfig(
-            output=str(data_dir),
-            tokenizer=str(tokenizer),
-            inputs=(str(corpus),),
-            num_shards=8,
-            eval_fraction=0.02,
-            processes=2,
-            progress=False,
-        )
-    )
+    print(f"demo: preparing {corpus.text.name} with {tokenizer} -> {data_dir}", flush=True)
+    bundled.prepare_into(data_dir, tokenizer)
 
   print(
       f"demo: pretraining a tiny BERT for {config.train.steps} steps "
-      f"(`bertjax pretrain --config experiments/pretrain.py:demo --workdir {workdir} "
-      f"--config.data.path={data_dir}` is the same run)",
+      f"(`bertjax pretrain --config demo --workdir {workdir} --config.data.path={data_dir}` "
+      "is the same run)",
       flush=True,
   )
+  from bertjax.training import loop
+
   rc = loop.train_and_evaluate(config, str(workdir))
   if (workdir / "metrics.jsonl").exists():
     print(_summary(workdir))

@@ -1,12 +1,17 @@
-"""`bertjax pretrain --config experiments/pretrain.py:VARIANT --workdir DIR [--config.KEY=V ...]`.
+"""`bertjax pretrain --config VARIANT|FILE:VARIANT --workdir DIR [--config.KEY=VALUE ...]`.
 
-Rerunning the same command with the same workdir resumes from its latest checkpoint.
-Multi-host: on a TPU pod slice or under SLURM every process runs the same command and finds
-the others itself; elsewhere pass --coordinator_address, --num_processes and --process_id.
+`--config base` is the `base` recipe of experiments/pretrain.py as shipped with bertjax, from
+any directory; `--config FILE:VARIANT` reads FILE where you stand when it exists there, and
+otherwise the shipped recipe file of that name (`--config no_nsp.py:tiny`). The command prints
+which file it read. Rerunning the same command with the same workdir resumes from its latest
+checkpoint. Multi-host: on a TPU pod slice or under SLURM every process runs the same command
+and finds the others itself; elsewhere pass --coordinator-address, --num-processes and
+--process-id.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import os
@@ -18,12 +23,12 @@ from typing import Callable
 from absl import flags
 from ml_collections import config_dict, config_flags
 
+from bertjax import errors
 from bertjax.training import config_checks
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
-PRETRAIN_CONFIG = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "pretrain.py"
 _OVERRIDE = re.compile(r"^--?(no)?config\.([^=]+)(=(.*))?$", re.S)
 # ml_collections' parser per field type (config_flags._FIELD_TYPE_TO_PARSER), for the checks.
 _PARSERS = {int: flags.IntegerParser(), float: flags.FloatParser(), bool: flags.BooleanParser()}
@@ -40,29 +45,56 @@ def define_flags(sys_argv: list[str]) -> flags.FlagValues:
   config_flags.DEFINE_config_file(
       "config",
       None,
-      "the experiment config, e.g. " "experiments/pretrain.py:tiny (required)",
+      "the recipe: a variant of experiments/pretrain.py (e.g. tiny), or FILE:VARIANT (required)",
       flag_values=fv,
       lock_config=True,
       sys_argv=sys_argv,
   )
   flags.DEFINE_string(
-      "workdir",
-      None,
-      "output directory (local or gs://); reruns resume " "(required)",
-      flag_values=fv,
+      "workdir", None, "output directory (local or gs://); reruns resume (required)", flag_values=fv
   )
   flags.DEFINE_string(
       "coordinator_address",
       None,
-      "HOST:PORT of process 0 (multi-host; " "found automatically on TPU pods and under SLURM)",
+      "HOST:PORT of process 0 (multi-host; found automatically on TPU pods and under SLURM)",
       flag_values=fv,
   )
-  flags.DEFINE_integer("num_processes", None, "number of processes (multi-host)", flag_values=fv)
-  flags.DEFINE_integer("process_id", None, "this process's index (multi-host)", flag_values=fv)
+  flags.DEFINE_integer(
+      "num_processes", None, "number of processes (multi-host)", lower_bound=1, flag_values=fv
+  )
+  flags.DEFINE_integer(
+      "process_id", None, "this process's index, 0..N-1 (multi-host)", lower_bound=0, flag_values=fv
+  )
   return fv
 
 
-# ----------------------------------------------------------------------------- config file
+# ----------------------------------------------------------------------------- recipes
+
+
+def shipped_dir() -> pathlib.Path:
+  """The experiments/ directory installed with bertjax (the repository's, in a clone)."""
+  # Beside the package first: `find_spec("experiments")` would import whatever package of
+  # that common name the working directory holds.
+  beside = pathlib.Path(__file__).resolve().parents[2] / "experiments"
+  if (beside / "pretrain.py").is_file():
+    return beside
+  spec = importlib.util.find_spec("experiments.pretrain")
+  if spec is None or not spec.origin:
+    raise errors.InputNotFoundError(
+        "the recipes shipped with bertjax (experiments/pretrain.py) are not installed — "
+        "reinstall bertjax (`pip install -e .` from its repository)"
+    )
+  return pathlib.Path(spec.origin).parent
+
+
+def recipe_files() -> list[str]:
+  """The shipped config files (`get_config(arg)` files) by name, pretrain.py first."""
+  names = sorted(
+      p.name
+      for p in shipped_dir().glob("*.py")
+      if "\ndef get_config(" in p.read_text(encoding="utf-8")
+  )
+  return sorted(names, key=lambda n: n != "pretrain.py")
 
 
 def _load_module(path: str | os.PathLike):
@@ -73,34 +105,125 @@ def _load_module(path: str | os.PathLike):
   return module
 
 
-def variants(path: str | os.PathLike = PRETRAIN_CONFIG) -> list[str]:
-  """The variants of experiments/pretrain.py (its `VARIANTS`)."""
-  return list(_load_module(path).VARIANTS)
+def variants(path: str | os.PathLike | None = None) -> dict[str, str]:
+  """A recipe file's variants and their one-line descriptions (its `VARIANTS`); the shipped
+  experiments/pretrain.py's by default. {} for a file without VARIANTS."""
+  found = getattr(_load_module(path or shipped_dir() / "pretrain.py"), "VARIANTS", {})
+  return dict(found) if isinstance(found, dict) else {v: "" for v in found}
+
+
+def _valid_variants() -> str:
+  return ", ".join(variants())
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Where `--config SPEC` points: a file and the argument its `get_config` gets."""
+
+  path: pathlib.Path
+  arg: str | None  # None: `get_config()` with its default
+  shown: str  # as the user would write it
+  shipped: bool  # the file installed with bertjax, not one in the working directory
+
+  @property
+  def flag_value(self) -> str:
+    """The `--config` value ml_collections reads: the real path, wherever the user stands."""
+    return str(self.path) + (f":{self.arg}" if self.arg is not None else "")
+
+  def source_line(self, variant: str | None = None) -> str:
+    """`config: experiments/pretrain.py:base (shipped with bertjax: WHERE)`: what was read;
+    `variant` (the config's own name for it) is added when the file's default was used."""
+    where = os.path.relpath(self.path.resolve())
+    where = str(self.path.resolve()) if where.startswith("..") else where
+    origin = "shipped with bertjax" if self.shipped else "local file"
+    default = f"its default variant {variant}; " if self.arg is None and variant else ""
+    return f"config: {self.shown} ({default}{origin}: {where})"
+
+
+def resolve(spec: str) -> Recipe:
+  """`--config SPEC` as a Recipe. A FILE that exists where the user stands is read; a path
+  that does not exist is the shipped recipe file of that name; a bare NAME is a variant of
+  the shipped experiments/pretrain.py."""
+  path, colon, arg = spec.partition(":")
+  arg = arg if colon else None
+  shipped = shipped_dir()
+  if os.path.isfile(path):  # in a clone, experiments/pretrain.py is the shipped file itself
+    same = pathlib.Path(path).resolve() == (shipped / os.path.basename(path)).resolve()
+    return Recipe(pathlib.Path(path), arg, spec, shipped=same)
+  if not colon and "/" not in path and not path.endswith(".py"):  # `--config base`
+    found = variants()
+    if path not in found:
+      close = difflib.get_close_matches(path, list(found), n=1)
+      hint = f" (did you mean {close[0]}?)" if close else ""
+      raise errors.ConfigError(
+          f"--config {spec}: not a variant of experiments/pretrain.py nor a file here — "
+          f"variants: {', '.join(found)}{hint}; or give FILE:VARIANT"
+      )
+    return Recipe(shipped / "pretrain.py", path, f"experiments/pretrain.py:{path}", shipped=True)
+  name = os.path.basename(path) if path.endswith(".py") else os.path.basename(path) + ".py"
+  if path and name in recipe_files():
+    shown = f"experiments/{name}" + (f":{arg}" if colon else "")
+    return Recipe(shipped / name, arg, shown, shipped=True)
+  raise errors.InputNotFoundError(
+      f"--config {spec}: no config file {path or '(none before the colon)'} here "
+      f"({os.getcwd()}) nor shipped with bertjax — shipped recipe files: "
+      f"{', '.join(recipe_files())}; e.g. --config tiny or --config experiments/pretrain.py:tiny "
+      f"(variants: {_valid_variants()})"
+  )
+
+
+def load_config(spec: str | Recipe) -> config_dict.ConfigDict:
+  """`get_config(ARG)` of the recipe, as ml_collections calls it; a variant the file does not
+  have, and any failure of a file of the user's own, is a ConfigError naming --config."""
+  recipe = spec if isinstance(spec, Recipe) else resolve(spec)
+  where = f"--config {recipe.shown}"
+  try:
+    module = _load_module(recipe.path)
+    known = getattr(module, "VARIANTS", None)
+    if known is not None and recipe.arg is not None and recipe.arg not in known:
+      close = difflib.get_close_matches(recipe.arg, list(known), n=1)
+      hint = f" (did you mean {close[0]}?)" if close else ""
+      raise errors.ConfigError(
+          f"{where}: unknown variant {recipe.arg!r} — valid: {', '.join(known)}{hint}"
+      )
+    if not callable(getattr(module, "get_config", None)):
+      raise errors.ConfigError(f"{where}: {recipe.path} defines no get_config(arg)")
+    return module.get_config(*([] if recipe.arg is None else [recipe.arg]))
+  except errors.UserError:
+    raise
+  except (ValueError, KeyError) as e:  # the file's own "bad argument" errors
+    raise errors.ConfigError(f"{where}: {e.args[0] if e.args else type(e).__name__}") from e
+  except Exception as e:  # noqa: BLE001  (a broken file of the user's; a shipped one is a bug)
+    if recipe.shipped:
+      raise
+    raise errors.ConfigError(f"{where}: {recipe.path} failed: {type(e).__name__}: {e}") from e
 
 
 def _config_spec(argv: list[str]) -> str | None:
   """The value of --config in `argv` (`--config X`, `--config=X`, `-config ...`), or None."""
+  found = []
   for i, a in enumerate(argv):
     if re.match(r"^--?config$", a):
-      return argv[i + 1] if i + 1 < len(argv) else ""
+      found.append(argv[i + 1] if i + 1 < len(argv) else "")
     m = re.match(r"^--?config=(.*)$", a, re.S)
     if m:
-      return m.group(1)
-  return None
+      found.append(m.group(1))
+  if len(found) > 1:
+    raise errors.UsageError(f"--config given {len(found)} times ({', '.join(found)}) — give one")
+  return found[0] if found else None
 
 
-def load_config(spec: str) -> config_dict.ConfigDict:
-  """`get_config(ARG)` of `FILE:ARG`, as ml_collections calls it, with the file's own errors."""
-  path, colon, arg = spec.partition(":")
-  if not path or not os.path.isfile(path):
-    raise FileNotFoundError(
-        f"--config {spec}: no config file {path!r} (relative to {os.getcwd()}); e.g. --config "
-        f"experiments/pretrain.py:tiny, variants: {', '.join(variants())}"
-    )
-  module = _load_module(path)
-  if not callable(getattr(module, "get_config", None)):
-    raise ValueError(f"--config {spec}: {path} defines no get_config(arg)")
-  return module.get_config(*([arg] if colon else []))
+def _with_config(argv: list[str], value: str) -> list[str]:
+  """`argv` with the value of --config replaced by `value`."""
+  out = list(argv)
+  for i, a in enumerate(out):
+    if re.match(r"^--?config$", a) and i + 1 < len(out):
+      out[i + 1] = value
+      return out
+    if re.match(r"^--?config=", a):
+      out[i] = f"--config={value}"
+      return out
+  return out
 
 
 def check_overrides(config: config_dict.ConfigDict, argv: list[str]) -> None:
@@ -119,20 +242,22 @@ def check_overrides(config: config_dict.ConfigDict, argv: list[str]) -> None:
     node, where, field_type = config, "config", None
     for key in path.split("."):
       if not isinstance(node, config_dict.ConfigDict):
-        raise ValueError(
-            f"--config.{path}: {where} is a value, not a section; "
-            f"override it as --{where}=VALUE"
+        raise errors.ConfigError(
+            f"--config.{path}: {where} is a value, not a section — override it as "
+            f"--{where}=VALUE"
         )
       if key not in node:
         close = difflib.get_close_matches(key, list(node.keys()), n=1)
         hint = f" (did you mean {where}.{close[0]}?)" if close else ""
-        raise ValueError(
-            f"--config.{path}: {where} has no field {key!r}{hint}; valid keys "
-            f"of {where}: {', '.join(sorted(node.keys()))}"
+        raise errors.ConfigError(
+            f"--config.{path}: {where} has no field {key!r}{hint}; valid keys of {where}: "
+            f"{', '.join(sorted(node.keys()))}"
         )
       field_type, node, where = node.get_type(key), node[key], f"{where}.{key}"
     if value is None and not negated and field_type is not bool:
       value = argv[i + 1] if i + 1 < len(argv) else None  # `--config.KEY VALUE`
+      if value is None or value.startswith("--"):
+        raise errors.ConfigError(f"--config.{path} has no value — write --config.{path}=VALUE")
     parser = _PARSERS.get(field_type)
     if parser is None or value is None or negated:
       continue
@@ -140,16 +265,16 @@ def check_overrides(config: config_dict.ConfigDict, argv: list[str]) -> None:
       parser.parse(value)
     except (ValueError, TypeError):
       now = f" (this variant's: {node})" if node is not None else ""
-      raise ValueError(
-          f"--config.{path}={value}: {where} takes {_TYPE_NAMES[field_type]}" f"{now}"
+      raise errors.ConfigError(
+          f"--config.{path}={value}: {where} takes {_TYPE_NAMES[field_type]}{now}"
       ) from None
 
 
 # ----------------------------------------------------------------------------- command line
 
 
-def _rows(rows: list[tuple[str, str]]) -> str:
-  width = min(32, max(len(a) for a, _ in rows))
+def _rows(rows: list[tuple[str, str]], width: int = 32) -> str:
+  width = min(width, max(len(a) for a, _ in rows))
   out = []
   for left, text in rows:
     body = textwrap.wrap(text, 98 - width - 4) or [""]
@@ -170,51 +295,79 @@ def _fields(section, prefix: str = ""):
       yield f"{prefix}{key}", value
 
 
+def _dashed(name: str) -> str:
+  return name.replace("_", "-")
+
+
+def _flags_heading(flag_metavars: tuple[tuple[str, str], ...]) -> str:
+  example = next((n for n, _ in flag_metavars if "_" in n), None)
+  if example is None:
+    return "flags:"
+  return f"flags (--{_dashed(example)} is also accepted as --{example}):"
+
+
 def help_text(
     fv: flags.FlagValues, doc: str, argv: list[str], flag_metavars: tuple[tuple[str, str], ...]
 ) -> str:
-  """One help style for the config-file commands: usage, variants, flags with defaults."""
+  """One help style for the config-file commands: usage, recipes, flags with defaults."""
   rows = [
-      ("--config FILE:VARIANT", fv["config"].help),
+      ("--config VARIANT|FILE:VARIANT", fv["config"].help),
       (
           "--config.SECTION.KEY=VALUE",
-          "override one field of the config, e.g. "
-          "--config.train.steps=100 --config.data.source=synthetic; sections: model, data, "
-          "train, phase2, mesh, checkpoint, eval",
+          "override one field of the config, e.g. --config.train.steps=100 "
+          "--config.data.source=synthetic; sections: model, data, train, phase2, mesh, "
+          "checkpoint, eval",
       ),
   ]
   for name, metavar in flag_metavars:
     f = fv[name]
-    rows.append(
-        (
-            f"--{name} {metavar}",
-            f.help + (f" (default: {f.default})" if f.default is not None else ""),
-        )
-    )
+    default = f" (default: {f.default})" if f.default is not None else ""
+    rows.append((f"--{_dashed(name)} {metavar}".rstrip(), f.help + default))
   rows.append(("--debug", "on an error, print the full traceback (or set BERTJAX_DEBUG=1)"))
   first, _, body = doc.strip().partition("\n")
   if first.startswith("`"):  # the docstring's first line is the usage
     first = "usage: " + first.rstrip(".").strip("`")
+  others = [n for n in recipe_files() if n != "pretrain.py"]
   parts = [
       first + "\n" + body,
       "",
+      "variants of experiments/pretrain.py (--config VARIANT, or experiments/pretrain.py:VARIANT):",
+      _rows(list(variants().items()), width=12),
       textwrap.fill(
-          "variants (experiments/pretrain.py:VARIANT): " + ", ".join(variants()),
+          "other recipe files shipped with bertjax (--config FILE:ARG, e.g. no_nsp.py:tiny): "
+          + ", ".join(others),
           98,
           subsequent_indent="  ",
       ),
       "",
-      "flags:",
+      _flags_heading(flag_metavars),
       _rows(rows),
       "",
   ]
   spec = _config_spec(argv)
   if spec:
-    parts += [f"fields of {spec} and their values (override with --config.KEY=VALUE):"]
-    parts += [f"  {k} = {v!r}" for k, v in _fields(load_config(spec))]
+    recipe = resolve(spec)
+    parts += [f"fields of {recipe.shown} and their values (override with --config.KEY=VALUE):"]
+    parts += [f"  {k} = {v!r}" for k, v in _fields(load_config(recipe))]
   else:
-    parts += ["Add --config FILE:VARIANT to --help to list that variant's fields and values."]
+    parts += ["Add --config VARIANT to --help to list that variant's fields and values."]
   return "\n".join(parts)
+
+
+def _spelled(argv: list[str], names: set[str]) -> list[str]:
+  """`--num-processes 2` as absl's `--num_processes 2` (flags are shown with dashes and
+  accepted both ways); `--no-suggest` as `--nosuggest`."""
+  out = []
+  for a in argv:
+    m = re.match(r"^(--?)([A-Za-z][\w-]*)(=.*)?$", a, re.S)
+    if m and "-" in m.group(2):
+      name, rest = m.group(2).replace("-", "_"), m.group(3) or ""
+      if name in names:
+        a = f"{m.group(1)}{name}{rest}"
+      elif name.startswith("no_") and name[3:] in names:
+        a = f"{m.group(1)}no{name[3:]}{rest}"
+    out.append(a)
+  return out
 
 
 _PRETRAIN_FLAGS = (
@@ -234,27 +387,68 @@ def parse(
 ) -> flags.FlagValues | None:
   """Parsed and validated flags, or None after printing --help.
 
-  User errors raise ValueError / FileNotFoundError / absl `flags.Error` naming the flag or
-  config field and the fix (`bertjax.cli` prints them as one line), before anything is written.
-  `define_extra(fv)` adds a command's own flags; `flag_metavars` lists those the help shows.
+  User errors raise `bertjax.errors.UserError`s naming the flag or config field and the fix
+  (`bertjax.cli` prints them as one line), before anything is written; the recipe read is
+  printed as one line. `define_extra(fv)` adds a command's own flags; `flag_metavars` lists
+  those the help shows (and those accepted with dashes).
   """
-  argv = list(argv)
-  fv = define_flags([prog] + argv)
-  if define_extra:
-    define_extra(fv)
+  names = {n for n, _ in flag_metavars} | {n for n, _ in _PRETRAIN_FLAGS}
+  argv = _spelled(list(argv), names)
   if any(a in ("-h", "--help", "-help", "--helpfull", "--helpshort") for a in argv):
+    fv = define_flags([prog] + argv)
+    if define_extra:
+      define_extra(fv)
     print(help_text(fv, doc, argv, flag_metavars))
     return None
   spec = _config_spec(argv)
   if not spec:
-    raise ValueError(
-        "--config is required, e.g. --config experiments/pretrain.py:tiny "
-        f"(variants: {', '.join(variants())})"
+    raise errors.ConfigError(
+        f"--config is required — a recipe, e.g. --config tiny (variants: {_valid_variants()}), "
+        "or --config FILE:VARIANT"
     )
-  check_overrides(load_config(spec), argv)
-  fv([prog] + argv)
+  recipe = resolve(spec)
+  argv = _with_config(argv, recipe.flag_value)
+  check_overrides(load_config(recipe), argv)
+  fv = define_flags([prog] + argv)
+  if define_extra:
+    define_extra(fv)
+  try:
+    fv([prog] + argv)
+  except flags.Error as e:
+    msg = str(e)
+    for name in names:
+      msg = msg.replace(f"--{name}=", f"--{_dashed(name)}=")
+    raise errors.UsageError(f"{msg} — see `{prog} --help`") from e
+  except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+    # ml_collections applying an override the checks above let through (`--config.a[0]=1`)
+    raise errors.ConfigError(f"a --config.KEY override does not apply: {e}") from e
   config_checks.validate(fv.config)
+  print(recipe.source_line(fv.config.get("variant")), flush=True)
   return fv
+
+
+def _check_multihost(fv: flags.FlagValues) -> None:
+  given = {
+      "--coordinator-address": fv.coordinator_address,
+      "--num-processes": fv.num_processes,
+      "--process-id": fv.process_id,
+  }
+  explicit = fv.coordinator_address is not None or (fv.num_processes or 1) > 1
+  if explicit and any(v is None for v in given.values()):
+    missing = ", ".join(k for k, v in given.items() if v is None)
+    raise errors.ConfigError(
+        f"multi-host: {missing} missing — give all of --coordinator-address, --num-processes "
+        "and --process-id, or none (TPU pods and SLURM are found automatically)"
+    )
+  if explicit and not re.match(r"^[^\s:]+:\d+$", fv.coordinator_address):
+    raise errors.ConfigError(
+        f"--coordinator-address {fv.coordinator_address}: write HOST:PORT, e.g. 10.0.0.1:1234"
+    )
+  if fv.process_id is not None and fv.num_processes and fv.process_id >= fv.num_processes:
+    raise errors.ConfigError(
+        f"--process-id {fv.process_id}: must be below --num-processes {fv.num_processes} "
+        f"(0..{fv.num_processes - 1})"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -262,9 +456,10 @@ def main(argv: list[str]) -> int:
   if fv is None:
     return 0
   if not fv.workdir:
-    raise ValueError(
-        "--workdir is required (checkpoints, logs, metrics.jsonl), e.g. " "--workdir runs/tiny"
+    raise errors.ConfigError(
+        "--workdir is required (checkpoints, logs, metrics.jsonl), e.g. --workdir runs/tiny"
     )
+  _check_multihost(fv)
   from bertjax.runtime import distributed
 
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)

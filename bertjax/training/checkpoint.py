@@ -173,6 +173,16 @@ def check_compatible(
 # ----------------------------------------------------------------------------- training runs
 
 
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """One step of a run, restored."""
+
+  step: int
+  state: Any  # on the shardings of the abstract state asked for, whatever mesh wrote it
+  data_states: list | None  # every process's input-stream position, in process order
+  meta: dict  # BertConfig, optimizer, tokenizer, run config, partial metrics (see `loop._meta`)
+
+
 class Manager:
   """Async orbax checkpoints of the train state, data position and metadata of one run."""
 
@@ -260,9 +270,9 @@ class Manager:
 
   def restore_newest_good(
       self, abstract_state: Any, check: Callable[[dict, str], None], log: Callable[[str], None]
-  ) -> tuple[int, Any, list | None, dict] | None:
-    """(step, state, data states, meta) of the newest step that passes its digest and
-    restores; None when the run has no checkpoint.
+  ) -> Restored | None:
+    """The newest step that passes its digest and restores; None when the run has no
+    checkpoint.
 
     `check(meta, where)` raises for a checkpoint of another model or optimizer (a user error,
     reported as is, never skipped). A step that is damaged is reported by file, moved to
@@ -280,10 +290,10 @@ class Manager:
       if problem is None:
         check(meta, str(where))
         try:
-          state, data, _ = self.restore(step, abstract_state)
+          restored = self.restore(step, abstract_state)
           if problems:
             log(f"checkpoint: resuming from step {step}, the newest good one")
-          return step, state, data, meta
+          return restored
         except Exception as e:  # noqa: BLE001
           problem = f"{where}: cannot be restored: {_first_line(e)}"
       problems.append(f"step {step}: {problem}")
@@ -315,8 +325,8 @@ class Manager:
   def read_meta(self, step: int) -> dict:
     return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def restore(self, step: int, abstract_state: Any) -> tuple[Any, list | None, dict]:
-    """(state on the shardings of `abstract_state`, data states per process, meta)."""
+  def restore(self, step: int, abstract_state: Any) -> Restored:
+    """`step`, its state placed on the shardings of `abstract_state`."""
     out = self._mngr.restore(
         step,
         args=ocp.args.Composite(
@@ -325,7 +335,7 @@ class Manager:
             meta=ocp.args.JsonRestore(),
         ),
     )
-    return out["state"], out["data"]["processes"], out["meta"]
+    return Restored(step, out["state"], out["data"]["processes"], out["meta"])
 
   def wait(self) -> None:
     """Block until the last async save is complete on disk (and digested)."""
@@ -438,10 +448,9 @@ def _resolve(path: epath.Path) -> tuple[str, epath.Path]:
   root = path / "checkpoints" if (path / "checkpoints").exists() else path
   steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
   if not steps:
-    raise FileNotFoundError(
-        f"{path}: no checkpoint found (expected a `bertjax pretrain` "
-        "workdir, one of its checkpoints/<step> dirs, or a save_pretrained "
-        "dir with pretrained.json)"
+    raise errors.InputNotFoundError(
+        f"{path}: no checkpoint found — expected a `bertjax pretrain` workdir, one of its "
+        "checkpoints/<step> dirs, or a save_pretrained dir with pretrained.json"
     )
   problems = []
   for step in reversed(steps):  # the newest step that matches its digest
@@ -452,6 +461,17 @@ def _resolve(path: epath.Path) -> tuple[str, epath.Path]:
       return "step", root / str(step)
     problems.append(f"step {step} is damaged ({problem})")
   raise NoGoodCheckpointError(f"{root}: no good checkpoint: " + "; ".join(problems))
+
+
+def read_config(path: str) -> model_lib.BertConfig:
+  """The unscanned BertConfig of what `load_pretrained(path)` would load, without its params."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    cfg = model_lib.BertConfig.from_dict(json.loads((d / "bert_config.json").read_text()))
+  else:
+    meta = json.loads((d / "meta" / "metadata").read_text())
+    cfg = model_lib.BertConfig.from_dict(meta["bert_config"])
+  return cfg.replace(scan_layers=False)
 
 
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:

@@ -1,91 +1,195 @@
 """Checks of a pretraining config that name the field and the fix, before anything is written.
 
-`validate` needs no jax (the command runs it before initialising distributed jax);
-`preflight` builds the model config and the mesh. `loop.train_and_evaluate` runs `validate`
-too, so a config built in Python gets the same one-line errors as the command line's.
+Three stages, each raising a `bertjax.errors.UserError` (one line from the command line):
+`validate` (no jax: every field's type and range, the choices), `preflight` (jax: the model
+config, the mesh, the batch splits) and `check_inputs` (the files the run reads: prepared
+data, tokenizer, `init_from` checkpoint). `loop.train_and_evaluate` runs all three before it
+creates the workdir, so a config built in Python gets the same errors as the command line's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import pathlib
 
-def _at_least(config, path: str, low: int, why: str) -> None:
-  section, _, key = path.rpartition(".")
-  holder = config
-  for part in section.split(".") if section else []:
-    holder = holder.get(part)
-    if holder is None:
-      return
-  if key not in holder:
+from bertjax import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The valid values of one numeric field."""
+
+  kind: type  # int or float (an int is a valid float)
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False  # `low` itself is out of range
+  high_open: bool = False
+  none_ok: bool = False  # None: filled in later (from the data, the preset, the device)
+  minus_one_ok: bool = False  # -1: "the devices left" (mesh axes)
+  why: str = ""
+
+  def accepts(self, v) -> bool:
+    if v is None:
+      return self.none_ok
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      return False
+    if self.kind is int and not isinstance(v, int):
+      return False
+    if self.minus_one_ok and v == -1:
+      return True
+    if not math.isfinite(v):
+      return False
+    if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+      return False
+    return self.high is None or (v < self.high or (not self.high_open and v == self.high))
+
+  def describe(self) -> str:
+    kind = "an integer" if self.kind is int else "a finite number"
+    if self.low is not None and self.high is not None:
+      left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+      rule = f"in {left}{self.low:g}, {self.high:g}{right}"
+    elif self.low is not None:
+      rule = f"{'>' if self.low_open else '>='} {self.low:g}"
+    else:
+      rule = ""
+    extra = " or -1" if self.minus_one_ok else ""
+    return f"{kind} {rule}{extra}".strip() + (" or None" if self.none_ok else "")
+
+
+def _at_least(low: int, why: str = "", **kw) -> Range:
+  return Range(int, low, why=why, **kw)
+
+
+_POSITIVE = dict(low=0.0, low_open=True)
+_RATE = Range(float, 0.0, 1.0, high_open=True, why="a dropout probability")
+_MESH = _at_least(1, "-1 fills the devices left", minus_one_ok=True)
+_MODEL_SIZE = _at_least(1, "None: the preset's", none_ok=True)
+
+# Every numeric field of experiments/pretrain.py (and of the files built on it) and its range.
+# tests/test_config_checks.py fails when a recipe gains a numeric field missing here.
+RANGES: dict[str, Range] = {
+    "seed": _at_least(0, "parameter init, dropout and data order"),
+    "model.vocab_size": _at_least(5, "the tokenizer's size; None: from the data", none_ok=True),
+    "model.num_layers": _MODEL_SIZE,
+    "model.hidden_size": _MODEL_SIZE,
+    "model.num_heads": _MODEL_SIZE,
+    "model.intermediate_size": _MODEL_SIZE,
+    "model.max_position_embeddings": _MODEL_SIZE,
+    "model.type_vocab_size": _MODEL_SIZE,
+    "model.hidden_dropout_rate": _RATE,
+    "model.attention_dropout_rate": _RATE,
+    "model.layer_norm_eps": Range(float, **_POSITIVE, none_ok=True),
+    "model.initializer_range": Range(float, **_POSITIVE, none_ok=True),
+    "model.attention_batch_chunks": _at_least(0, "0 = 2 on CPU, 1 elsewhere"),
+    "data.max_predictions_per_seq": _at_least(1, "masked positions per example"),
+    "data.mask_prob": Range(
+        float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
+    ),
+    "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
+    "train.batch_size": _at_least(1, "global sequences per step"),
+    "train.steps": _at_least(1, "total optimizer steps"),
+    "train.learning_rate": Range(float, **_POSITIVE, why="the peak learning rate"),
+    "train.warmup_steps": _at_least(0, "0 = no warmup"),
+    "train.b1": Range(float, 0.0, 1.0, high_open=True, why="Adam's beta1"),
+    "train.b2": Range(float, 0.0, 1.0, high_open=True, why="Adam's beta2"),
+    "train.eps": Range(float, **_POSITIVE, why="Adam's epsilon"),
+    "train.weight_decay": Range(float, 0.0, why="0 = none"),
+    "train.clip_norm": Range(float, 0.0, why="global gradient norm clip; 0 = none"),
+    "train.microbatches": _at_least(1, "1 = no gradient accumulation"),
+    "train.max_bad_steps": _at_least(0, "0 = stop at the first non-finite step"),
+    "train.inject_nan_at_step": _at_least(-1, "testing only; -1 = never"),
+    "phase2.fraction": Range(
+        float, 0.0, 1.0, high_open=True, why="share of config.train.steps in phase 2; 0 = one phase"
+    ),
+    "mesh.data": _MESH,
+    "mesh.fsdp": _MESH,
+    "mesh.tensor": _MESH,
+    "mesh.dcn_data": _at_least(1, "slices in data parallelism"),
+    "mesh.dcn_fsdp": _at_least(1, "slices in FSDP"),
+    "mesh.dcn_tensor": _at_least(1, "slices in tensor parallelism"),
+    "checkpoint.every_steps": _at_least(
+        1, "to save rarely, use a value above config.train.steps: the last step is always saved"
+    ),
+    "checkpoint.max_to_keep": _at_least(1, "None = keep all", none_ok=True),
+    "checkpoint.keep_period": _at_least(
+        1, "also keep every N-th step; None = only the newest", none_ok=True
+    ),
+    "eval.every_steps": _at_least(0, "0 = no held-out evaluation"),
+    "eval.steps": _at_least(0, "eval batches per evaluation; 0 = none"),
+    "log_every_steps": _at_least(1, "progress line interval"),
+    "peak_flops_per_device": Range(float, **_POSITIVE, none_ok=True, why="None: from the device"),
+}
+# Checked only when the second phase runs (config.phase2.fraction > 0).
+PHASE2_RANGES: dict[str, Range] = {
+    "phase2.seq_len": _at_least(3, "phase-2 tokens per example"),
+    "phase2.max_predictions_per_seq": _at_least(1, "phase-2 masked positions"),
+    "phase2.batch_size": _at_least(1, "global sequences per phase-2 step"),
+    "phase2.microbatches": _at_least(1, "1 = no gradient accumulation"),
+    "phase2.learning_rate": Range(float, **_POSITIVE, why="phase-2 peak (restart_schedule)"),
+    "phase2.warmup_steps": _at_least(0, "phase-2 warmup (restart_schedule)"),
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.source": ("prepared", "synthetic"),
+    "data.pair_mode": ("nsp", "sop", "none"),
+    # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
+    "train.optimizer": ("bert_adamw", "adamw", "lamb"),
+    "train.schedule": ("bert", "warmup_linear"),
+    "model.remat": ("none", "dots", "full"),
+}
+_MISSING = object()
+
+
+def _get(config, path: str):
+  node = config
+  for key in path.split("."):
+    if node is None or not hasattr(node, "keys") or key not in node:
+      return _MISSING
+    node = node[key]
+  return node
+
+
+def check_range(config, path: str, rule: Range) -> None:
+  """ConfigError naming `config.PATH`, its value and the rule, unless the value is valid."""
+  value = _get(config, path)
+  if value is _MISSING or rule.accepts(value):
     return
-  value = holder[key]
-  if isinstance(value, bool) or not isinstance(value, int) or value < low:
-    raise ValueError(
-        f"config.{path}={value!r}: must be an integer >= {low} ({why}); " f"set --config.{path}=N"
-    )
+  why = f" ({rule.why})" if rule.why else ""
+  raise errors.ConfigError(f"config.{path}={value!r}: must be {rule.describe()}{why}")
 
 
-def _one_of(config, path: str, valid: tuple[str, ...]) -> None:
-  section, _, key = path.rpartition(".")
-  holder = config.get(section) if section else config
-  if holder is not None and key in holder and holder[key] not in valid:
-    raise ValueError(
-        f"config.{path}={holder[key]!r}: valid: {', '.join(valid)}; "
-        f"set --config.{path}={valid[0]}"
-    )
+def _check_choice(config, path: str, valid: tuple[str, ...]) -> None:
+  value = _get(config, path)
+  if value is not _MISSING and value not in valid:
+    raise errors.ConfigError(f"config.{path}={value!r}: valid: {', '.join(valid)}")
 
 
 def validate(config) -> None:
-  """Raise ValueError naming the field and the fix for a pretrain config that cannot run.
-
-  The checks need no jax and run before anything is written to the workdir; the mesh and the
-  batch split are checked by `preflight` (and again by the loop).
-  """
-  _at_least(config, "train.steps", 1, "total optimizer steps")
-  _at_least(config, "train.batch_size", 1, "global sequences per step")
-  _at_least(config, "train.microbatches", 1, "1 = no gradient accumulation")
-  _at_least(config, "train.warmup_steps", 0, "0 = no warmup")
-  _at_least(config, "train.max_bad_steps", 0, "0 = stop at the first non-finite step")
-  _at_least(config, "eval.every_steps", 0, "0 = no held-out evaluation")
-  _at_least(config, "eval.steps", 0, "eval batches per evaluation; 0 = none")
-  if config.get("eval") and config.eval.get("every_steps") and config.eval.get("steps"):
-    _at_least(config, "eval.batch_size", 1, "global eval batch")
-  _at_least(
-      config,
-      "checkpoint.every_steps",
-      1,
-      "to save rarely, use a value above " "config.train.steps: the last step is always saved",
-  )
-  _at_least(config, "log_every_steps", 1, "progress line interval")
-  pairs = config.get("data") is not None and config.data.get("pair_mode", "nsp") != "none"
-  _at_least(
-      config,
-      "data.seq_len",
-      5 if pairs else 3,
-      "tokens per example incl. [CLS] and " "the [SEP]s" + (" of both segments" if pairs else ""),
-  )
-  _at_least(config, "data.max_predictions_per_seq", 1, "masked positions per example")
-  _one_of(config, "data.source", ("prepared", "synthetic"))
-  _one_of(config, "data.pair_mode", ("nsp", "sop", "none"))
-  # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
-  _one_of(config, "train.optimizer", ("bert_adamw", "adamw", "lamb"))
-  _one_of(config, "train.schedule", ("bert", "warmup_linear"))
-  _one_of(config, "model.remat", ("none", "dots", "full"))
-  p2 = config.get("phase2")
-  if p2 is not None and "fraction" in p2:
-    if not 0.0 <= p2.fraction < 1.0:
-      raise ValueError(
-          f"config.phase2.fraction={p2.fraction!r}: must be in [0, 1) (the share "
-          "of config.train.steps run in phase 2; 0 = one phase)"
+  """Raise ConfigError naming the field, its value and the valid range, for a config that
+  cannot run; no jax, nothing written. The mesh and batch splits are `preflight`'s."""
+  for path, rule in RANGES.items():
+    check_range(config, path, rule)
+  for path, valid in CHOICES.items():
+    _check_choice(config, path, valid)
+  pairs = _get(config, "data.pair_mode") not in ("none", _MISSING)
+  # [CLS] and [SEP], plus a [SEP] and one token per segment for sentence pairs
+  check_range(config, "data.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
+  if _get(config, "eval.every_steps") and _get(config, "eval.steps"):
+    check_range(config, "eval.batch_size", _at_least(1, "global eval batch"))
+  seq_lens = [("data.seq_len", _get(config, "data.seq_len"))]
+  if (_get(config, "phase2.fraction") or 0) > 0:
+    for path, rule in PHASE2_RANGES.items():
+      check_range(config, path, rule)
+    check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
+    seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
+  positions = _get(config, "model.max_position_embeddings")
+  for path, n in seq_lens:
+    if isinstance(positions, int) and isinstance(n, int) and n > positions:
+      raise errors.ConfigError(
+          f"config.{path}={n} exceeds config.model.max_position_embeddings={positions} — "
+          f"lower config.{path} or raise config.model.max_position_embeddings"
       )
-    if p2.fraction > 0:
-      _at_least(config, "phase2.batch_size", 1, "global sequences per phase-2 step")
-      _at_least(config, "phase2.microbatches", 1, "1 = no gradient accumulation")
-      _at_least(config, "phase2.seq_len", 5 if pairs else 3, "phase-2 tokens per example")
-      _at_least(config, "phase2.max_predictions_per_seq", 1, "phase-2 masked positions")
-  if config.get("data") and "mask_prob" in config.data and not 0.0 < config.data.mask_prob <= 1.0:
-    raise ValueError(
-        f"config.data.mask_prob={config.data.mask_prob!r}: must be in (0, 1] " "(BERT: 0.15)"
-    )
 
 
 def preflight(config) -> None:
@@ -98,14 +202,127 @@ def preflight(config) -> None:
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
   try:
     train.model_config(c)
-  except ValueError as e:
+  except errors.UserError:
+    raise
+  except ValueError as e:  # BertConfig's own checks (hidden_size % num_heads, ...)
     msg = str(e).removeprefix("BertConfig: ")
-    raise ValueError(msg if msg.startswith("config.model") else f"config.model: {msg}") from e
-  mesh = sharding.mesh_from_config(config.mesh)
-  for ph in loop.phases(config):
-    sharding.check_batch_size(
-        ph.batch_size,
-        mesh,
-        ph.microbatches,
-        "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size",
+    msg = msg if msg.startswith("config.model") else f"config.model: {msg}"
+    raise errors.ConfigError(msg) from e
+  try:
+    mesh = sharding.mesh_from_config(config.mesh)
+    for ph in loop.phases(config):
+      field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
+      sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)
+    if config.eval.every_steps and config.eval.steps:
+      sharding.check_batch_size(config.eval.batch_size, mesh, 1, "config.eval.batch_size")
+  except errors.UserError:
+    raise
+  except ValueError as e:  # the mesh does not fit the devices, a batch does not split
+    raise errors.ConfigError(str(e)) from e
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def read_metadata(path: str) -> dict:
+  """metadata.json of the prepared data at `path` (config.data.path), its shards checked."""
+  from bertjax.data import records
+
+  shown = str(pathlib.Path(path))
+  if "://" not in path and not os.path.isdir(path):
+    raise errors.InputNotFoundError(
+        f"config.data.path={path}: no such directory — write it with `bertjax prepare "
+        f"--output {path}`, or leave config.data.path unset to train on the bundled corpus"
     )
+  try:
+    meta = records.load_metadata(path)
+    records.check_shards(meta, path)
+  except FileNotFoundError as e:  # records' errors name the file; this names the field too
+    raise errors.InputNotFoundError(f"config.data.path={path}: {_strip(e, shown)}") from e
+  except (ValueError, KeyError) as e:  # unreadable JSON, a truncated shard
+    raise errors.BadInputError(f"config.data.path={path}: {_strip(e, shown)}") from e
+  return meta
+
+
+def _strip(e: BaseException, prefix: str) -> str:
+  return str(e).removeprefix(f"{prefix}: ")
+
+
+def check_data(config, meta: dict, processes: int = 1) -> None:
+  """The prepared data holds training documents for every process and the vocabulary the
+  config asks for."""
+  path = config.data.path
+  train = [s for s in meta.get("shards", []) if s.get("split") == "train" and s.get("documents")]
+  if not train:
+    problems = "; ".join(meta.get("examples_of_problems", [])[:2])
+    inputs = ", ".join(meta.get("inputs", [])[:3]) or "its input"
+    raise errors.InputNotFoundError(
+        f"config.data.path={path}: the prepared data holds no training documents "
+        f"(`bertjax prepare` found no text in {inputs}{': ' + problems if problems else ''}) — "
+        "re-run `bertjax prepare` on a non-empty corpus"
+    )
+  if len(train) < processes:
+    raise errors.ConfigError(
+        f"config.data.path={path}: {len(train)} non-empty train shard(s) for {processes} "
+        f"processes; each needs one — re-run `bertjax prepare --num-shards {processes}` (or more)"
+    )
+  vocab = meta["tokenizer"]["vocab_size"]
+  if config.model.vocab_size and config.model.vocab_size != vocab:
+    raise errors.ConfigError(
+        f"config.model.vocab_size={config.model.vocab_size} but {path} was tokenized with "
+        f"vocab_size={vocab} — drop the override (the data's is used)"
+    )
+
+
+def _missing_local(path: str | None) -> bool:
+  return bool(path) and "://" not in path and not os.path.exists(path)
+
+
+def check_inputs(config, workdir: str) -> None:
+  """The files the run reads exist and fit the config: the prepared data (or the bundled
+  corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only; needs jax."""
+  import jax
+
+  from bertjax.data import bundled
+
+  if "://" not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
+  vocab = config.model.vocab_size
+  if config.data.source == "prepared":
+    if config.data.path:
+      meta = read_metadata(config.data.path)
+      check_data(config, meta, jax.process_count())
+      vocab = meta["tokenizer"]["vocab_size"]
+    else:
+      bundled.find()
+  if _missing_local(config.data.tokenizer):
+    raise errors.InputNotFoundError(
+        f"config.data.tokenizer={config.data.tokenizer}: no such file — name the .model or "
+        "vocab.txt the data was prepared with, or leave it unset (the data's own copy)"
+    )
+  resuming = os.path.isdir(os.path.join(workdir, "checkpoints"))
+  if config.train.init_from and not resuming:
+    _check_init_from(config, vocab)
+
+
+def _check_init_from(config, vocab: int | None) -> None:
+  """`init_from` exists and holds the architecture the config builds."""
+  from bertjax.training import checkpoint, train
+
+  path = config.train.init_from
+  if _missing_local(path):
+    raise errors.InputNotFoundError(
+        f"config.train.init_from={path}: no such file or directory — name a `bertjax pretrain` "
+        "workdir or a save_pretrained dir"
+    )
+  saved = checkpoint.read_config(path)
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.model.vocab_size = vocab or saved.vocab_size
+  want = train.model_config(c)
+  for field in checkpoint.ARCH_FIELDS:
+    if field != "scan_layers" and getattr(saved, field) != getattr(want, field):
+      raise checkpoint.CheckpointMismatchError(
+          f"config.train.init_from={path} has {field}={getattr(saved, field)!r} but the config "
+          f"builds {getattr(want, field)!r} — set config.model (preset or {field}) to match it"
+      )

@@ -19,11 +19,11 @@ import time
 
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
+from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import prepare, pretraining, records
+from bertjax.data import bundled, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.runtime import distributed, workdir_lock
 from bertjax.training import (
@@ -37,7 +37,10 @@ from bertjax.training import (
     train,
 )
 
-REPO_DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
+# The bundled corpus moved to `bertjax.data.bundled`; these two names stay until
+# commands/compile.py and experiments/ablate.py read it there.
+REPO_DATA = bundled.DATA_DIR
+bundled_data = bundled.prepared_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,70 +96,23 @@ def phase_config(config, phase: Phase):
 # ----------------------------------------------------------------------------- config and data
 
 
-def bundled_data(workdir: str) -> str:
-  """The bundled corpus, prepared once (by process 0) into the workdir or a cache dir."""
-  wd = epath.Path(workdir)
-  out = (
-      (
-          pathlib.Path(str(wd))
-          if not str(wd).startswith("gs://")
-          else pathlib.Path.home() / ".cache" / "bertjax"
-      )
-      / "data"
-      / "austen"
-  )
-  if jax.process_index() == 0 and not (out / "metadata.json").exists():
-    corpus, tok = REPO_DATA / "austen.txt", REPO_DATA / "tokenizer.model"
-    if not corpus.exists():
-      raise FileNotFoundError(
-          f"{corpus}: the bundled corpus is missing (installed without the "
-          "repository?); set --config.data.path to prepared shards"
-      )
-    print(f"data: preparing the bundled corpus {corpus.name} into {out}", flush=True)
-    prepare.prepare(
-        prepare.PrepareConfig(
-            output=str(out),
-            tokenizer=str(tok),
-            inputs=(str(corpus),),
-            num_shards=8,
-            eval_fraction=0.02,
-            processes=2,
-            progress=False,
-        )
-    )
-  _barrier("bundled_data")
-  return str(out)
-
-
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
 def resolve_config(config, workdir: str):
   """Fill what the config leaves open: data path (bundled corpus), vocab size, tokenizer."""
   c = config.copy_and_resolve_references()
   with c.unlocked():
     if c.data.source == "prepared":
       if not c.data.path:
-        c.data.path = bundled_data(workdir)
-
-      meta = records.load_metadata(c.data.path)
-      records.check_shards(meta, c.data.path)
-      vocab = meta["tokenizer"]["vocab_size"]
-      if c.model.vocab_size and c.model.vocab_size != vocab:
-        raise ValueError(
-            f"config.model.vocab_size={c.model.vocab_size} but {c.data.path} was "
-            f"tokenized with vocab_size={vocab}; drop the override"
-        )
-      c.model.vocab_size = vocab
+        c.data.path = bundled.prepared_dir(workdir)
+      meta = config_checks.read_metadata(c.data.path)
+      config_checks.check_data(c, meta, jax.process_count())
+      c.model.vocab_size = meta["tokenizer"]["vocab_size"]
       c.data.tokenizer = c.data.tokenizer or str(
           pathlib.Path(c.data.path) / meta["tokenizer"]["file"]
       )
     elif c.data.source == "synthetic":
       c.model.vocab_size = c.model.vocab_size or 8000
     else:
-      raise ValueError(f"config.data.source={c.data.source!r}; valid: 'prepared', 'synthetic'")
+      raise errors.ConfigError(f"config.data.source={c.data.source!r}: valid: prepared, synthetic")
   return c
 
 
@@ -353,13 +309,15 @@ class _Meter:
 def train_and_evaluate(config, workdir: str) -> int:
   """Pretrain per `config` in `workdir`, resuming from its latest checkpoint. Exit status.
 
-  The config is checked first (one-line ValueErrors, nothing written), then the workdir's lock
-  is taken (one run per workdir) for the whole run.
+  The config and the files it names are checked first (`bertjax.errors.UserError`s, nothing
+  written, no directory created), then the workdir's lock is taken (one run per workdir) for
+  the whole run.
   """
   config_checks.validate(config)
   config_checks.preflight(config)
   if "://" not in workdir:
     workdir = os.path.abspath(workdir)  # orbax writes only to absolute paths
+  config_checks.check_inputs(config, workdir)
   with workdir_lock.Lock(workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
     try:
       return _train_and_evaluate(config, workdir)
@@ -401,7 +359,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
   restored = mngr.restore_newest_good(
       setup0.abstract_state, check, log=print if is_main else lambda _: None
   )
-  latest, saved_meta = (restored[0], restored[3]) if restored else (None, None)
+  latest = restored.step if restored else None
   # metrics.jsonl keeps exactly the records of the steps the checkpoint holds.
   writer = metrics_writer.MetricsWriter(
       workdir,
@@ -421,8 +379,8 @@ def _train_and_evaluate(config, workdir: str) -> int:
   tokenizer_rel = _copy_tokenizer(config, workdir)
   data_state = None
   if restored:
-    state, data_states = restored[1], restored[2]
-    data_state = _data_state(config, data_states, writer)
+    state = restored.state
+    data_state = _data_state(config, restored.data_states, writer)
     writer.log(f"resumed from {mngr.directory / str(latest)}")
   else:
     state = setup0.init_state(config.seed)
@@ -442,7 +400,10 @@ def _train_and_evaluate(config, workdir: str) -> int:
   phase = next((ph for ph in plan if ph.start <= step < ph.end), plan[-1])
   batches = open_phase(phase, data_state)
   meter = _Meter(
-      config, setups[phase.index].bert_config, phase, (saved_meta or {}).get("metrics_partial")
+      config,
+      setups[phase.index].bert_config,
+      phase,
+      restored.meta.get("metrics_partial") if restored else None,
   )
   eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config, writer)
   watcher = distributed.PreemptionWatcher()
