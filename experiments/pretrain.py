@@ -18,8 +18,8 @@ Command:
       --config.data.path=gs://BUCKET/wiki_books_shards
 
 Hardware and expected result:
-  demo   2 CPU cores, ~6 min: held-out accuracy at [MASK] ~3x the best constant guess,
-         NSP accuracy ~0.6 (measured figures and the curve in docs/training.md).
+  demo   2 CPU cores, about 10 min (make demo, install included): held-out accuracy at
+         [MASK] ~3x the best constant guess, NSP accuracy ~0.6 (measured figures and the curve in docs/training.md).
   tiny   2 CPU cores, ~1.5 h at the defaults (2000 steps of 64 x 128).
   base   TPU v3-32 / v4-16 or 8 x A100 class, ~4 days in the paper (16 TPU chips);
          BERT-base reaches MLM accuracy ~0.70 and GLUE numbers of the paper's Table 1.
@@ -45,7 +45,7 @@ _SCALES = {
 
 # variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
 VARIANTS = {
-    "demo": "`bertjax demo`: tiny model, 2,000 steps, seq 32 then 128, 30% masking (CPU, ~6 min)",
+    "demo": "`bertjax demo`: tiny model, 2,000 steps, seq 32 then 128, 30% masking (CPU, about 10 min)",
     "tiny": "tiny model (1.5M params), 2,000 steps of 64 x 128 (CPU, ~1.5 h)",
     "mini": "mini model (4 layers x 256), 10,000 steps of 128 x 128 (one accelerator)",
     "small": "small model (4 layers x 512), 20,000 steps of 256 x 128 (one accelerator)",
