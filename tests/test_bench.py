@@ -14,11 +14,13 @@ import pytest
 
 import flax.linen as nn
 
+from bertjax import cli, errors
 from bertjax import model as model_lib
-from bertjax.bench import peers as bench_peers, pretraining as bench
+from bertjax.bench import finetuning, peers as bench_peers, pretraining as bench
 from bertjax.commands import bench as bench_cmd
 from bertjax.training import flops
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     "--preset",
     "tiny",
@@ -197,19 +199,55 @@ def test_torch_peer_runs_and_matches_the_report_keys():
   np.testing.assert_allclose(r["tokens_per_sec"], 2 * 8 * 1e3 / r["step_ms"])
 
 
+def _one_line_error(argv, capsys) -> str:
+  """`bertjax bench ARGV` fails with exit 2 and one line `bertjax bench: ...`; the line."""
+  assert cli.main(["bench", *argv]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("bertjax bench: "), lines
+  assert "bench: bench:" not in lines[0]
+  return lines[0].removeprefix("bertjax bench: ")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--preset", "huge"], "valid presets"),
-        (["--seq-len", "1024"], "--seq-len=1024"),
-        (["--batch-size", "0"], "--batch-size=0"),
-        (["--num-masked", "16", "--seq-len", "16"], "--num-masked=16"),
-        (["--compare", "hf-torch,tensorflow"], "tensorflow: unknown peer; valid: hf-torch"),
+        (["--preset", "huge"], "--preset 'huge' is not a model preset — valid presets: tiny,"),
+        (["--seq-len", "1024"], "--seq-len 1024 exceeds BERT's 512 positions"),
+        (["--seq-len", "1"], "--seq-len 1 must be >= 2"),
+        (["--batch-size", "0"], "argument --batch-size: '0' must be >= 1"),
+        (["--steps", "-1"], "argument --steps: '-1' must be >= 1"),
+        (["--num-masked", "16", "--seq-len", "16"], "--num-masked 16 must be below --seq-len 16"),
+        (["--vocab-size", "4", "--preset", "tiny"], "--vocab-size 4 must be >= 6"),
+        (["--peak-flops", "-1"], "argument --peak-flops: '-1' must be a finite number >= 0"),
+        (["--compare", "hf-torch,tensorflow"], "--compare tensorflow: unknown peer — valid: hf-"),
+        (["inputs"], "invalid choice: 'inputs'"),
+        (["input", "--copies", "0"], "input: argument --copies: '0' must be >= 1"),
+        (["input", "--readers", "arrow"], "--readers arrow: unknown reader 'arrow'"),
+        (["input", "--corpus", "nope.txt"], "--corpus nope.txt: no such file"),
+        (["input", "--data", "nope"], "--data nope: no metadata.json"),
+        (["input", "--json", "/nonexistent/r.json"], "--json /nonexistent/r.json: no directory"),
+        (["finetune", "--epochs", "0"], "finetune: argument --epochs: '0' must be >= 1"),
+        (["finetune", "--preset", "huge"], "--preset 'huge' is not a model preset"),
+        (["finetune", "--task-dir", "nope"], "--task-dir nope: no train.tsv"),
+        (["finetune", "--max-seq-len", "600"], "--max-seq-len 600 exceeds BERT's 512"),
     ],
 )
 def test_errors_name_the_flag(argv, message, capsys):
-  assert bench_cmd.main(argv) == 2
-  assert message in capsys.readouterr().err
+  assert message in _one_line_error(argv, capsys)
+
+
+def test_specs_name_their_fields():
+  """The library speaks its own terms; the command translates them to flags."""
+  with pytest.raises(errors.ConfigError, match=r"BenchSpec.seq_len=1024 exceeds"):
+    bench.BenchSpec(seq_len=1024)
+  with pytest.raises(errors.ConfigError, match=r"BenchSpec.remat='some'"):
+    bench.BenchSpec(preset="tiny", remat="some")
+  with pytest.raises(errors.ConfigError, match=r"compare=tf: unknown peer"):
+    bench.check_peers(("hf-torch", "tf"))
+  with pytest.raises(errors.ConfigError, match=r"FinetuneSpec.learning_rate=0"):
+    finetuning.FinetuneSpec("d", "t", learning_rate=0)
+  with pytest.raises(errors.InputNotFoundError, match=r"FinetuneSpec.tokenizer=nope"):
+    finetuning.FinetuneSpec(os.path.join(REPO, "data", "movie_snippets"), "nope").check_inputs()
 
 
 def test_bf16_peers_are_reported_unavailable():
@@ -218,16 +256,31 @@ def test_bf16_peers_are_reported_unavailable():
   assert r["status"] == "unavailable" and "float32" in r["reason"]
 
 
-def test_bench_input_dispatches_to_the_experiment(tmp_path, monkeypatch, capsys):
-  (tmp_path / "experiments").mkdir()
-  (tmp_path / "experiments" / "bench_input.py").write_text(
-      "def main(argv):\n  print('input bench', argv)\n  return 3\n"
-  )
-  monkeypatch.setattr(bench_cmd, "_REPO_ROOT", str(tmp_path))
-  assert bench_cmd.main(["input", "--copies", "2"]) == 3
-  assert "input bench ['--copies', '2']" in capsys.readouterr().out
-  (tmp_path / "experiments" / "bench_input.py").unlink()
-  assert bench_cmd.main(["input"]) == 2
+def test_bench_input_builds_the_spec_from_the_flags(tmp_path, monkeypatch, capsys):
+  from bertjax.bench import input as input_bench
+
+  seen = []
+  monkeypatch.setattr(input_bench, "run", lambda spec: seen.append(spec) or {"stream": [1]})
+  out = tmp_path / "r.json"
+  argv = ["input", "--copies", "2", "--readers", "python", "--steps", "7", "--json", str(out)]
+  assert bench_cmd.main(argv) == 0
+  (spec,) = seen
+  assert (spec.copies, spec.readers, spec.steps, spec.batch) == (2, ("python",), 7, 256)
+  assert spec.corpus.endswith(os.path.join("data", "austen.txt")) and not spec.data
+  assert json.loads(capsys.readouterr().out) == {"stream": [1]} == json.loads(out.read_text())
+
+
+def test_the_experiment_script_is_the_same_command_line(monkeypatch, capsys):
+  from bertjax.bench import input as input_bench
+
+  monkeypatch.syspath_prepend(REPO)
+  from experiments import bench_input
+
+  monkeypatch.setattr(input_bench, "run", lambda spec: {"batch": spec.batch})
+  assert bench_input.main(["--batch", "3"]) == 0
+  assert json.loads(capsys.readouterr().out) == {"batch": 3}
+  assert bench_input.main(["--batch", "0"]) == 2
+  assert capsys.readouterr().err.startswith("bertjax bench: input: argument --batch: '0'")
 
 
 @pytest.mark.slow
@@ -294,11 +347,10 @@ def test_bench_finetune_reports_both_runs(tmp_path, capsys):
   for run in (r, torch_run):
     assert run["wall_s"] > 0 and 0 <= run["accuracy"] <= 1 and np.isfinite(run["train_loss"])
   np.testing.assert_allclose(r["speedup_hf-torch"], torch_run["wall_s"] / r["wall_s"])
-  report = bench.format_finetune_report(r)
+  report = finetuning.format_finetune_report(r)
   assert "hf-torch" in report and "dev acc" in report
 
 
 def test_bench_finetune_errors_name_the_flag(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--compare", "hf-flax"]
-  assert bench_cmd.main(argv) == 2
-  assert "--compare hf-flax: unknown peer; valid: hf-torch" in capsys.readouterr().err
+  assert _one_line_error(argv, capsys) == "--compare hf-flax: unknown peer — valid: hf-torch"

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
+from bertjax import errors
 from bertjax.commands import compile as compile_cmd
-from bertjax.training import tpu
+from bertjax.training import fit, tpu
 from conftest import REPO
 
 ARGS = [
@@ -38,9 +39,53 @@ def test_compile_reports_memory_and_fails_when_too_big(capsys):
   assert "vocab 1,000 (config.model.vocab_size)" in out
   assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 2} on 8 x cpu" in out
   assert "per device:" in out and "peak ~" in out
-  rc = compile_cmd.main(ARGS + ["--mesh", "data=8,fsdp=1", "--device_memory_gb", "0.0001"])
+  rc = compile_cmd.main(ARGS + ["--mesh", "data=8,fsdp=1", "--device-memory-gb", "0.0001"])
   assert rc == 1
-  assert "DOES NOT FIT" in capsys.readouterr().err
+  assert "DOES NOT FIT on this device: phase 1 needs " in capsys.readouterr().err
+  # the older spelling still works
+  rc = compile_cmd.main(ARGS + ["--phase", "1", "--devices", "8", "--device_memory_gb", "0.0001"])
+  assert rc == 1
+
+
+@pytest.mark.slow
+def test_compile_uses_the_devices_asked_for(capsys):
+  # This process started JAX with 8 devices: --devices 4 compiles for the first 4 of them.
+  assert compile_cmd.main(ARGS + ["--mesh", "data=2,fsdp=2", "--devices", "4", "--phase", "1"]) == 0
+  assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1} on 4 x cpu" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, kind, needles",
+    [
+        (["--accelerator", "v3-8"], errors.ConfigError, ["--accelerator 'v3-8'", "v5litepod-16"]),
+        (["--accelerator", "v4-32", "--topology", "v4:2x2x4"], errors.UsageError, ["pass one"]),
+        (["--topology", "v4:2x2"], errors.ConfigError, ["--topology 'v4:2x2'", "3 dimensions"]),
+        (["--mesh", "data=0"], errors.ConfigError, ["--mesh data=0", ">= 1"]),
+        (["--mesh", "dcn_data=2"], errors.ConfigError, ["--config.mesh.dcn_data=N"]),
+        (
+            ["--mesh", "data=4,fsdp=2", "--devices", "6"],
+            errors.ConfigError,
+            ["--devices 6", "data=4,fsdp=2,tensor=1 needs 8 devices"],
+        ),
+        (["--mesh", "tensor=3"], errors.ConfigError, ["default --devices 8", "multiple of 3"]),
+        (
+            ["--accelerator", "v4-32", "--mesh", "data=3,fsdp=1"],
+            errors.ConfigError,
+            ["--accelerator v4-32 (16 chips)", "needs 3 devices, not 16"],
+        ),
+        (["--accelerator", "v4-32", "--devices", "16"], errors.UsageError, ["drop --devices"]),
+        (["--devices", "0"], errors.ConfigError, ["--devices 0", ">= 1"]),
+        (["--phase", "3"], errors.ConfigError, ["--phase 3", "write 1"]),
+        (["--phase", "2", "--config.phase2.fraction=0"], errors.ConfigError, ["one phase"]),
+        (["--suggest"], errors.UsageError, ["--suggest needs a TPU target"]),
+        (["--device-memory-gb", "-2"], errors.ConfigError, ["--device-memory-gb -2", "> 0"]),
+    ],
+)
+def test_mistakes_raise_user_errors_naming_the_flag(argv, kind, needles):
+  with pytest.raises(kind) as e:
+    compile_cmd.main(ARGS + argv)
+  for needle in needles:
+    assert needle in str(e.value), str(e.value)
 
 
 def _config(variant, *overrides):
@@ -54,12 +99,12 @@ def _config(variant, *overrides):
 
 def test_vocab_comes_from_the_data_or_is_stated(tmp_path):
   # What `pretrain` would use: the bundled tokenizer without config.data.path ...
-  vocab, source = compile_cmd.resolve_vocab(_config("tiny"))
+  vocab, source = fit.resolve_vocab(_config("tiny"))
   assert vocab == 8000 and source.startswith("the bundled tokenizer")
   # ... a prepared directory's metadata.json, or BERT's, said so, when it cannot be read.
-  vocab, source = compile_cmd.resolve_vocab(_config("base", f"--config.data.path={tmp_path}"))
+  vocab, source = fit.resolve_vocab(_config("base", f"--config.data.path={tmp_path}"))
   assert vocab == 30522 and source.startswith("assumed (BERT's)")
-  assert "set --config.model.vocab_size" in source
+  assert "set config.model.vocab_size" in source
 
 
 def test_accelerator_types_map_to_slices():
@@ -71,10 +116,24 @@ def test_accelerator_types_map_to_slices():
   assert (s.topology, s.chips, s.hosts) == ("v5e:4x4", 16, 4)
   assert tpu.parse_accelerator("v6e-8").hosts == 1  # single-host 8-chip slice
   assert tpu.parse_accelerator("v5p-768").topology == "v5p:4x8x12"
-  with pytest.raises(ValueError, match="--accelerator 'v4-12'.*TensorCores"):
+  with pytest.raises(errors.ConfigError, match="accelerator 'v4-12'.*TensorCores"):
     tpu.parse_accelerator("v4-12")
-  with pytest.raises(ValueError, match="--accelerator 'v3-8'.*v5litepod-16"):
+  with pytest.raises(errors.ConfigError, match="accelerator 'v3-8'.*v5litepod-16"):
     tpu.parse_accelerator("v3-8")
+  with pytest.raises(errors.ConfigError, match="--accelerator 'v5e-3'.*one of 1, 4, 8"):
+    tpu.parse_accelerator("v5e-3", what="--accelerator")
+
+
+def test_topologies_map_to_slices():
+  s = tpu.parse_topology("v5e:4x4")
+  assert (s.topology, s.chips, s.hosts) == ("v5e:4x4", 16, 4)
+  assert tpu.parse_topology("v4:2x2x2").chips == 8
+  with pytest.raises(errors.ConfigError, match="topology 'v4:2x2'.*3D torus"):
+    tpu.parse_topology("v4:2x2")
+  with pytest.raises(errors.ConfigError, match="topology 'v4:0x2x2'"):
+    tpu.parse_topology("v4:0x2x2")
+  with pytest.raises(errors.ConfigError, match="GENERATION:DIMS"):
+    tpu.parse_topology("4x4")
 
 
 HLO = """\
@@ -128,10 +187,9 @@ def test_libtpu_devices_and_hbm_per_chip():
 
 def _compile(variant, accelerator, *overrides):
   c = _config(variant, "--config.model.vocab_size=30522", *overrides)
-  config, _, _ = compile_cmd._resolve(c, {})
-  s = tpu.parse_accelerator(accelerator)
-  mesh, limit, _ = compile_cmd._setup_target(s, {}, config, None)
-  return compile_cmd.compile_phases(config, mesh, quick=True, keep_hlo=True), limit
+  config, _, _ = fit.resolve(c)
+  mesh, limit, _ = fit.setup_target(config, fit.Target(tpu.parse_accelerator(accelerator)))
+  return fit.compile_phases(config, mesh, quick=True, keep_hlo=True), limit
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,21 @@
 """Input benchmark: `bertjax prepare` MB/s and peak memory, and stream examples/s per core.
 
-The code behind `experiments/bench_input.py` (and `bertjax bench input`, via `main(argv)`).
+`bertjax bench input` is the command line (experiments/bench_input.py documents the run);
+`run(InputBenchSpec(...))` returns the results as one JSON-able dict.
 
 Purpose: check the data layer's targets (issue 3): >= 5,000 examples/s per host at seq 128,
 preparation >= 10x google-research/bert's create_pretraining_data.py per core, flat memory.
 Command (from the repository root; about three minutes on 2 CPU cores):
 
-    python experiments/bench_input.py --copies 4
-    python experiments/bench_input.py --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
+    bertjax bench input --copies 4
+    bertjax bench input --copies 4 --google-bert-dir /tmp/bert-tensorflow-1.0.4
 
 Hardware: any CPU machine. The stream builds and masks examples in one Python thread (= one
 core); with the tf.data reader (default), reading and parsing the shards run in tf.data's own
 threads beside it, with the Python reader in that same thread. Both readers are timed.
 Expected: >10,000 examples/s at seq 128 on one core, the tf.data reader somewhat faster than
-the Python one; prepare a few MB/s per core with the same peak memory for 1x and Nx the corpus. `--google-bert-dir` points at an unpacked
+the Python one; prepare a few MB/s per core with the same peak memory for 1x and Nx the corpus.
+`google_bert_dir` points at an unpacked
 `pip download --no-deps --no-binary :all: bert-tensorflow==1.0.4` (Google's BERT on PyPI),
 whose create_pretraining_data.py is run, not copied, on the same text with a WordPiece vocab
 made from our SentencePiece pieces.
@@ -21,7 +23,7 @@ made from our SentencePiece pieces.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -32,10 +34,67 @@ import tempfile
 import threading
 import time
 
+from bertjax import errors
 from bertjax.data import pretraining, records, tf_reader
 from bertjax.data.tokenizer import NUM_SPECIAL, SentencePieceTokenizer, SPECIAL_PIECES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+READERS = ("tf.data", "python")  # the shard readers of bertjax.data.pretraining
+SEQ_LENS = (128, 512)  # the stream is timed at BERT's two phases' lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class InputBenchSpec:
+  """What to time: prepare (1x and `copies`x the corpus), the readers and the stream."""
+
+  corpus: str = str(REPO / "data" / "austen.txt")  # raw text, copied `copies` times
+  tokenizer: str = str(REPO / "data" / "tokenizer.model")
+  copies: int = 4  # corpus copies for the large run
+  batch: int = 256  # stream batch size
+  steps: int = 400  # batches timed per stream run; several epochs of the default corpus
+  readers: tuple[str, ...] = READERS  # shard readers to time
+  data: str = ""  # only read and stream this prepared directory (no prepare)
+  google_bert_dir: str = ""  # unpacked bert-tensorflow sdist; "" = skip Google's script
+  google_copies: int = 1  # corpus copies for Google's script
+  workdir: str = ""  # where the prepared copies go; "" = a temporary directory
+
+  def __post_init__(self):
+    for field in ("copies", "batch", "steps", "google_copies"):
+      if getattr(self, field) < 1:
+        raise errors.ConfigError(f"InputBenchSpec.{field}={getattr(self, field)} must be >= 1")
+    bad = [r for r in self.readers if r not in READERS]
+    if bad or not self.readers:
+      raise errors.ConfigError(
+          f"InputBenchSpec.readers={','.join(self.readers)}: "
+          + (f"unknown reader {bad[0]!r}" if bad else "none given")
+          + f" — valid: {', '.join(READERS)}"
+      )
+
+  def check_inputs(self) -> None:
+    """`InputNotFoundError` naming the field when a path the run reads is missing."""
+    if self.data:
+      if not os.path.isfile(os.path.join(self.data, "metadata.json")):
+        raise errors.InputNotFoundError(
+            f"InputBenchSpec.data={self.data}: no metadata.json — name a directory written by "
+            "`bertjax prepare`"
+        )
+    else:
+      for field in ("corpus", "tokenizer"):
+        if not os.path.isfile(getattr(self, field)):
+          raise errors.InputNotFoundError(
+              f"InputBenchSpec.{field}={getattr(self, field)}: no such file — name an "
+              "existing file"
+          )
+    script = os.path.join(self.google_bert_dir, "bert", "create_pretraining_data.py")
+    if self.google_bert_dir and not os.path.isfile(script):
+      raise errors.InputNotFoundError(
+          f"InputBenchSpec.google_bert_dir={self.google_bert_dir}: no "
+          "bert/create_pretraining_data.py — unpack the bert-tensorflow==1.0.4 sdist there"
+      )
+    if self.workdir and os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+      raise errors.ConfigError(
+          f"InputBenchSpec.workdir={self.workdir}: exists and is not a directory"
+      )
 
 
 def _tree_rss_mb(root_pid: int) -> float:
@@ -109,6 +168,7 @@ def bench_prepare(
       "--processes",
       str(processes),
       "--no-progress",
+      "--overwrite",  # the benchmark's own scratch copies: a rerun in the same workdir
   ]
   seconds, peak = run_measured(cmd)
   meta = json.loads((out / "metadata.json").read_text())
@@ -218,74 +278,47 @@ def bench_google(
   }
 
 
-def _bench_all(args, readers: list[str], work: pathlib.Path) -> dict:
+def _bench_all(spec: InputBenchSpec, work: pathlib.Path) -> dict:
   """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
-  small, large = work / "corpus1.txt", work / f"corpus{args.copies}.txt"
-  n_small = make_corpus(pathlib.Path(args.corpus), 1, small)
-  n_large = make_corpus(pathlib.Path(args.corpus), args.copies, large)
+  small, large = work / "corpus1.txt", work / f"corpus{spec.copies}.txt"
+  n_small = make_corpus(pathlib.Path(spec.corpus), 1, small)
+  n_large = make_corpus(pathlib.Path(spec.corpus), spec.copies, large)
   cores = os.cpu_count() or 1
   results = {
       "cpu_cores": cores,
       "prepare": [
-          bench_prepare(small, n_small, args.tokenizer, work / "p_small_1", 1),
-          bench_prepare(large, n_large, args.tokenizer, work / "p_large_1", 1),
-          bench_prepare(large, n_large, args.tokenizer, work / "p_large_n", cores),
+          bench_prepare(small, n_small, spec.tokenizer, work / "p_small_1", 1),
+          bench_prepare(large, n_large, spec.tokenizer, work / "p_large_1", 1),
+          bench_prepare(large, n_large, spec.tokenizer, work / "p_large_n", cores),
       ],
   }
-  results.update(_bench_data(work / "p_large_n", args, readers))
-  if args.google_bert_dir:
+  results.update(_bench_data(work / "p_large_n", spec))
+  if spec.google_bert_dir:
     g_corpus = work / "google.txt"
-    n_g = make_corpus(pathlib.Path(args.corpus), args.google_copies, g_corpus)
+    n_g = make_corpus(pathlib.Path(spec.corpus), spec.google_copies, g_corpus)
     results["google_create_pretraining_data"] = bench_google(
-        args.google_bert_dir, g_corpus, n_g, args.tokenizer, work, dupe_factor=1
+        spec.google_bert_dir, g_corpus, n_g, spec.tokenizer, work, dupe_factor=1
     )
   return results
 
 
-def _bench_data(data: pathlib.Path, args, readers: list[str]) -> dict:
+def _bench_data(data: pathlib.Path, spec: InputBenchSpec) -> dict:
   return {
-      "read": [bench_read(data, r) for r in readers],
+      "read": [bench_read(data, r) for r in spec.readers],
       "stream": [
-          bench_stream(data, L, args.batch, args.steps, r) for L in (128, 512) for r in readers
+          bench_stream(data, L, spec.batch, spec.steps, r) for L in SEQ_LENS for r in spec.readers
       ],
   }
 
 
-def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="bench_input", description=__doc__.split("\n")[0])
-  p.add_argument("--corpus", default=str(REPO / "data" / "austen.txt"))
-  p.add_argument("--tokenizer", default=str(REPO / "data" / "tokenizer.model"))
-  p.add_argument("--copies", type=int, default=4, help="corpus copies for the large run")
-  p.add_argument("--batch", type=int, default=256)
-  p.add_argument(
-      "--steps",
-      type=int,
-      default=400,
-      help="batches timed per stream run; several epochs of the default corpus",
-  )
-  p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
-  p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
-  p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")
-  p.add_argument("--google-copies", type=int, default=1)
-  p.add_argument("--workdir", help="default: a temporary directory")
-  p.add_argument("--json", help="also write the results here")
-  args = p.parse_args(argv)
-  readers = args.readers.split(",")
-  if args.data:
-    results = {
-        "cpu_cores": os.cpu_count() or 1,
-        **_bench_data(pathlib.Path(args.data), args, readers),
-    }
-  else:
-    with tempfile.TemporaryDirectory() as tmp:
-      work = pathlib.Path(args.workdir or tmp)
-      work.mkdir(parents=True, exist_ok=True)
-      results = _bench_all(args, readers, work)
-  print(json.dumps(results, indent=2))
-  if args.json:
-    pathlib.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())
+def run(spec: InputBenchSpec) -> dict:
+  """Every measurement of `spec`, as one JSON-able dict (see the module docstring)."""
+  spec.check_inputs()
+  if spec.data:
+    return {"cpu_cores": os.cpu_count() or 1, **_bench_data(pathlib.Path(spec.data), spec)}
+  if spec.workdir:
+    work = pathlib.Path(spec.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    return _bench_all(spec, work)
+  with tempfile.TemporaryDirectory() as tmp:
+    return _bench_all(spec, pathlib.Path(tmp))

@@ -21,28 +21,24 @@ Shape letters: B batch, L sequence length, H hidden, P masked positions, V vocab
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
+import math
 import os
-import re
 import sys
-import tempfile
 import time
 from typing import Any
 
-import gzip
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.bench import peers as bench_peers
+from bertjax.bench import peers as bench_peers, profile
 from bertjax.model import ops
-from bertjax.tasks import encoder as encoder_lib, finetuning
-from bertjax.tasks.glue import features, finetune, tasks, tsv
 from bertjax.training import flops as flops_lib, sharding, train
 
 CPU_PEAK_SIZES = (512, 1024, 2048)  # square matmuls; the best of these is the CPU's peak
+MAX_POSITIONS = 512  # BERT's position embeddings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +60,43 @@ class BenchSpec:
   seed: int = 0
 
   def __post_init__(self):
-    for field in ("batch_size", "seq_len", "steps", "warmup"):
-      if getattr(self, field) < 1:
-        raise ValueError(f"bench: --{field.replace('_', '-')}={getattr(self, field)} must be >= 1")
-    if self.seq_len > 512:
-      raise ValueError(f"bench: --seq-len={self.seq_len} exceeds BERT's 512 positions")
-    if not 0 <= self.num_masked < self.seq_len:
-      raise ValueError(
-          f"bench: --num-masked={self.num_masked} must be in [0, seq-len=" f"{self.seq_len})"
+    for field, low, why in (
+        ("batch_size", 1, ""),
+        ("seq_len", 2, " ([CLS] and a token)"),
+        ("vocab_size", bench_peers.FIRST_TOKEN_ID + 1, " (ids 0-4 are the special tokens)"),
+        ("warmup", 1, " (the first step compiles)"),
+        ("steps", 1, ""),
+        ("seed", 0, ""),
+    ):
+      if getattr(self, field) < low:
+        raise errors.ConfigError(f"BenchSpec.{field}={getattr(self, field)} must be >= {low}{why}")
+    if self.seq_len > MAX_POSITIONS:
+      raise errors.ConfigError(
+          f"BenchSpec.seq_len={self.seq_len} exceeds BERT's {MAX_POSITIONS} positions — use at "
+          f"most {MAX_POSITIONS}"
       )
-    self.model_config()  # unknown preset, dtype or remat: BertConfig's own error
+    if not 0 <= self.num_masked < self.seq_len:
+      raise errors.ConfigError(
+          f"BenchSpec.num_masked={self.num_masked} must be below "
+          f"BenchSpec.seq_len={self.seq_len} (0: 15% of the sequence)"
+      )
+    if not 0 <= self.attention_dropout < 1:
+      raise errors.ConfigError(
+          f"BenchSpec.attention_dropout={self.attention_dropout} must be in [0, 1)"
+      )
+    if not 0 <= self.peak_flops < math.inf:
+      raise errors.ConfigError(
+          f"BenchSpec.peak_flops={self.peak_flops} must be a FLOP/s figure > 0, or 0 to measure it"
+      )
+    if self.preset not in model_lib.PRESETS:
+      raise errors.ConfigError(
+          f"BenchSpec.preset={self.preset!r} is not a model preset — valid presets: "
+          f"{', '.join(model_lib.PRESETS)}"
+      )
+    try:
+      self.model_config()
+    except ValueError as e:  # BertConfig's own checks (dtype, remat) of this spec's values
+      raise errors.ConfigError("BenchSpec." + str(e).removeprefix("BertConfig: ")) from None
 
   def model_config(self) -> model_lib.BertConfig:
     return model_lib.from_preset(
@@ -109,7 +132,7 @@ def measure_cpu_peak(dtype: str = "float32", sizes=CPU_PEAK_SIZES, repeats: int 
 def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]:
   """Peak FLOP/s of `devices` together, and where the number comes from."""
   if spec.peak_flops > 0:
-    return spec.peak_flops, "--peak-flops"
+    return spec.peak_flops, "given"
   dev = devices[0]
   if dev.platform == "cpu":
     dtypes = sorted({"float32", spec.dtype})
@@ -121,9 +144,9 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
     return per_device * len(devices), (
         f"published dense bf16 peak of {dev.device_kind} x " f"{len(devices)}"
     )
-  raise ValueError(
-      f"bench: no published peak for device kind {dev.device_kind!r}; pass "
-      f"--peak-flops FLOPS (the dense bf16 peak of all {len(devices)} devices)"
+  raise errors.ConfigError(
+      f"no published peak for device kind {dev.device_kind!r} — set "
+      f"BenchSpec.peak_flops=FLOPS (the dense bf16 peak of all {len(devices)} devices)"
   )
 
 
@@ -141,12 +164,12 @@ def train_config(spec: BenchSpec):
 
   The optimizer, clipping, loss and step are exactly those of `bertjax pretrain`; only what the
   benchmark varies is overridden (a preset's paper defaults such as bf16 and scan_layers too,
-  so every flag means what it says).
+  so every field means what it says).
   """
   if not os.path.exists(_PRETRAIN_CONFIG):
-    raise FileNotFoundError(
-        f"bench: {_PRETRAIN_CONFIG} not found; it ships in the source tree: "
-        "run from a git checkout"
+    raise errors.InputNotFoundError(
+        f"{_PRETRAIN_CONFIG} not found — it ships in the source tree, not the wheel: run "
+        "from a git checkout"
     )
   import importlib.util  # a fixed file path, not a module chosen by a string
 
@@ -223,7 +246,7 @@ def time_bertjax(
   if profile_dir:
     _progress(f"profiling into {profile_dir} ...")
     # the step has just run warmup + steps times: warm already
-    out["profile"] = _trace_steps(compiled, box[0], batch, profile_dir, warmup=0)
+    out["profile"] = profile.trace_steps(compiled, box[0], batch, profile_dir, warmup=0)
   return out
 
 
@@ -233,99 +256,22 @@ def time_bertjax(
 def profile_bertjax(
     spec: BenchSpec, out_dir: str, steps: int = 2, mesh: jax.sharding.Mesh | None = None
 ) -> dict[str, Any]:
-  """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down.
-
-  The trace (TensorBoard's profile plugin or Perfetto read it) is written as usual; the
-  breakdown maps every XLA op in it back to the model op it came from (the `op_name` metadata
-  of the compiled HLO, layer numbers folded) and attributes *wall* time: while k ops run at
-  once, each gets 1/k of that interval, so concurrent ops are not double-counted. Time when no
-  traced op runs is reported as `untraced`: on CPU that is mostly matmuls that XLA's runtime
-  (YNNPACK or Eigen) runs asynchronously, whose trace events end when they are dispatched, plus
-  runtime overhead.
-  """
+  """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down
+  by model op (`bertjax.bench.profile`)."""
   compiled, state, batch, _, _ = _compiled_step(spec, mesh)
-  return _trace_steps(compiled, state, batch, out_dir, steps)
+  return profile.trace_steps(compiled, state, batch, out_dir, steps)
 
 
-def _trace_steps(
-    compiled, state, batch, out_dir: str, steps: int = 2, warmup: int = 2
-) -> dict[str, Any]:
-  for _ in range(warmup):  # warm: allocations and thread pools as in a long run
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-  os.makedirs(out_dir, exist_ok=True)
-  t0 = time.perf_counter()
-  with jax.profiler.trace(out_dir, create_perfetto_trace=True):
-    for _ in range(steps):
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics)
-  wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-
-  op_names = {}
-  for line in compiled.as_text().splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]+)\"", line)
-    if m:
-      name = re.sub(r"layer_\d+", "layer_N", m.group(2))
-      name = re.sub(r"^jit\([^)]*\)/", "", name)
-      op_names[m.group(1)] = re.sub(r"\[.*", "", name)  # parameter paths: drop the index
-  traces = sorted(
-      glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"), recursive=True),
-      key=os.path.getmtime,
-  )
-  if not traces:
-    raise RuntimeError(f"bench --profile: jax.profiler wrote no Perfetto trace under {out_dir}")
-  with gzip.open(traces[-1]) as f:
-    events = json.load(f)
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  ops = [e for e in events if e.get("ph") == "X" and e.get("name") in op_names]
-  edges = sorted(
-      [(e["ts"], 1, i) for i, e in enumerate(ops)]
-      + [(e["ts"] + e["dur"], -1, i) for i, e in enumerate(ops)]
-  )
-  share = np.zeros(len(ops))
-  active: set[int] = set()
-  untraced, last = 0.0, None
-  for ts, kind, i in edges:
-    if last is not None and ts > last:
-      if active:
-        for j in active:
-          share[j] += (ts - last) / len(active)
-      else:
-        untraced += ts - last
-    last = ts
-    (active.add if kind == 1 else active.discard)(i)
-  by_op: dict[str, float] = {}
-  for i, e in enumerate(ops):
-    key = op_names[e["name"]]
-    by_op[key] = by_op.get(key, 0.0) + share[i]
-  span = (edges[-1][0] - edges[0][0]) if edges else 0.0
-  rows = sorted(((k, v / steps / 1e3) for k, v in by_op.items()), key=lambda kv: -kv[1])
-  return {
-      "trace": traces[-1],
-      "steps": steps,
-      "wall_ms_per_step": wall_ms,
-      "span_ms_per_step": span / steps / 1e3,
-      "untraced_ms_per_step": untraced / steps / 1e3,
-      "ops": [{"op": k, "ms_per_step": v} for k, v in rows],
-  }
+# --------------------------------------------------------------------------------------- run
 
 
-def format_profile(p: dict[str, Any], top: int = 30) -> str:
-  span = p["span_ms_per_step"] or 1.0
-  lines = [
-      f"profile: {p['steps']} steps, {p['span_ms_per_step']:.0f} ms/step from the first "
-      f"op to the last (tracing adds overhead around the steps); trace {p['trace']}",
-      f"{'ms/step':>9} {'share':>6}  model op (wall time; concurrent ops share it)",
-  ]
-  for row in p["ops"][:top]:
-    lines.append(f"{row['ms_per_step']:9.1f} {100 * row['ms_per_step'] / span:5.1f}%  {row['op']}")
-  rest = sum(r["ms_per_step"] for r in p["ops"][top:])
-  lines.append(f"{rest:9.1f} {100 * rest / span:5.1f}%  ({max(0, len(p['ops']) - top)} more ops)")
-  lines.append(
-      f"{p['untraced_ms_per_step']:9.1f} {100 * p['untraced_ms_per_step'] / span:5.1f}%"
-      "  untraced (on CPU: matmuls run asynchronously, runtime overhead)"
-  )
-  return "\n".join(lines)
+def check_peers(compare: tuple[str, ...]) -> None:
+  """`ConfigError` naming the peers of `compare` that `bench_peers.PEERS` does not have."""
+  unknown = [p for p in compare if p not in bench_peers.PEERS]
+  if unknown:
+    raise errors.ConfigError(
+        f"compare={','.join(unknown)}: unknown peer — valid: {', '.join(bench_peers.PEERS)}"
+    )
 
 
 def run(
@@ -339,11 +285,7 @@ def run(
   With `profile_dir`, bertjax's timed step is also traced there (`profile_bertjax`) and the
   breakdown is under "profile".
   """
-  unknown = [p for p in compare if p not in bench_peers.PEERS]
-  if unknown:
-    raise ValueError(
-        f"bench: unknown peer(s) {unknown} in --compare; valid: " f"{', '.join(bench_peers.PEERS)}"
-    )
+  check_peers(compare)
   cfg = spec.model_config()
   devices = jax.devices()
   peak, peak_source = device_peak(devices, spec)
@@ -433,179 +375,8 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: 
   if name == "hf-flax":
     root = repo_root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return bench_peers.run_flax_subprocess(pspec, root)
-  raise ValueError(f"bench: unknown peer {name!r}; valid: {', '.join(bench_peers.PEERS)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneSpec:
-  """`bertjax bench finetune`: one fine-tuning run of a random-init encoder on a labelled
-  single-sentence TSV task (train.tsv, dev.tsv with `sentence` and `label` columns)."""
-
-  task_dir: str
-  tokenizer: str
-  preset: str = "mini"
-  epochs: int = 1
-  batch_size: int = 32
-  eval_batch_size: int = 64
-  learning_rate: float = 5e-4  # bertjax's default for hidden 256
-  max_seq_len: int = 128
-  length_bucket: int = 8
-  max_lengths: int = 8
-  max_train_examples: int = 0  # > 0: the first N rows (quick runs)
-  seed: int = 0
-
-
-def _finetune_data(spec: FinetuneSpec):
-  """(task, encoder, features by split): the task's rows tokenized once for both runs."""
-  train, dev = (os.path.join(spec.task_dir, f) for f in ("train.tsv", "dev.tsv"))
-  labels = tsv.custom_labels(train, ("sentence",), "label")
-  task = tasks.custom("bench", train, dev, None, ("sentence",), "label", labels)
-  examples = tsv.load_task(task, "", with_test=False)
-  if spec.max_train_examples:
-    ex, n = examples["train"], spec.max_train_examples
-    examples["train"] = features.Examples(ex.text_a[:n], None, ex.labels[:n], ex.index[:n])
-  enc = encoder_lib.load_encoder("random", spec.tokenizer, spec.preset, prefix="bench finetune")
-  return (
-      task,
-      enc,
-      {k: features.encode(enc.tokenizer, v, spec.max_seq_len) for k, v in examples.items()},
-  )
-
-
-def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = ("hf-torch",)) -> dict[str, Any]:
-  """Wall time and dev accuracy of `spec.epochs` of fine-tuning + dev eval with bertjax
-  (compiles included) and, in the same process, the hf-torch peer on the same token ids."""
-  unknown = [p for p in compare if p != "hf-torch"]
-  if unknown:
-    raise ValueError(
-        f"bench finetune: --compare {','.join(unknown)}: unknown peer; valid: " "hf-torch"
-    )
-  task, enc, feats = _finetune_data(spec)
-  real_N = feats["train"].attention_mask_NxL.sum(1)
-  recipe = finetuning.Recipe(
-      learning_rate=spec.learning_rate,
-      epochs=spec.epochs,
-      batch_size=spec.batch_size,
-      eval_batch_size=spec.eval_batch_size,
-      optimizer="adamw",
-      seed=spec.seed,
-      length_bucket=spec.length_bucket,
-      max_lengths=spec.max_lengths,
-  )
-  cfg = enc.config
-  out = {
-      "name": "bertjax",
-      **dataclasses.asdict(spec),
-      "train_rows": len(feats["train"]),
-      "dev_rows": len(feats["dev"]),
-      "tokens_mean": float(real_N.mean()),
-      "tokens_p90": float(np.percentile(real_N, 90)),
-      "tokens_max": int(real_N.max()),
-      "devices": jax.device_count(),
-      "threads": bench_peers.num_cores(),
-      "jax": jax.__version__,
-  }
-  _progress(
-      f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
-      f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval"
-  )
-  cache = jax.config.jax_compilation_cache_dir
-  runs = {}
-  for name in ("cold", "warm") if cache else ("cold",):
-    # warm: what a rerun in a new process sees, the compiled steps read back from the
-    # persistent cache (bertjax.runtime.compile_cache) instead of compiled
-    jax.clear_caches()
-    finetune.clear_trainer_cache()
-    with tempfile.TemporaryDirectory() as workdir:
-      t0, c0 = time.perf_counter(), time.process_time()
-      run = finetune.train_and_evaluate(
-          task, enc, feats, recipe, workdir, progress=False, save_checkpoint=False
-      )
-      runs[name] = (time.perf_counter() - t0, time.process_time() - c0, run)
-    _progress(f"bertjax ({name} compile cache): {runs[name][0]:.1f} s")
-  out["wall_s"], out["cpu_s"], run = runs["cold"]
-  if "warm" in runs:
-    out["warm_wall_s"], out["warm_cpu_s"], warm = runs["warm"]
-    out["warm_accuracy"] = warm.dev["accuracy"]
-  out.update(
-      accuracy=run.dev["accuracy"],
-      train_loss=run.history[-1]["train_loss"],
-      compiled_train_shapes=run.compiled_shapes[0],
-      compiled_predict_shapes=run.compiled_shapes[1],
-      compile_cache=bool(cache),
-  )
-  peers = {}
-  if "hf-torch" in compare:
-    _progress("hf-torch ...")
-    pspec = {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_layers": cfg.num_layers,
-        "num_heads": cfg.num_heads,
-        "intermediate_size": cfg.intermediate_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "hidden_dropout_rate": recipe.dropout,
-        "attention_dropout_rate": recipe.dropout,
-        "num_labels": task.num_labels,
-        "batch_size": spec.batch_size,
-        "eval_batch_size": spec.eval_batch_size,
-        "epochs": spec.epochs,
-        "learning_rate": spec.learning_rate,
-        "weight_decay": recipe.weight_decay,
-        "warmup_fraction": recipe.warmup_fraction,
-        "seed": spec.seed,
-        "threads": bench_peers.num_cores(),
-    }
-    peers["hf-torch"] = bench_peers.run_torch_finetune(
-        pspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"])
-    )
-    if peers["hf-torch"]["status"] == "ok":
-      out["speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["wall_s"]
-      out["cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["cpu_s"]
-      if "warm_wall_s" in out:
-        out["warm_speedup_hf-torch"] = peers["hf-torch"]["wall_s"] / out["warm_wall_s"]
-        out["warm_cpu_speedup_hf-torch"] = peers["hf-torch"]["cpu_s"] / out["warm_cpu_s"]
-  out["peers"] = peers
-  return out
-
-
-def format_finetune_report(r: dict[str, Any]) -> str:
-  """The table `bertjax bench finetune` prints."""
-  lines = [
-      f"bertjax bench finetune: {r['preset']}, {r['train_rows']} train / {r['dev_rows']} "
-      f"dev rows (tokens mean {r['tokens_mean']:.1f}, p90 {r['tokens_p90']:.0f}, max "
-      f"{r['tokens_max']}), batch {r['batch_size']}, lr {r['learning_rate']:g}, "
-      f"{r['epochs']} epoch(s) + dev eval",
-      f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
-      f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
-      f"shapes (--length-bucket {r['length_bucket']})",
-      "",
-      f"{'':14}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}",
-  ]
-  peers = [p for p in r["peers"].values()]
-  ok = [p for p in peers if p.get("status", "ok") == "ok"]
-  ours = [("bertjax", r["wall_s"], r["cpu_s"], r["accuracy"])]
-  if "warm_wall_s" in r:
-    ours = [
-        ("bertjax cold", r["wall_s"], r["cpu_s"], r["accuracy"]),
-        ("bertjax warm", r["warm_wall_s"], r["warm_cpu_s"], r["warm_accuracy"]),
-    ]
-  for name, wall, cpu, acc in ours:
-    speed = ""
-    if ok:  # the peer's time over ours: above 1 is faster than the peer
-      speed = f"{ok[0]['wall_s'] / wall:8.2f}x{ok[0]['cpu_s'] / cpu:7.2f}x"
-    lines.append(f"{name:14}{wall:9.1f}{cpu:9.1f}{acc:9.4f}{speed}")
-  for row in peers:
-    if row.get("status", "ok") != "ok":
-      lines.append(f"{row['name']:14}{row['status']}: {row['reason']}")
-      continue
-    lines.append(f"{row['name']:14}{row['wall_s']:9.1f}{row['cpu_s']:9.1f}{row['accuracy']:9.4f}")
-  lines.append(
-      "(model build to the last dev prediction; cold compiles every step, warm reads them "
-      "from the compile cache as a rerun does; speedup = the peer's time / bertjax's; CPU s, "
-      "the process's CPU time, is steadier on a shared machine)"
-  )
-  return "\n".join(lines)
+  check_peers((name,))  # an unknown name is the caller's mistake
+  raise AssertionError(f"peer {name} is in bench_peers.PEERS but has no runner here")
 
 
 def format_report(r: dict[str, Any]) -> str:

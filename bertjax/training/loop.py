@@ -37,11 +37,6 @@ from bertjax.training import (
     train,
 )
 
-# The bundled corpus moved to `bertjax.data.bundled`; these two names stay until
-# commands/compile.py and experiments/ablate.py read it there.
-REPO_DATA = bundled.DATA_DIR
-bundled_data = bundled.prepared_dir
-
 
 @dataclasses.dataclass(frozen=True)
 class Phase:

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from bertjax import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class Generation:
@@ -53,6 +55,7 @@ _TOPOLOGY_2D = {
 # 3D slices below one 4x4x4 cube (cloud.google.com/tpu/docs/v4, /v5p).
 _TOPOLOGY_3D_SMALL = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4"}
 EXAMPLES = "v4-32, v5litepod-16, v5p-8, v6e-16"
+KINDS = "v4-N, v5p-N (N TensorCores), v5litepod-N or v5e-N, v6e-N (N chips)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,48 +124,48 @@ def _host_layout(gen: Generation, chips: int) -> tuple[int, tuple[int, int, int]
   return max(1, chips // 4), (2, 2, 1) if chips >= 4 else (1, 1, 1)
 
 
-def parse_accelerator(name: str) -> Slice:
-  """`v4-32` -> Slice(v4:2x2x4, 16 chips, 4 hosts). ValueError naming the flag otherwise."""
+def parse_accelerator(name: str, what: str = "accelerator") -> Slice:
+  """`v4-32` -> Slice(v4:2x2x4, 16 chips, 4 hosts); `ConfigError` naming `what` otherwise."""
   m = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", name.strip())
   if not m:
-    raise ValueError(
-        f"--accelerator {name!r}: not a Cloud TPU accelerator type; write e.g. "
-        f"{EXAMPLES} (gcloud's names), or --topology for a libtpu topology string"
+    raise errors.ConfigError(
+        f"{what} {name!r}: not a Cloud TPU accelerator type — valid types: {KINDS}, "
+        f"e.g. {EXAMPLES} (gcloud's names)"
     )
   gen, n = GENERATIONS[m.group(1)], int(m.group(2))
   if gen.cores_per_chip == 2:
     chips, topo = n // 2, _cube_topology(n // 2) if n % 2 == 0 else None
     if topo is None:
-      raise ValueError(
-          f"--accelerator {name!r}: {m.group(1)}-N counts TensorCores (2 per chip); "
+      raise errors.ConfigError(
+          f"{what} {name!r}: {m.group(1)}-N counts TensorCores (2 per chip) — "
           f"N must be 8, 16, 32, 64 or a multiple of 128, e.g. {m.group(1)}-32"
       )
   else:
     chips, topo = n, _TOPOLOGY_2D.get(n)
     if topo is None:
-      raise ValueError(
-          f"--accelerator {name!r}: {m.group(1)}-N counts chips; N must be one of "
+      raise errors.ConfigError(
+          f"{what} {name!r}: {m.group(1)}-N counts chips — N must be one of "
           f"{', '.join(map(str, _TOPOLOGY_2D))}"
       )
   hosts, per_host = _host_layout(gen, chips)
   return Slice(name, gen, f"{gen.libtpu}:{topo}", chips, hosts, per_host)
 
 
-def parse_topology(text: str) -> Slice:
+def parse_topology(text: str, what: str = "topology") -> Slice:
   """A raw libtpu topology string (`v5e:4x4`, `v4:2x2x2`) with the same chip defaults."""
   m = re.fullmatch(r"(?:TPU )?(v4|v5p|v5|v5e|v5litepod|v6e):(\d+(?:x\d+){1,2})", text.strip())
   if not m:
-    raise ValueError(
-        f"--topology {text!r}: write GENERATION:DIMS, e.g. v4:2x2x4, v5p:2x2x1, "
-        "v5e:4x4, v6e:4x4 (or --accelerator v4-32 with gcloud's names)"
+    raise errors.ConfigError(
+        f"{what} {text!r}: not a libtpu topology — write GENERATION:DIMS, e.g. v4:2x2x4, "
+        "v5p:2x2x1, v5e:4x4, v6e:4x4"
     )
   gen = GENERATIONS["v5p" if m.group(1) == "v5" else m.group(1)]
   dims = [int(d) for d in m.group(2).split("x")]
-  if len(dims) != gen.dims:
+  if len(dims) != gen.dims or 0 in dims:
     example = f"{gen.libtpu}:{'2x2x2' if gen.dims == 3 else '4x4'}"
-    raise ValueError(
-        f"--topology {text!r}: TPU {gen.name} is a {gen.dims}D torus; write "
-        f"{gen.dims} dimensions, e.g. {example}"
+    raise errors.ConfigError(
+        f"{what} {text!r}: TPU {gen.name} is a {gen.dims}D torus — write "
+        f"{gen.dims} dimensions of at least 1, e.g. {example}"
     )
   chips = math.prod(dims)
   hosts, per_host = (

@@ -1,0 +1,405 @@
+"""Will a pretraining config fit? Compile its train step ahead of time and read the compiler.
+
+`bertjax compile` is the command line of this module. Each phase's real train step is lowered
+for abstract state (`jax.eval_shape`: nothing is run, no parameter is allocated) and compiled
+for a target: a Cloud TPU slice this machine does not have (libtpu's compile-only devices, see
+`bertjax.training.tpu`) or local devices. What comes back, per phase: memory per device
+(arguments, outputs, temporaries, code) against the device's, compiled FLOPs, the compiler's
+step-time estimate (an estimate, never a measurement) and the step's collectives.
+`compile_and_report` prints that and returns 1 when a phase does not fit;
+`bertjax.training.fit_suggest` searches mesh/remat/microbatch variants.
+
+Errors name config fields (`config.mesh.fsdp`) and arguments (`Target.memory_gb`); the command
+names its flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import jax
+
+from bertjax import errors
+from bertjax import model as model_lib
+from bertjax.data import bundled
+from bertjax.training import flops as flops_lib, loop, sharding, tpu, train
+
+BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
+ICI_AXES = ("data", "fsdp", "tensor")  # within a slice; one may be -1 (the devices left)
+DCN_AXES = ("dcn_data", "dcn_fsdp", "dcn_tensor")  # across slices
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """What to compile for: a TPU slice (libtpu's compile-only devices) or local devices."""
+
+  slice: tpu.Slice | None = None  # None: this process's own devices
+  num_devices: int | None = None  # local devices to use (the first N); None: all of them
+  memory_gb: float | None = None  # one device's memory; None: the TPU compiler's (CPU: none)
+  memory_source: str = "memory_gb"  # how the report names where memory_gb came from
+
+
+# ------------------------------------------------------------------------------------ mesh
+
+
+def mesh_devices(mesh) -> tuple[int, bool]:
+  """(k, fills) for a `config.mesh`: it needs exactly k devices, or (fills) a multiple of k.
+
+  `ConfigError` naming the field when an axis is 0, below -1, or -1 twice; the DCN axes are
+  >= 1 (the slice count is never inferred).
+  """
+  for axis in ICI_AXES:
+    size = mesh.get(axis, 1)
+    if size == 0 or size < -1:
+      raise errors.ConfigError(
+          f"config.mesh.{axis}={size}: each mesh axis is >= 1, or -1 for the devices left"
+      )
+  for axis in DCN_AXES:
+    if mesh.get(axis, 1) < 1:
+      raise errors.ConfigError(
+          f"config.mesh.{axis}={mesh.get(axis)}: slices along an axis are >= 1 (1: one slice)"
+      )
+  ici = [mesh.get(a, 1) for a in ICI_AXES]
+  if ici.count(-1) > 1:
+    raise errors.ConfigError(
+        "config.mesh: " + ", ".join(f"{a}={s}" for a, s in zip(ICI_AXES, ici)) + " — at most "
+        "one axis may be -1"
+    )
+  known = math.prod(s for s in ici if s != -1) * math.prod(mesh.get(a, 1) for a in DCN_AXES)
+  return known, -1 in ici
+
+
+def describe_mesh(mesh) -> str:
+  """`data=4,fsdp=2,tensor=1` (+ the DCN axes that are not 1)."""
+  parts = [f"{a}={mesh.get(a, 1)}" for a in ICI_AXES]
+  parts += [f"{a}={mesh.get(a, 1)}" for a in DCN_AXES if mesh.get(a, 1) != 1]
+  return ",".join(parts)
+
+
+# ----------------------------------------------------------------------------------- vocab
+
+
+def resolve_vocab(config) -> tuple[int, str]:
+  """The vocabulary `bertjax pretrain` would use for this config, and where it came from."""
+  c = config
+  hint = f"set config.model.vocab_size (BERT's: {BERT_VOCAB})"
+  if c.model.vocab_size:
+    return c.model.vocab_size, "config.model.vocab_size"
+  if c.data.source == "synthetic":
+    return 8000, f"the synthetic stream's default; {hint}"
+  if c.data.path:
+    from bertjax.data import records
+
+    try:
+      meta = records.load_metadata(c.data.path)
+      return int(meta["tokenizer"]["vocab_size"]), f"{c.data.path}/metadata.json"
+    except (OSError, KeyError, ValueError) as e:
+      return BERT_VOCAB, (
+          f"assumed (BERT's): cannot read {c.data.path}/metadata.json "
+          f"({type(e).__name__}); {hint}"
+      )
+  from bertjax.data import tokenizer
+
+  path = c.data.tokenizer or str(bundled.TOKENIZER_PATH)
+  try:
+    return tokenizer.SentencePieceTokenizer(path).vocab_size, (
+        f"the bundled tokenizer, which `pretrain` uses without config.data.path; {hint}"
+    )
+  except (OSError, ValueError) as e:
+    return BERT_VOCAB, f"assumed (BERT's): cannot read {path} ({type(e).__name__}); {hint}"
+
+
+def resolve(config, mesh_axes: dict[str, int] | None = None):
+  """(config with `mesh_axes` applied to config.mesh and the vocabulary set, vocab, source)."""
+  config = config.copy_and_resolve_references()
+  vocab, source = resolve_vocab(config)
+  with config.unlocked():
+    for k, v in (mesh_axes or {}).items():
+      config.mesh[k] = v
+    config.model.vocab_size = vocab
+  return config, vocab, source
+
+
+# --------------------------------------------------------------------------------- compile
+
+
+@dataclasses.dataclass
+class PhaseResult:
+  """What one phase's compile said: memory per device, cost, collectives, or out of memory."""
+
+  index: int
+  batch: int
+  seq_len: int
+  microbatches: int
+  params: int
+  mesh: dict
+  peak: float | None = None  # bytes per device: arguments + outputs - donated + temps + code
+  memory: dict | None = None
+  oom: str | None = None  # the compiler's RESOURCE_EXHAUSTED message
+  flops: float | None = None  # XLA's cost analysis, per device (loop bodies counted once)
+  model_flops: float | None = None  # bertjax.training.flops, per device
+  estimate_s: float | None = None  # the compiler's optimal-time estimate, per step
+  bound_s: float | None = None  # model FLOPs at the chip's peak: no step can be faster
+  collectives: list = dataclasses.field(default_factory=list)
+  windowed: dict = dataclasses.field(default_factory=dict)
+  hlo: str = ""
+
+
+def setup_target(config, target: Target = Target()):
+  """(mesh over the target's devices from config.mesh, memory limit per device or None, where
+  the limit came from). The config's mesh must fit the devices (`mesh_devices`)."""
+  devices, limit, limit_src = None, None, ""
+  if target.slice is not None:
+    s = target.slice
+    try:
+      devices = tpu.devices(s)
+    except Exception as e:  # noqa: BLE001 -- libtpu refuses a topology it cannot build
+      raise errors.ConfigError(
+          f"{s.name}: libtpu cannot build topology {s.topology} "
+          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}) — choose another "
+          f"slice, e.g. {tpu.EXAMPLES}"
+      ) from None
+    limit, limit_src = tpu.usable_hbm_bytes(devices[0], s.generation.hbm_gib)
+  elif target.num_devices is not None:
+    devices = jax.devices()
+    if len(devices) < target.num_devices:
+      raise errors.ConfigError(
+          f"Target.num_devices={target.num_devices}: this process has {len(devices)} devices "
+          "(JAX started before the fake CPU devices could be set)"
+      )
+    devices = devices[: target.num_devices]
+  if target.memory_gb:
+    limit, limit_src = target.memory_gb * 2**30, target.memory_source
+  m = config.mesh
+  mesh = sharding.make_mesh(
+      m.data,
+      m.fsdp,
+      m.tensor,
+      dcn_data=m.dcn_data,
+      dcn_fsdp=m.dcn_fsdp,
+      dcn_tensor=m.dcn_tensor,
+      devices=devices,
+  )
+  return mesh, limit, limit_src
+
+
+def _bytes_per_device(tree) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
+  return sum(
+      math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+  )
+
+
+def _abstract_batch(ph, batch_sharding) -> dict:
+  b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
+  shapes = dict(
+      input_ids=(b, l),
+      token_type_ids=(b, l),
+      attention_mask=(b, l),
+      masked_positions=(b, p),
+      masked_ids=(b, p),
+      masked_weights=(b, p),
+      nsp_labels=(b,),
+  )
+  return {
+      k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
+      for k, v in shapes.items()
+  }
+
+
+def _read_compiled(r: PhaseResult, compiled, platform: str, keep_hlo: bool) -> None:
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
+    temp, alias = mem.temp_size_in_bytes, mem.alias_size_in_bytes
+    code = getattr(mem, "generated_code_size_in_bytes", 0)
+    r.memory = dict(arguments=args, outputs=outs, donated=alias, temporaries=temp, code=code)
+    r.peak = args + outs - alias + temp + code
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  if cost:
+    r.flops = cost.get("flops")
+    est = cost.get("optimal_seconds")
+    r.estimate_s = est if est and est > 0 else None
+  if platform == "tpu":
+    hlo = compiled.as_text()
+    r.collectives, r.windowed = tpu.collectives(hlo), tpu.windowed_einsums(hlo)
+    r.hlo = hlo if keep_hlo else ""
+
+
+def compile_phases(
+    config, mesh, quick: bool = False, phase: int | None = None, keep_hlo: bool = False
+) -> list[PhaseResult]:
+  """Lower + compile each phase's train step for `mesh` (config already `resolve`d).
+
+  `phase` (0-based) compiles that phase alone; `quick` compiles at XLA's lowest
+  execution-time effort (about 4x faster, and it gives a step-time estimate)."""
+  out = []
+  for ph in loop.phases(config):
+    if phase is not None and ph.index != phase:
+      continue
+    field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
+    sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)  # ConfigError
+    s = train.setup(loop.phase_config(config, ph), mesh)
+    batch = _abstract_batch(ph, s.batch_sharding)
+    r = PhaseResult(
+        ph.index,
+        ph.batch_size,
+        ph.seq_len,
+        ph.microbatches,
+        model_lib.count_params(s.abstract_state.params),
+        dict(mesh.shape),
+    )
+    r.model_flops = (
+        flops_lib.pretraining_flops_per_step(
+            s.bert_config, ph.batch_size, ph.seq_len, ph.max_predictions
+        )
+        / mesh.size
+    )
+    peak = flops_lib.peak_flops_per_device(mesh.devices.flat[0])
+    r.bound_s = r.model_flops / peak if peak else None
+    lowered = s.train_step.lower(s.abstract_state, batch)
+    opts = {"exec_time_optimization_effort": -1.0} if quick else {}
+    try:
+      compiled = lowered.compile(opts) if opts else lowered.compile()
+    except Exception as e:  # noqa: BLE001 -- the TPU compiler refuses a program over its HBM
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      r.oom = str(e)
+      temps, _ = tpu.parse_oom(r.oom)  # the compiler names the temporaries it could not place
+      state = _bytes_per_device((s.abstract_state, batch))
+      r.peak = temps + state if temps else None
+      out.append(r)
+      continue
+    _read_compiled(r, compiled, mesh.devices.flat[0].platform, keep_hlo)
+    out.append(r)
+  return out
+
+
+def does_not_fit(r: PhaseResult, limit: float | None) -> bool:
+  return bool(limit) and bool(r.oom or (r.peak and r.peak > limit))
+
+
+def fix_hint(config, r: PhaseResult, chips: int) -> str:
+  """The config changes that lower a phase's memory, cheapest in speed first."""
+  tries = []
+  if config.model.remat == "none":
+    tries.append("config.model.remat=full")
+  if r.mesh.get("fsdp", 1) < chips and chips > 1:
+    tries.append(
+        f"config.mesh.fsdp={chips}" + ("" if config.mesh.data in (-1, 1) else " config.mesh.data=1")
+    )
+  field = "train" if r.index == 0 else "phase2"
+  shards = r.mesh.get("data", 1) * r.mesh.get("fsdp", 1)
+  k = r.microbatches * 4
+  if r.batch % (k * shards) == 0:
+    tries.append(f"config.{field}.microbatches={k}")
+  return ", ".join(tries) or "a larger slice"
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def gib(n: float) -> str:
+  return f"{n / 2**30:.2f} GiB"
+
+
+def _collective_line(r: PhaseResult) -> str:
+  parts = []
+  for op in tpu.COLLECTIVES:
+    cs = [c for c in r.collectives if c.op == op]
+    if cs:
+      runs = sum(c.runs for c in cs)
+      parts.append(f"{op} {len(cs)} ({runs}/step, {gib(sum(c.bytes * c.runs for c in cs))})")
+  text = ", ".join(parts) or "none"
+  if r.windowed:
+    text += "; matmuls with a fused all-gather/reduce-scatter (windowed einsums): " + ", ".join(
+        f"{'all-gather' if k == 'ag' else 'reduce-scatter'} {n}" for k, n in r.windowed.items()
+    )
+  return text
+
+
+def print_header(target: Target, vocab: int, source: str, limit, limit_src: str) -> None:
+  s = target.slice
+  if s is not None:
+    print(
+        f"target {s.describe()}; HBM per chip {gib(limit)} usable ({limit_src}; "
+        f"{s.generation.hbm_gib:g} GiB nominal)"
+    )
+  print(f"vocab {vocab:,} ({source})" if "assumed" not in source else f"vocab {vocab:,} {source}")
+
+
+def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool) -> None:
+  where = (
+      f"{mesh.devices.size} chips"
+      if on_tpu
+      else f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}"
+  )
+  print(
+      f"phase {r.index + 1}: {config.model.preset} ({r.params:,} params), batch {r.batch} "
+      f"x seq {r.seq_len}, microbatches {r.microbatches}, remat {config.model.remat}, "
+      f"mesh {r.mesh} on {where}" + (" (quick compile)" if quick else "")
+  )
+  if r.memory is None and r.oom is None:
+    print("  memory analysis not available on this backend")
+    return
+  if r.memory is not None:
+    mm = r.memory
+    label = "HBM per chip" if on_tpu else "per device"
+    print(
+        f"  {label}: arguments {gib(mm['arguments'])}, outputs {gib(mm['outputs'])} "
+        f"(donated {gib(mm['donated'])}), temporaries {gib(mm['temporaries'])}, code "
+        f"{gib(mm['code'])} -> peak ~{gib(r.peak)}" + (f" of {gib(limit)}" if limit else "")
+    )
+  if on_tpu and r.oom is None:
+    flops = f"{r.flops / 1e9:,.1f} GFLOP" if r.flops else "n/a"
+    est = (
+        f"compiler's step-time estimate {r.estimate_s * 1e3:.1f} ms (an estimate, not a "
+        "measurement)"
+        if r.estimate_s
+        else "no step-time estimate from the compiler at this effort (a quick compile gives one)"
+    )
+    if r.bound_s:
+      est += f"; >= {r.bound_s * 1e3:.2f} ms at the chip's peak FLOPs"
+    print(
+        f"  compute per chip: {flops} in XLA's cost analysis (it counts a loop body once), "
+        f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}"
+    )
+    print(f"  collectives: {_collective_line(r)}")
+
+
+def compile_and_report(
+    config,
+    target: Target = Target(),
+    mesh_axes: dict[str, int] | None = None,
+    quick: bool = False,
+    phase: int | None = None,
+) -> int:
+  """Compile each phase (or the 0-based `phase`) for the target; print memory, cost and
+  collectives, and one "DOES NOT FIT" line on stderr per phase over the memory limit.
+
+  Returns 0, or 1 when a phase does not fit.
+  """
+  config, vocab, source = resolve(config, mesh_axes)
+  mesh, limit, limit_src = setup_target(config, target)
+  print_header(target, vocab, source, limit, limit_src)
+  on_tpu = target.slice is not None
+  rc = 0
+  for r in compile_phases(config, mesh, quick=quick, phase=phase):
+    _print_phase(config, r, mesh, on_tpu, limit, quick)
+    if does_not_fit(r, limit):
+      name = target.slice.name if on_tpu else "this device"
+      need = f"{r.peak / 2**30:.2f} GiB" if r.peak else "more than that"
+      of = f"{limit / 2**30:.2f}" + (
+          f" usable ({target.slice.generation.hbm_gib:g} GiB HBM)" if on_tpu else ""
+      )
+      print(
+          f"DOES NOT FIT on {name}: phase {r.index + 1} needs {need} per "
+          f"{'chip' if on_tpu else 'device'} of {of}; try "
+          f"{fix_hint(config, r, mesh.devices.size)}",
+          file=sys.stderr,
+      )
+      rc = 1
+  return rc

@@ -1,0 +1,59 @@
+"""`bertjax.bench.input`: the input benchmark's spec checks and a small run on prepared shards.
+
+No timing thresholds (the machine is shared): only the shape of the results and the relations
+that hold at any speed.
+"""
+
+import pathlib
+
+import pytest
+
+from bertjax import errors
+from bertjax.bench import input as input_bench
+
+
+@pytest.mark.parametrize(
+    "fields, kind, needle",
+    [
+        (dict(copies=0), errors.ConfigError, "InputBenchSpec.copies=0 must be >= 1"),
+        (dict(steps=-3), errors.ConfigError, "InputBenchSpec.steps=-3"),
+        (dict(readers=("arrow",)), errors.ConfigError, "unknown reader 'arrow' — valid: tf.data"),
+        (dict(readers=()), errors.ConfigError, "none given"),
+    ],
+)
+def test_spec_rejects_bad_values(fields, kind, needle):
+  with pytest.raises(kind, match=needle):
+    input_bench.InputBenchSpec(**fields)
+
+
+def test_missing_inputs_are_named_before_any_work(tmp_path):
+  work = tmp_path / "work"
+  spec = input_bench.InputBenchSpec(corpus=str(tmp_path / "nope.txt"), workdir=str(work))
+  with pytest.raises(errors.InputNotFoundError, match="InputBenchSpec.corpus=.*nope.txt"):
+    input_bench.run(spec)
+  assert not work.exists()  # nothing created
+  with pytest.raises(errors.InputNotFoundError, match="InputBenchSpec.data=.*no metadata.json"):
+    input_bench.run(input_bench.InputBenchSpec(data=str(tmp_path)))
+  spec = input_bench.InputBenchSpec(google_bert_dir=str(tmp_path))
+  with pytest.raises(errors.InputNotFoundError, match="create_pretraining_data.py"):
+    input_bench.run(spec)
+
+
+@pytest.mark.slow
+def test_read_and_stream_prepared_shards(austen_shards):
+  spec = input_bench.InputBenchSpec(data=str(austen_shards), batch=4, steps=3, readers=("python",))
+  r = input_bench.run(spec)
+  assert set(r) == {"cpu_cores", "read", "stream"}
+  (read,) = r["read"]
+  assert read["reader"] == "python" and read["documents"] > 0 and read["tokens"] > 0
+  assert [(s["seq_len"], s["batch"], s["steps"]) for s in r["stream"]] == [(128, 4, 3), (512, 4, 3)]
+  assert all(s["examples_per_s"] > 0 for s in r["stream"])
+
+
+def test_corpus_copies(tmp_path):
+  src = tmp_path / "a.txt"
+  src.write_bytes(b"one\n\ntwo\n")
+  out = tmp_path / "b.txt"
+  assert input_bench.make_corpus(src, 3, out) == 27
+  assert out.read_bytes() == b"one\n\ntwo\n" * 3
+  assert pathlib.Path(input_bench.InputBenchSpec().corpus).name == "austen.txt"
