@@ -7,7 +7,10 @@ mistyped flag ends like every other user mistake: one line `bertjax COMMAND: ...
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import re
+from typing import Callable
 
 from bertjax import errors
 
@@ -47,9 +50,7 @@ class ArgumentParser(argparse.ArgumentParser):
     # `prog` is "bertjax COMMAND [SUB]"; the CLI adds the "bertjax COMMAND: " prefix itself.
     sub = self.prog.split()[2:]
     where = f"{' '.join(sub)}: " if sub else ""
-    raise errors.UsageError(
-        f"{where}{message} — see `{self.prog} --help`"
-    )
+    raise errors.UsageError(f"{where}{message} — see `{self.prog} --help`")
 
 
 def positive_int(text: str) -> int:
@@ -84,6 +85,34 @@ def open_fraction(text: str) -> float:
   if not 0.0 <= value < 1.0:
     raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 and < 1")
   return value
+
+
+def nonneg_float(text: str) -> float:
+  """argparse type: a finite number >= 0."""
+  value = _number(text, float)
+  if not 0.0 <= value < float("inf"):
+    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+  return value
+
+
+def finite_float(text: str) -> float:
+  """argparse type: any finite number."""
+  value = _number(text, float)
+  if not abs(value) < float("inf"):
+    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+  return value
+
+
+def int_at_least(low: int, why: str) -> Callable[[str], int]:
+  """argparse type: an integer >= `low`; `why` says what needs that many."""
+
+  def parse(text: str) -> int:
+    value = _number(text, int)
+    if value < low:
+      raise argparse.ArgumentTypeError(f"{text!r} must be >= {low} ({why})")
+    return value
+
+  return parse
 
 
 def _number(text: str, kind):
@@ -138,3 +167,43 @@ def parse_mesh(text: str, flag: str = "--mesh") -> dict[str, int]:
   if list(out.values()).count(-1) > 1:
     raise errors.ConfigError(f"{flag} {text}: at most one axis may be -1")
   return out
+
+
+# ----------------------------------------------------------------- library words to flags
+
+
+def flag_names(
+    parser: argparse.ArgumentParser, prefix: str, renames: dict[str, str] | None = None
+) -> dict[str, str]:
+  """{library word: flag} for `reword`: `PREFIX.field=` -> `--flag `, `PREFIX.field` ->
+  `--flag`, and `PREFIX.field=True` -> `--flag` for a switch. `renames`: {dest: field} where
+  they differ (dest "input" for the field "inputs")."""
+  out = {}
+  for action in parser._actions:
+    if not action.option_strings or action.dest == "help":
+      continue
+    flag = max(action.option_strings, key=len)
+    field = f"{prefix}.{(renames or {}).get(action.dest, action.dest)}"
+    if isinstance(action, argparse._StoreTrueAction):
+      out[f"{field}=True"] = flag
+    out[f"{field}="] = f"{flag} "
+    out[field] = flag
+  return out
+
+
+def reword(error: errors.UserError, names: dict[str, str]) -> errors.UserError:
+  """The library's error in the command line's words: config fields become their flags."""
+  message = str(error)
+  pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
+  if names and re.search(pattern, message):
+    error.args = (re.sub(pattern, lambda m: names[m.group(0)], message),)
+  return error
+
+
+@contextlib.contextmanager
+def in_flag_words(names: dict[str, str]):
+  """Re-raises a library `UserError` with its field names as the flags the user typed."""
+  try:
+    yield
+  except errors.UserError as e:
+    raise reword(e, names)

@@ -12,16 +12,14 @@ See docs/performance.md for the numbers on reference machines and how to read th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import os
-import re
 import shutil
 import sys
 import tempfile
 
 from bertjax import errors
+from bertjax.commands import args as args_lib
 from bertjax.commands.args import (
     ArgumentParser,
     nonneg_int,
@@ -35,17 +33,6 @@ from bertjax.commands.args import (
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DATA = os.path.join(_REPO_ROOT, "data")
-
-
-def _nonneg_float(text: str) -> float:
-  """argparse type: a finite number >= 0."""
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-  if not 0 <= value < math.inf:
-    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-  return value
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -89,7 +76,7 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument(
       "--peak-flops",
-      type=_nonneg_float,
+      type=args_lib.nonneg_float,
       default=0.0,
       help="peak FLOP/s of the devices used (default: measured on CPU, published "
       "dense bf16 peak on known GPUs/TPUs)",
@@ -199,26 +186,8 @@ def _subparser(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser
 
 
 def _flag_names(p: argparse.ArgumentParser, spec: str) -> dict[str, str]:
-  """{`Spec.field=`: `--flag `, `Spec.field`: `--flag`, `compare=`: `--compare `} for the
-  options of `p` (each option's dest is the spec's field of the same name)."""
-  names = {"compare=": "--compare "}
-  for a in p._actions:
-    if a.option_strings and a.dest != "help":
-      flag = max(a.option_strings, key=len)
-      names[f"{spec}.{a.dest}="] = f"{flag} "
-      names[f"{spec}.{a.dest}"] = flag
-  return names
-
-
-@contextlib.contextmanager
-def _in_flag_words(names: dict[str, str]):
-  """Re-raises a library `UserError` with its field names as the flags the user typed."""
-  try:
-    yield
-  except errors.UserError as e:
-    pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
-    e.args = (re.sub(pattern, lambda m: names[m.group(0)], str(e)),)
-    raise
+  """`args.flag_names` for the options of `p` (each dest is the spec's field of that name)."""
+  return {"compare=": "--compare ", **args_lib.flag_names(p, spec)}
 
 
 def _peers(text: str) -> tuple[str, ...]:
@@ -241,7 +210,7 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
   from bertjax.bench import pretraining as bench, profile
 
-  with _in_flag_words(_flag_names(p, "BenchSpec")):
+  with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
     bench.check_peers(_peers(args.compare))
     spec = bench.BenchSpec(
         preset=args.preset,
@@ -285,7 +254,7 @@ def _bench_input(args, p: argparse.ArgumentParser) -> int:
   from bertjax.bench import input as input_bench
 
   _check_output(args.json)
-  with _in_flag_words(_flag_names(p, "InputBenchSpec")):
+  with args_lib.in_flag_words(_flag_names(p, "InputBenchSpec")):
     spec = input_bench.InputBenchSpec(
         corpus=args.corpus,
         tokenizer=args.tokenizer,
@@ -313,7 +282,7 @@ def _bench_finetune(args, p: argparse.ArgumentParser) -> int:
   from bertjax.bench import finetuning
   from bertjax.runtime import compile_cache
 
-  with _in_flag_words(_flag_names(p, "FinetuneSpec")):
+  with args_lib.in_flag_words(_flag_names(p, "FinetuneSpec")):
     compare = _peers(args.compare)
     finetuning.check_peers(compare)
     spec = finetuning.FinetuneSpec(

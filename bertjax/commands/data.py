@@ -2,6 +2,7 @@
 
 bertjax data preview --data runs/data -n 5
 bertjax data stats --data runs/data --seq-len 128 --pair-mode nsp -n 10000
+bertjax data stats --data runs/data --seq-len 512 --max-predictions 80 --packing
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def _add_stream_args(p: argparse.ArgumentParser, n: int, n_help: str) -> None:
       default=d.reader,
       help="shard reader; both give the same examples",
   )
+  p.add_argument(
+      "--packing",
+      action="store_true",
+      help="several whole examples per row, as `config.data.packing` trains on",
+  )
+  p.add_argument(
+      "--max-examples-per-row",
+      type=positive_int,
+      default=d.max_examples_per_row,
+      metavar="E",
+      help="with --packing: examples a row may hold (default %(default)s)",
+  )
   # -n is the spelling; --n, which `data stats` had, is kept as an alias.
   p.add_argument("-n", "--n", dest="n", type=positive_int, default=n, help=n_help)
 
@@ -46,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
   p = ArgumentParser(prog="bertjax data", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="action", required=True)
   pv = sub.add_parser("preview", help="print decoded examples with their masks and labels")
-  _add_stream_args(pv, 5, "examples to print")
+  _add_stream_args(pv, 5, "examples to print (with --packing: rows)")
   st = sub.add_parser("stats", help="print masking/label statistics as one JSON object")
   _add_stream_args(st, 10_000, "examples to measure")
   return p
@@ -86,6 +99,8 @@ def main(argv: list[str]) -> int:
       whole_word_mask=args.whole_word_mask,
       seed=args.seed,
       reader=args.reader,
+      packing=args.packing,
+      max_examples_per_row=args.max_examples_per_row,
   )
   if args.action == "preview":
     print(inspect.preview(cfg, args.n, split=args.split))

@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
       "--max-seq-len",
-      type=finetune_args.int_at_least(4, "[CLS] a [SEP] b [SEP]"),
+      type=args_lib.int_at_least(4, "[CLS] a [SEP] b [SEP]"),
       default=None,
       help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
       "(default: 128, or the model's max_position_embeddings if smaller)",

@@ -11,49 +11,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
-
-
-def _number(text: str, kind: type):
-  try:
-    return kind(text)
-  except ValueError:
-    name = "an integer" if kind is int else "a number"
-    raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
-
-
-def nonneg_float(text: str) -> float:
-  """argparse type: a finite number >= 0."""
-  value = _number(text, float)
-  if not 0.0 <= value < float("inf"):
-    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-  return value
-
-
-def finite_float(text: str) -> float:
-  """argparse type: any finite number."""
-  value = _number(text, float)
-  if not abs(value) < float("inf"):
-    raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
-  return value
-
-
-def int_at_least(low: int, why: str) -> Callable[[str], int]:
-  """argparse type: an integer >= `low`; `why` says what needs that many."""
-
-  def parse(text: str) -> int:
-    value = _number(text, int)
-    if value < low:
-      raise argparse.ArgumentTypeError(f"{text!r} must be >= {low} ({why})")
-    return value
-
-  return parse
 
 
 def add_encoder_args(p: argparse.ArgumentParser) -> None:
@@ -86,7 +49,7 @@ def add_recipe_args(
   `min_seq_len` is the smallest --max-seq-len the task takes, and why.
   """
   if max_seq_len is not None:
-    g.add_argument("--max-seq-len", type=int_at_least(*min_seq_len), default=max_seq_len)
+    g.add_argument("--max-seq-len", type=args_lib.int_at_least(*min_seq_len), default=max_seq_len)
   g.add_argument(
       "--learning-rate",
       type=args_lib.positive_float,
@@ -110,7 +73,7 @@ def add_recipe_args(
       default=0.1,
       help="warmup fraction of all steps, in [0, 1)",
   )
-  g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
+  g.add_argument("--weight-decay", type=args_lib.nonneg_float, default=0.01)
   g.add_argument(
       "--optimizer",
       choices=("bert_adamw", "adamw"),

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from bertjax import errors
+from bertjax.commands import args as args_lib
 from bertjax.commands.args import ArgumentParser, nonneg_int, open_fraction, positive_int
 from bertjax.data import prepare as prepare_lib
 
@@ -84,34 +84,6 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def flag_names(
-    parser: argparse.ArgumentParser, prefix: str, renames: dict[str, str] | None = None
-) -> dict[str, str]:
-  """{library word: flag} for `reword`: `PREFIX.field=` -> `--flag `, `PREFIX.field` ->
-  `--flag`, and `PREFIX.field=True` -> `--flag` for a switch. `renames`: {dest: field} where
-  they differ (dest "input" for the field "inputs")."""
-  out = {}
-  for action in parser._actions:
-    if not action.option_strings or action.dest == "help":
-      continue
-    flag = max(action.option_strings, key=len)
-    field = f"{prefix}.{(renames or {}).get(action.dest, action.dest)}"
-    if isinstance(action, argparse._StoreTrueAction):
-      out[f"{field}=True"] = flag
-    out[f"{field}="] = f"{flag} "
-    out[field] = flag
-  return out
-
-
-def reword(error: errors.UserError, names: dict[str, str]) -> errors.UserError:
-  """The library's error in the command line's words: config fields become their flags."""
-  message = str(error)
-  pattern = "|".join(re.escape(k) for k in sorted(names, key=len, reverse=True))
-  if names and re.search(pattern, message):
-    error.args = (re.sub(pattern, lambda m: names[m.group(0)], message),)
-  return error
-
-
 def main(argv: list[str]) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
@@ -144,7 +116,7 @@ def main(argv: list[str]) -> int:
   try:
     meta = prepare_lib.prepare(cfg)
   except errors.UserError as e:  # reworded, and left for the command line to report
-    raise reword(e, flag_names(parser, "PrepareConfig", {"input": "inputs"}))
+    raise args_lib.reword(e, args_lib.flag_names(parser, "PrepareConfig", {"input": "inputs"}))
   summary = {
       k: meta[k]
       for k in ("documents", "sentences", "tokens", "skipped", "repaired", "warnings", "seconds")

@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--max-answer-length", type=args_lib.positive_int, default=30, help="in tokens")
   g.add_argument(
       "--null-threshold",
-      type=finetune_args.finite_float,
+      type=args_lib.finite_float,
       default=0.0,
       help="v2.0: answer '' when null score - best span score exceeds this",
   )

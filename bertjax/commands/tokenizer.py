@@ -13,7 +13,7 @@ import os
 
 from bertjax import errors
 from bertjax.commands.args import ArgumentParser, fraction, positive_int
-from bertjax.commands.prepare import reword
+from bertjax.commands.args import reword
 from bertjax.data import tokenizer as tokenizer_lib, wordpiece
 
 # The library's words for what this command's flags set (`reword`).
