@@ -1,4 +1,8 @@
-"""What the model will see: decoded examples (`data preview`) and stream statistics (`data stats`)."""
+"""What the model will see: decoded examples (`data preview`) and stream statistics (`data stats`).
+
+Both read packed streams too: preview prints each row's examples with where they sit in the
+row, stats counts examples (not rows) and reports how full the rows are.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import pathlib
 
 import numpy as np
 
-from bertjax.data import pretraining, records, wordpiece
+from bertjax.data import packing, pretraining, records, wordpiece
 from bertjax.data.tokenizer import WORD_START
 
 
@@ -34,8 +38,9 @@ def _render(tok, ids: np.ndarray) -> str:
   return "".join(out).strip()
 
 
-def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str) -> str:
-  """One example as text: segments, masked tokens with their originals, label."""
+def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str, offset: int = 0) -> str:
+  """One example (an unpacked row) as text: segments, masked tokens with their originals,
+  label; masked positions are shown plus `offset` (the example's place in a packed row)."""
   n = int(batch["attention_mask"][row].sum())
   ids, types = batch["input_ids"][row][:n], batch["token_type_ids"][row][:n]
   seps = np.flatnonzero(ids == tok.sep_id)
@@ -49,7 +54,7 @@ def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str) -> str
   ):
     if w:
       now = tok.id_to_piece(int(ids[pos]))
-      shown.append(f"{pos}:{now}<-{tok.id_to_piece(int(orig))}")
+      shown.append(f"{pos + offset}:{now}<-{tok.id_to_piece(int(orig))}")
   lines.append(f"masked ({len(shown)}): " + " ".join(shown))
   label = int(batch["nsp_labels"][row])
   names = {"nsp": ("IsNext", "NotNext"), "sop": ("InOrder", "Swapped"), "none": ("-", "-")}
@@ -58,55 +63,74 @@ def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str) -> str
 
 
 def preview(cfg: pretraining.InputConfig, n: int, split: str = "train") -> str:
+  """The first `n` rows of the stream as text (packed: every example of each row)."""
   tok = _tokenizer(cfg.path)
   stream = pretraining.make_stream(
       cfg, global_batch_size=n, process_index=0, process_count=1, split=split
   )
   batch = next(stream)
-  return "\n\n".join(f"example {r}\n" + describe(tok, batch, r, cfg.pair_mode) for r in range(n))
+  if not cfg.packing:
+    return "\n\n".join(f"example {r}\n" + describe(tok, batch, r, cfg.pair_mode) for r in range(n))
+  rows = []
+  for r, examples in enumerate(packing.unpack(batch, cfg.max_predictions_per_seq, tok.pad_id)):
+    real = int(batch["attention_mask"][r].sum())
+    lines = [f"row {r}: {len(examples)} examples, {real}/{cfg.seq_len} real tokens"]
+    for j, e in enumerate(examples):
+      start, end = e["offset"], e["offset"] + int(e["attention_mask"].sum())
+      one = {k: np.asarray(v)[None] for k, v in e.items() if k != "offset"}
+      text = describe(tok, one, 0, cfg.pair_mode, offset=start)
+      lines.append(f"example {r}.{j}: positions {start}..{end - 1}")
+      lines.extend("  " + line for line in text.split("\n"))
+    rows.append("\n".join(lines))
+  return "\n\n".join(rows)
+
+
+def _two_segment_examples(b: dict[str, np.ndarray]) -> int:
+  """Examples with a segment B (token type 1 somewhere), whether or not rows are packed."""
+  if "segment_ids" not in b:
+    return int(b["token_type_ids"].any(axis=1).sum())
+  B, L = b["segment_ids"].shape
+  example_BxL = np.arange(B)[:, None] * (L + 1) + b["segment_ids"]
+  return len(np.unique(example_BxL[b["token_type_ids"] == 1]))
 
 
 def stats(
     cfg: pretraining.InputConfig, n: int, batch_size: int = 256, split: str = "train"
 ) -> dict:
-  """Masking and label statistics over the first `n` examples of the stream."""
+  """Masking and label statistics over the first `n` examples of the stream (packed: whole
+  rows until `n` examples are in), and `real_token_fraction`, real tokens over row slots."""
   stream = pretraining.make_stream(
       cfg, global_batch_size=batch_size, process_index=0, process_count=1, split=split
   )
   ids_of = records.special_ids(records.load_metadata(cfg.path))
   pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
-  c = dict.fromkeys(
-      (
-          "examples",
-          "real",
-          "masked",
-          "mask_token",
-          "random",
-          "unchanged",
-          "positive",
-          "length",
-          "segment_b",
-      ),
-      0,
-  )
-  for batch in itertools.islice(stream, -(-n // batch_size)):
-    take = min(batch_size, n - c["examples"])
+  names = "rows examples filled real masked mask_token random unchanged positive length segment_b"
+  c = dict.fromkeys(names.split(), 0)
+  while c["examples"] < n:
+    batch = next(stream)
+    present = batch.get("nsp_weights", np.ones((batch_size, 1), np.int32)).astype(bool)
+    # Whole rows, up to the one holding the n-th example.
+    take = int(np.searchsorted(np.cumsum(present.sum(1)), n - c["examples"])) + 1
     b = {k: v[:take] for k, v in batch.items()}
+    present = present[:take]
     ids, w = b["input_ids"], b["masked_weights"].astype(bool)
     now = np.take_along_axis(ids, b["masked_positions"], axis=1)[w]
     orig = b["masked_ids"][w]
     # Real non-special tokens: masked ones count by their original, which is never special.
     special = (ids == pad_id) | (ids == cls_id) | (ids == sep_id)
+    c["rows"] += len(ids)
+    # Rows are all seq_len long, so the batches' fractions weighted by rows give the whole's.
+    c["filled"] += packing.real_token_fraction(b["attention_mask"]) * len(ids)
     c["real"] += int((~special).sum())
     c["masked"] += int(w.sum())
     c["mask_token"] += int((now == mask_id).sum())
     c["unchanged"] += int((now == orig).sum())
     c["random"] += int(((now != mask_id) & (now != orig)).sum())
-    c["positive"] += int((b["nsp_labels"] == 0).sum())
+    c["positive"] += int(((b["nsp_labels"].reshape(present.shape) == 0) & present).sum())
     c["length"] += int(b["attention_mask"].sum())
-    c["segment_b"] += int(b["token_type_ids"].any(axis=1).sum())
-    c["examples"] += take
-  m = max(1, c["masked"])
+    c["segment_b"] += _two_segment_examples(b)
+    c["examples"] += int(present.sum())
+  m, e = max(1, c["masked"]), max(1, c["examples"])
   return {
       "examples": c["examples"],
       "seq_len": cfg.seq_len,
@@ -116,8 +140,13 @@ def stats(
       "mask_token_fraction": c["mask_token"] / m,
       "random_token_fraction": c["random"] / m,
       "unchanged_fraction": c["unchanged"] / m,
-      "nsp_positive_fraction": c["positive"] / max(1, c["examples"]),
-      "mean_real_length": c["length"] / max(1, c["examples"]),
-      "mean_masked_per_example": c["masked"] / max(1, c["examples"]),
-      "two_segment_fraction": c["segment_b"] / max(1, c["examples"]),
+      "nsp_positive_fraction": c["positive"] / e,
+      "mean_real_length": c["length"] / e,
+      "mean_masked_per_example": c["masked"] / e,
+      "two_segment_fraction": c["segment_b"] / e,
+      "packing": cfg.packing,
+      **({"max_examples_per_row": cfg.max_examples_per_row} if cfg.packing else {}),
+      "rows": c["rows"],
+      "examples_per_row": c["examples"] / max(1, c["rows"]),
+      "real_token_fraction": c["filled"] / max(1, c["rows"]),
   }

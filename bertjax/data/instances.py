@@ -42,6 +42,12 @@ class Instance:
   label: int  # nsp: 1 = NotNext; sop: 1 = swapped; none: 0
   index: int  # instance number within its document, part of the masking key
 
+  @property
+  def length(self) -> int:
+    """Tokens of its row: [CLS] A [SEP], and B [SEP] when there is a B."""
+    lb = len(self.tokens_b)
+    return len(self.tokens_a) + 2 + (lb + 1 if lb else 0)
+
 
 _EMPTY = np.zeros((0,), np.int32)
 
@@ -150,3 +156,23 @@ def create_instances(
       target, chunk, length = new_target(), [], 0
     i += 1
   return out
+
+
+def layout(
+    instances: Sequence[Instance], seq_len: int, cls_id: int, sep_id: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Each instance in a row of its own: [CLS] A [SEP] (B [SEP]) from position 0, then padding.
+  Returns input_ids [N,L], token_type_ids [N,L] (1 on B and its [SEP]) and labels [N]."""
+  N = len(instances)
+  ids = np.full((N, seq_len), pad_id, np.int32)
+  types = np.zeros((N, seq_len), np.int32)
+  labels = np.zeros((N,), np.int32)
+  for row, inst in enumerate(instances):
+    a, b = inst.tokens_a, inst.tokens_b
+    la, lb = len(a), len(b)
+    ids[row, 0], ids[row, 1 : 1 + la], ids[row, 1 + la] = cls_id, a, sep_id
+    if lb:
+      ids[row, 2 + la : 2 + la + lb], ids[row, 2 + la + lb] = b, sep_id
+      types[row, 2 + la : 3 + la + lb] = 1
+    labels[row] = inst.label
+  return ids, types, labels

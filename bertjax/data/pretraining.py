@@ -11,6 +11,13 @@ Features (all int32; B = host rows, L = seq_len, P = max_predictions_per_seq):
     nsp_labels [B] (nsp: 0 = IsNext, 1 = NotNext; sop: 1 = swapped; none: all 0).
 The model computes the MLM loss only at masked_positions, weighted by masked_weights.
 
+Packing (`packing=True`, packing.py): a row holds up to E = max_examples_per_row whole
+examples, each laid out and masked exactly as in a row of its own; the batch gains
+segment_ids [B,L], position_ids [B,L], cls_positions [B,E] and nsp_weights [B,E],
+nsp_labels becomes [B,E] and the masked arrays [B,R] (R = packing.prediction_budget). Each
+block's instances are packed into rows (best-fit decreasing), the rows shuffled, and batches
+take rows; the offset of the state then counts rows of the block.
+
 Prepared source. Hosts take whole shard files (`shards[process_index::process_count]`), so in
 each epoch every document is used exactly once across hosts. An epoch visits the host's shards
 in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
@@ -43,6 +50,7 @@ from bertjax import errors
 from bertjax.data import (
     instances as instances_lib,
     masking,
+    packing as packing_lib,
     records,
     synthetic,
     tf_reader,
@@ -62,7 +70,8 @@ FEATURES = (
     "masked_weights",
     "nsp_labels",
 )
-_FILE_ORDER, _BLOCK_ORDER, _DOC_RNG = 21, 22, 23  # purposes of the stream's hashes
+PACKED_FEATURES = FEATURES + packing_lib.EXTRA_FEATURES  # what a packed stream yields
+_FILE_ORDER, _BLOCK_ORDER, _DOC_RNG, _ROW_ORDER = 21, 22, 23, 24  # purposes of the hashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +92,12 @@ class InputConfig:
   # Prepared shards' reader: "tf.data" (TensorFlow's threads; falls back to "python" with a
   # warning when TensorFlow is not installed) | "python" (records.py). Same batches either way.
   reader: str = "tf.data"
+  # Several whole examples per row (packing.py): attention, positions and NSP stay per example.
+  packing: bool = False
+  # E: examples a packed row may hold, so NSP labels per row. Krell et al. 2021 packed
+  # Wikipedia at L=512 with at most 3; the bundled corpus averages 1.04 per row at L=128 and
+  # 1.12 at 512, so 8 only binds on corpora of many short documents.
+  max_examples_per_row: int = 8
 
 
 def _check(
@@ -120,6 +135,10 @@ def _check(
     )
   if cfg.shuffle_buffer < 1:
     raise errors.ConfigError(f"InputConfig.shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
+  if cfg.max_examples_per_row < 1:
+    raise errors.ConfigError(
+        f"InputConfig.max_examples_per_row={cfg.max_examples_per_row} must be >= 1"
+    )
   if global_batch_size < 1:
     raise errors.ConfigError(f"global_batch_size {global_batch_size} must be >= 1")
   if not 0 <= process_index < process_count:
@@ -146,7 +165,16 @@ def _fingerprint(
       "global_batch_size": global_batch_size,
       "process_index": process_index,
       "process_count": process_count,
+      "packing": cfg.packing,
+      **({"max_examples_per_row": cfg.max_examples_per_row} if cfg.packing else {}),
   }
+
+
+def _budget(cfg: InputConfig) -> int:
+  """R: the masked arrays' width in a packed batch."""
+  return packing_lib.prediction_budget(
+      cfg.seq_len, cfg.max_predictions_per_seq, cfg.mask_prob, cfg.max_examples_per_row
+  )
 
 
 class SyntheticStream:
@@ -161,17 +189,37 @@ class SyntheticStream:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
+    batch = self._packed() if self.cfg.packing else self._examples(self.rows)
+    self.step += 1
+    return batch
+
+  def _examples(self, rows: np.ndarray) -> dict[str, np.ndarray]:
     batch = synthetic.synthetic_batch(
         seed=self.cfg.seed,
         step=self.step,
-        rows=self.rows,
+        rows=rows,
         seq_len=self.cfg.seq_len,
         pair_mode=self.cfg.pair_mode,
         short_seq_prob=self.cfg.short_seq_prob,
         spec=self.spec,
     )
-    self.step += 1
     return {k: batch[k] for k in FEATURES}
+
+  def _packed(self) -> dict[str, np.ndarray]:
+    """Row r holds those of its E candidates r*E, ..., r*E+E-1 (synthetic rows of their own)
+    that fit, in order (first fit): a function of (seed, step, r) only, like an unpacked row;
+    with E=1 the examples are the unpacked stream's."""
+    E = self.cfg.max_examples_per_row
+    examples = self._examples((self.rows[:, None] * E + np.arange(E)).ravel())
+    length_BxE = examples["attention_mask"].sum(1).reshape(-1, E)
+    room_B, take_BxE = np.full(len(length_BxE), self.cfg.seq_len), np.zeros_like(length_BxE, bool)
+    for j in range(E):
+      take_BxE[:, j] = length_BxE[:, j] <= room_B
+      room_B = room_B - np.where(take_BxE[:, j], length_BxE[:, j], 0)
+    rows = [b * E + np.flatnonzero(take) for b, take in enumerate(take_BxE)]
+    return packing_lib.pack(
+        examples, rows, max_examples=E, max_predictions=_budget(self.cfg), pad_id=self.spec.pad_id
+    )
 
   def get_state(self) -> dict:
     return {**self.fingerprint, "step": self.step}
@@ -196,7 +244,9 @@ class PreparedStream:
     self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
     self.offset, self.step = state.get("offset", 0), state.get("step", 0)
     self._blocks: Iterator | None = None  # (epoch, block) from the current block on
-    self._block_items: list | None = None  # the current block's (shard, record, instance)
+    # The current block's rows, each a list of (epoch, shard, record, instance); one
+    # instance per row unless packing.
+    self._block_rows: list[list] | None = None
 
   def _epoch_order(self, epoch: int) -> list[int]:
     """Indices of this host's shards in the order epoch `epoch` reads them."""
@@ -266,7 +316,19 @@ class PreparedStream:
     random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, self.epoch, self.block))).shuffle(
         items
     )
-    self._block_items = items
+    self._block_rows = self._rows(items)
+
+  def _rows(self, items: list) -> list[list]:
+    """The block's rows: one instance each, or packed (packing.py) and put in a seeded order."""
+    if not self.cfg.packing:
+      return [[item] for item in items]
+    plan = packing_lib.plan_rows(
+        [item[3].length for item in items], self.cfg.seq_len, self.cfg.max_examples_per_row
+    )
+    rows = [[items[i] for i in row] for row in plan]
+    # Best-fit decreasing made the rows longest examples first: shuffle them again.
+    random.Random(int(masking.key(self.cfg.seed, _ROW_ORDER, self.epoch, self.block))).shuffle(rows)
+    return rows
 
   def __iter__(self) -> "PreparedStream":
     return self
@@ -274,39 +336,49 @@ class PreparedStream:
   def __next__(self) -> dict[str, np.ndarray]:
     picked = []
     while len(picked) < self.rows:
-      if self._block_items is None:
+      if self._block_rows is None:
         self._load_block()
-      take = self._block_items[self.offset : self.offset + self.rows - len(picked)]
+      take = self._block_rows[self.offset : self.offset + self.rows - len(picked)]
       picked.extend(take)
       self.offset += len(take)
-      if self.offset >= len(self._block_items):
-        self.block, self.offset, self._block_items = self.block + 1, 0, None
+      if self.offset >= len(self._block_rows):
+        self.block, self.offset, self._block_rows = self.block + 1, 0, None
     self.step += 1
     return self._features(picked)
 
-  def _features(self, picked: list) -> dict[str, np.ndarray]:
-    B, L = len(picked), self.cfg.seq_len
-    cls_id, sep_id, pad_id = self.spec.cls_id, self.spec.sep_id, self.spec.pad_id
-    ids = np.full((B, L), pad_id, np.int32)
-    types = np.zeros((B, L), np.int32)
-    labels = np.zeros((B,), np.int32)
+  def _features(self, rows: list[list]) -> dict[str, np.ndarray]:
+    """The batch of these rows: every example masked as in a row of its own, then packed."""
+    examples = [item for row in rows for item in row]
+    batch = self._example_features(examples)
+    if not self.cfg.packing:
+      return batch
+    starts = np.cumsum([0] + [len(row) for row in rows])
+    return packing_lib.pack(
+        batch,
+        [range(a, b) for a, b in zip(starts[:-1], starts[1:])],
+        max_examples=self.cfg.max_examples_per_row,
+        max_predictions=_budget(self.cfg),
+        pad_id=self.spec.pad_id,
+    )
+
+  def _example_features(self, picked: list) -> dict[str, np.ndarray]:
+    """Unpacked features: one row per (epoch, shard, record, instance) of `picked`."""
+    ids, types, labels = instances_lib.layout(
+        [inst for *_, inst in picked],
+        self.cfg.seq_len,
+        self.spec.cls_id,
+        self.spec.sep_id,
+        self.spec.pad_id,
+    )
     epoch_B, shard_B, record_B, index_B = (
         np.array(x, np.int64) for x in zip(*[(e, s, r, inst.index) for e, s, r, inst in picked])
     )
-    for row, (_, _, _, inst) in enumerate(picked):
-      a, b = inst.tokens_a, inst.tokens_b
-      la, lb = len(a), len(b)
-      ids[row, 0], ids[row, 1 : 1 + la], ids[row, 1 + la] = cls_id, a, sep_id
-      if lb:
-        ids[row, 2 + la : 2 + la + lb], ids[row, 2 + la + lb] = b, sep_id
-        types[row, 2 + la : 3 + la + lb] = 1
-      labels[row] = inst.label
     # The masking key: (seed, epoch, document identity, instance number) and nothing else.
     keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
     masked = masking.mask_batch(ids, keys, self.spec)
     return {
         **masked,
-        "attention_mask": (ids != pad_id).astype(np.int32),
+        "attention_mask": (ids != self.spec.pad_id).astype(np.int32),
         "token_type_ids": types,
         "nsp_labels": labels,
     }
@@ -399,6 +471,8 @@ def make_stream(
   rows = global_batch_size // process_count
   fingerprint = _fingerprint(cfg, global_batch_size, process_index, process_count, split)
   state = dict(state or {})
+  if "source" in state:  # a fingerprinted state saved before packing existed was unpacked
+    state.setdefault("packing", False)
   mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
   if mismatched:
     raise errors.ConfigError(
