@@ -223,6 +223,12 @@ ROWS: list[Mistake] = [
         setup=_shards,
     ),
     Mistake(
+        "data_stats_packing_zero_examples_per_row",
+        (*_STATS, "--packing", "--max-examples-per-row", "0"),
+        ("--max-examples-per-row", "'0' must be >= 1"),
+        setup=_shards,
+    ),
+    Mistake(
         "data_seq_len_too_short",
         (*_STATS, "--seq-len", "4"),
         ("--seq-len 4 is too short for --pair-mode nsp", ">= 5"),

@@ -15,6 +15,7 @@
     instances.py    google-research/bert's segment pairing (nsp / sop / none) and truncation
     masking.py      counter-based RNG and vectorised MLM masking
     synthetic.py    TensorFlow-free random batches, independent of the number of hosts
+    packing.py      several whole examples per row: the packer, the packed layout, real_token_fraction
     pretraining.py  `make_stream`, `InputConfig`: the endless, resumable MLM/NSP stream
     prefetch.py     host batches -> global device arrays, built ahead in a thread
     inspect.py      `bertjax data preview` / `bertjax data stats`
