@@ -13,9 +13,9 @@ import optax
 import pytest
 import flax.linen as nn
 
-from bertjax import model as model_lib
+from bertjax import errors, model as model_lib
 from bertjax.tasks import encoder as encoder_lib, finetuning
-from bertjax.training import sharding
+from bertjax.training import checkpoint, sharding, train
 
 CFG = model_lib.BertConfig(
     vocab_size=64,
@@ -63,8 +63,10 @@ def _one_device():
   return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
-def test_batch_sizes_must_divide_over_the_devices_and_errors_name_the_command():
-  with pytest.raises(ValueError, match=r"^squad: --eval-batch-size=12 is not divisible by the 8"):
+def test_batch_sizes_must_divide_over_the_devices_and_errors_name_the_field():
+  with pytest.raises(
+      errors.ConfigError, match=r"^Recipe.eval_batch_size=12 is not divisible by the 8"
+  ):
     _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=12), name="squad")
 
 
@@ -85,11 +87,16 @@ def test_restored_encoder_is_checked_against_the_config():
   for got, want in zip(jax.tree.leaves(state.params["bert"]), jax.tree.leaves(bert)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   missing = {**bert, "pooler": {}}
-  with pytest.raises(ValueError, match=r"^ner: test: encoder has no bert/pooler/"):
+  with pytest.raises(
+      checkpoint.CheckpointMismatchError, match=r"^test: encoder has no bert/pooler/"
+  ):
     _trainer(bert_params=missing)
   wrong = jax.tree.map(lambda x: x, bert)
   wrong["embeddings"]["word_embeddings"]["embedding"] = np.zeros((32, 16), np.float32)
-  with pytest.raises(ValueError, match=r"has shape \(32, 16\), its config implies \(64, 16\)"):
+  with pytest.raises(
+      checkpoint.CheckpointMismatchError,
+      match=r"has shape \(32, 16\), its config implies \(64, 16\)",
+  ):
     _trainer(bert_params=wrong)
 
 
@@ -159,11 +166,11 @@ def test_padding_rows_do_not_change_the_step():
     np.testing.assert_allclose(x, y, atol=1e-6)
 
 
-def test_load_encoder_messages_name_the_command(tmp_path):
-  with pytest.raises(ValueError, match=r"^squad: --init random needs --tokenizer"):
-    encoder_lib.load_encoder("random", prefix="squad")
-  with pytest.raises(FileNotFoundError, match=r"^ner: --init .*: no such checkpoint"):
-    encoder_lib.load_encoder(str(tmp_path / "missing"), prefix="ner")
+def test_load_encoder_messages_name_the_arguments(tmp_path):
+  with pytest.raises(errors.ConfigError, match=r"^init random needs tokenizer"):
+    encoder_lib.load_encoder("random")
+  with pytest.raises(errors.InputNotFoundError, match=r"^init .*: no such checkpoint"):
+    encoder_lib.load_encoder(str(tmp_path / "missing"))
 
 
 def test_default_learning_rate_follows_the_encoder_width():
@@ -269,8 +276,34 @@ def test_fsdp_on_8_devices_matches_1_device():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-def test_mesh_flag_errors_name_the_flag():
-  with pytest.raises(ValueError, match=r"^glue: --mesh=3,1,1: mesh: .*devices"):
+def test_steps_run_under_the_rules_on_the_shared_state():
+  """The state is pretraining's class; the steps are traced under the logical-axis rules, so the
+  model's activation constraints are in them (outside the rules they are no-ops)."""
+  trainer = _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=8, mesh=(2, 4, 1)))
+  assert type(trainer.built.abstract) is train.TrainState
+  batch = {
+      k: jax.ShapeDtypeStruct((8, 8), jnp.int32, sharding=trainer.batch_sh)
+      for k in ("input_ids", "token_type_ids", "attention_mask")
+  }
+  batch["labels"] = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=trainer.batch_sh)
+  batch["weights"] = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=trainer.batch_sh)
+  train_hlo = trainer._train.lower(trainer.built.abstract, batch).as_text()
+  predict_hlo = trainer._predict.lower(trainer.built.abstract.params, batch).as_text()
+  assert "sharding_constraint" in train_hlo and "sharding_constraint" in predict_hlo
+  assert trainer.compiled_shapes() == (1, 1)  # traced, nothing compiled or run
+
+
+def test_a_negative_learning_rate_never_makes_a_state():
+  trainer = _trainer()
+  for lr in (-1e-3, float("nan")):
+    with pytest.raises(errors.ConfigError, match=r"^learning_rate=.* must be a finite number >= 0"):
+      trainer.init_state(seed=0, learning_rate=lr)
+  with pytest.raises(errors.ConfigError, match=r"^Recipe.learning_rate=-0.001 must be"):
+    finetuning.Recipe(learning_rate=-1e-3)
+
+
+def test_mesh_errors_name_the_field():
+  with pytest.raises(errors.ConfigError, match=r"^Recipe.mesh=\(3, 1, 1\): .* 8 devices"):
     _trainer(finetuning.Recipe(batch_size=8, eval_batch_size=8, mesh=(3, 1, 1)), name="glue")
 
 

@@ -2,7 +2,9 @@
 
     encoder.py     the encoder to start from (`--init`: bertjax, Hugging Face, Google, random)
     inputs.py      special ids, pair truncation and [CLS] A [SEP] B [SEP] packing, for every task
-    finetuning.py  the shared fine-tuning trainer: state, step, length buckets, epochs, best kept
+    recipe.py      the fine-tuning recipe (checked fields) and its optimizer
+    batching.py    length-aware batches: buckets, padding, each process's rows
+    finetuning.py  the shared fine-tuning trainer: state, step, epochs, best kept
     glue/          GLUE and custom TSV tasks, sweeps, leaderboard submissions
     squad/         SQuAD 1.1/2.0
     ner/           CoNLL-style token classification

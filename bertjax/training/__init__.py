@@ -1,7 +1,9 @@
 """Pretraining: the mesh and its rules, the train step, the loop, the optimizer, checkpoints.
 
 sharding.py        the mesh and the one table of logical-axis rules
-train.py           TrainState, its sharded creation, the jitted train/eval steps
+train_state.py     TrainState, its sharded creation and the step-jitting helper that
+                   pretraining and fine-tuning share
+train.py           pretraining's setup and its jitted train/eval steps
 losses.py          MLM (fused with the tied decoder), NSP/SOP and classification losses
 optim.py           BERT's AdamW, optax AdamW, layer-wise LAMB; the schedules
 loop.py            `train_and_evaluate`: data, steps, metrics, eval, checkpoints
@@ -10,4 +12,7 @@ metrics_writer.py  metrics.jsonl and TensorBoard
 config_checks.py   jax-free validation of a config before anything runs
 flops.py           model FLOPs and MFU
 tpu.py             Cloud TPU topologies for `bertjax compile` without a TPU
+fit.py             `bertjax compile`: ahead-of-time compile of the steps on a slice or local
+                   devices, memory per device, the fit report
+fit_suggest.py     `bertjax compile --suggest`: the variants that fit
 """

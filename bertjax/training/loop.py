@@ -23,7 +23,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, pretraining, records
+from bertjax.data import bundled, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.runtime import distributed, workdir_lock
 from bertjax.training import (
@@ -205,7 +205,7 @@ def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, floa
     host_batch["at_mask"] = np.asarray(losses.at_mask_token(host_batch, mask_id))
     # This process's targets there, for the best constant guess below.
     target_counts.update(host_batch["masked_ids"][host_batch["at_mask"] > 0].tolist())
-    sums = setup.eval_step(params, pretraining.global_batch(host_batch, setup.batch_sharding))
+    sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
   out = {f"eval_{k}": float(v) for k, v in losses.finalize(jax.device_get(totals)).items()}
   # The best constant guess at the same positions: the most frequent target there. A model
@@ -388,7 +388,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
   def open_phase(ph: Phase, saved: dict | None):
     s = saved["stream"] if saved and saved.get("phase") == ph.index else None
     stream = make_stream(config, ph, s)
-    return pretraining.prefetch_to_device(
+    return prefetch.prefetch_to_device(
         stream, setups[ph.index].batch_sharding, config.data.prefetch
     )
 

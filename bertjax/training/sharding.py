@@ -10,7 +10,9 @@ The batch is split over `data` x `fsdp`. Inside one slice the axes use the fast 
 low, so only `data` (and perhaps `fsdp`) should go there.
 
 `LOGICAL_AXIS_RULES` is the only place a mesh-axis name meets a model axis name: the model
-(bertjax/model.py) names its axes ('embed', 'mlp', 'heads', ...) and never a mesh axis.
+(`bertjax/model/`) names its axes ('embed', 'mlp', 'heads', ...) and never a mesh axis.
+Pretraining and fine-tuning both place their state and trace their steps by it
+(`bertjax.training.train_state`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 import optax
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from bertjax import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -57,20 +61,21 @@ def axis_sizes(
   """Resolve one `-1` in (data, fsdp, tensor) so that the product is `num_devices`."""
   n = jax.device_count() if num_devices is None else num_devices
   sizes = [data, fsdp, tensor]
-  if sizes.count(-1) > 1:
-    raise ValueError(
-        f"mesh: at most one axis may be -1 (fill), got data={data} fsdp={fsdp} " f"tensor={tensor}"
+  if any(s != -1 and s < 1 for s in sizes) or sizes.count(-1) > 1:
+    raise errors.ConfigError(
+        f"mesh: data={data} fsdp={fsdp} tensor={tensor}: each axis must be >= 1, or -1 (fill) "
+        "for at most one of them"
     )
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if n % known:
-      raise ValueError(
-          f"mesh: {n} devices do not divide by fsdp*tensor*data (without -1) = "
-          f"{known}; change config.mesh"
+      raise errors.ConfigError(
+          f"mesh: {n} devices do not divide by the product of the other axes, {known}; "
+          f"give sizes whose product divides {n}"
       )
     sizes[sizes.index(-1)] = n // known
   if math.prod(sizes) != n:
-    raise ValueError(
+    raise errors.ConfigError(
         f"mesh: data*fsdp*tensor = {sizes[0]}*{sizes[1]}*{sizes[2]} = "
         f"{math.prod(sizes)} but there are {n} devices; set one axis to -1 to fill"
     )
@@ -97,8 +102,8 @@ def make_mesh(
   dcn = (dcn_data, dcn_fsdp, dcn_tensor)
   num_slices = math.prod(dcn)
   if len(devices) % num_slices:
-    raise ValueError(
-        f"mesh: {len(devices)} devices do not split into dcn " f"{dcn} = {num_slices} slices"
+    raise errors.ConfigError(
+        f"mesh: {len(devices)} devices do not split into dcn {dcn} = {num_slices} slices"
     )
   ici = axis_sizes(data, fsdp, tensor, len(devices) // num_slices)
   if num_slices == 1:
@@ -201,16 +206,16 @@ def check_batch_size(
   procs = jax.process_count()
   shards = num_batch_shards(mesh)
   if global_batch % num_microbatches:
-    raise ValueError(
+    raise errors.ConfigError(
         f"{field}={global_batch} is not divisible by "
         f"config.train.microbatches={num_microbatches}"
     )
   micro = global_batch // num_microbatches
   if micro % shards:
-    raise ValueError(
+    raise errors.ConfigError(
         f"{field}={global_batch} / microbatches {num_microbatches} = {micro} is not "
         f"divisible by the {shards} batch shards (mesh data*fsdp = "
         f"{mesh.shape['data']}*{mesh.shape['fsdp']}); use a multiple of {shards}"
     )
   if global_batch % procs:
-    raise ValueError(f"{field}={global_batch} is not divisible by the {procs} processes")
+    raise errors.ConfigError(f"{field}={global_batch} is not divisible by the {procs} processes")

@@ -1,14 +1,15 @@
-"""The sharded train state and the jitted train / eval steps.
+"""Pretraining's model, optimizer and jitted train / eval steps on a mesh.
 
     setup = train.setup(config, mesh)
     state = setup.init_state(seed)                  # created already sharded on the mesh
     state, metrics = setup.train_step(state, batch)   # batch: dict of global jax.Arrays
 
-The state is built abstractly (`jax.eval_shape`), its shardings come from the logical axes the
-model attaches to every parameter (`sharding.LOGICAL_AXIS_RULES`), and `init` is jitted with
-those `out_shardings`, so BERT-large is never materialised on one device. The step is jitted
-with explicit in/out shardings and donates the old state. The loop that drives it lives in
-`bertjax.training.loop`. This module imports no TensorFlow.
+The state (`train_state.TrainState`, the one fine-tuning uses too) is built by
+`train_state.build`: abstractly (`jax.eval_shape`), with shardings from the logical axes the
+model attaches to every parameter (`sharding.LOGICAL_AXIS_RULES`), by an `init` jitted with those
+`out_shardings`, so BERT-large is never materialised on one device. The steps are jitted by
+`train_state.jit_step` with explicit in/out shardings; the train step donates the old state.
+The loop that drives them lives in `bertjax.training.loop`. This module imports no TensorFlow.
 
 Shape letters: B batch, M microbatches, L sequence length, P masked positions.
 """
@@ -20,13 +21,12 @@ import functools
 from typing import Any, Callable
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax import model as model_lib
-from bertjax.training import losses, optim, sharding
+from bertjax import errors, model as model_lib
+from bertjax.training import losses, optim, sharding, train_state
 
 Array = jax.Array
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")
@@ -34,12 +34,7 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positio
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: Array  # int32 scalar: optimizer steps taken (skipped non-finite steps included)
-  params: Any  # unboxed BertForPreTraining params, float32
-  opt_state: Any  # optax state, float32
-  rng: Array  # uint32[2]: dropout key; step keys are fold_in(rng, step)
+TrainState = train_state.TrainState  # params: BertForPreTraining's; rng: a uint32[2] key
 
 
 def model_config(config) -> model_lib.BertConfig:
@@ -48,9 +43,11 @@ def model_config(config) -> model_lib.BertConfig:
   overrides = {k: v for k, v in m.items() if k != "preset" and v is not None}
   unknown = sorted(set(overrides) - _MODEL_FIELDS)
   if unknown:
-    raise ValueError(f"config.model: unknown fields {unknown}; valid: {sorted(_MODEL_FIELDS)}")
+    raise errors.ConfigError(
+        f"config.model: unknown fields {unknown}; valid: {sorted(_MODEL_FIELDS)}"
+    )
   if "vocab_size" not in overrides:
-    raise ValueError(
+    raise errors.ConfigError(
         "config.model.vocab_size is unset: it must match the tokenizer "
         "(bertjax.training.loop fills it from the prepared data's metadata.json)"
     )
@@ -67,7 +64,7 @@ class Setup:
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-  abstract_state: TrainState  # ShapeDtypeStructs
+  abstract_state: TrainState  # ShapeDtypeStructs with their shardings: the restore target
   state_shardings: TrainState  # NamedShardings, same structure
   batch_sharding: jax.sharding.NamedSharding  # leading axis over data x fsdp
   init_state: Callable[[int], TrainState]
@@ -101,19 +98,12 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   schedule = optim.make_schedule(config.train, config.get("phase2"))
   tx = optim.make_optimizer(config.train, schedule)
 
-  boxed_abs, state_abs = jax.eval_shape(functools.partial(_init_fn, model, tx), 0)
-  param_shardings = sharding.state_shardings(boxed_abs, mesh)
+  built = train_state.build(functools.partial(_init_fn, model, tx), tx, mesh, 0)
   repl = sharding.replicated(mesh)
-  opt_shardings = sharding.opt_state_shardings(tx, state_abs.opt_state, param_shardings, mesh)
-  state_shardings = TrainState(step=repl, params=param_shardings, opt_state=opt_shardings, rng=repl)
   batch_sharding = sharding.batch_sharding(mesh)
 
-  init = jax.jit(lambda seed: _init_fn(model, tx, seed)[1], out_shardings=state_shardings)
-
   def init_state(seed: int) -> TrainState:
-    # No logical-rules context here: `out_shardings` places the state, and DenseGeneral's
-    # init reshapes kernels in a way a constraint on the boxed value would reject.
-    return init(jnp.asarray(seed, jnp.uint32))
+    return built.init(jnp.asarray(seed, jnp.uint32))
 
   step_fn = functools.partial(
       _train_step,
@@ -125,19 +115,18 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       pair_mode=config.data.pair_mode,
       inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
   )
-  jit_step = jax.jit(
+  train_step = train_state.jit_step(
       step_fn,
-      in_shardings=(state_shardings, batch_sharding),
-      out_shardings=(state_shardings, repl),
+      mesh,
+      in_shardings=(built.shardings, batch_sharding),
+      out_shardings=(built.shardings, repl),
       donate_argnums=0,
   )
-  eval_fn = functools.partial(_eval_step, model=model, pair_mode=config.data.pair_mode)
-  jit_eval = jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=repl)
-
-  train_step, eval_step = _InMesh(jit_step, mesh), _InMesh(jit_eval, mesh)
-
-  abstract = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_abs, state_shardings
+  eval_step = train_state.jit_step(
+      functools.partial(_eval_step, model=model, pair_mode=config.data.pair_mode),
+      mesh,
+      in_shardings=(built.shardings.params, batch_sharding),
+      out_shardings=repl,
   )
   return Setup(
       config=config,
@@ -146,29 +135,13 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       mesh=mesh,
       tx=tx,
       schedule=schedule,
-      abstract_state=abstract,
-      state_shardings=state_shardings,
+      abstract_state=built.abstract,
+      state_shardings=built.shardings,
       batch_sharding=batch_sharding,
       init_state=init_state,
       train_step=train_step,
       eval_step=eval_step,
   )
-
-
-class _InMesh:
-  """A jitted step traced under the mesh and the logical-axis rules, so that the model's
-  activation constraints (`nn.with_logical_constraint`) take effect; `.lower` for AOT."""
-
-  def __init__(self, jitted, mesh: jax.sharding.Mesh):
-    self.jitted, self.mesh = jitted, mesh
-
-  def __call__(self, *args):
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      return self.jitted(*args)
-
-  def lower(self, *args):
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.LOGICAL_AXIS_RULES):
-      return self.jitted.lower(*args)
 
 
 def _forward(params, batch, model, dropout_key, deterministic: bool):

@@ -1,12 +1,13 @@
 """Fine-tune a restored encoder on one GLUE task with the BERT recipe.
 
-    enc = restore.load_encoder("runs/base")   # or a HF / Google BERT dir, or "random"
+    enc = encoder.load_encoder("runs/base")   # or a HF / Google BERT dir, or "random"
     run = finetune.train_and_evaluate(task, enc, feats, finetuning.Recipe(), "out/sst2")
 
 The trainer, optimizer and loop are `bertjax.tasks.finetuning`'s; this module adds what is GLUE's:
-the classifier on [CLS] (`model.BertForSequenceClassification`), the cross-entropy or
-squared-error loss, the task's metrics on every dev split, and the test predictions. The batch
-(32) is global, data-parallel over every device there is.
+the classifier on [CLS] (`model.BertForSequenceClassification`; `Recipe.pooling`), the
+cross-entropy or squared-error loss, the task's metrics on every dev split, and the test
+predictions. The batch (`Recipe.batch_size`, 32) is global, split over `Recipe.mesh`. A sweep's
+runs share one Trainer and its compiled steps (`_trainer`).
 
 After each epoch the dev splits are scored; the best epoch (by the task's main metric) is kept
 on device for the test predictions and saved under `workdir/best/` (orbax) + `best.json`.
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import model as model_lib
+from bertjax import errors, model as model_lib
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.glue import features, metrics, tasks
@@ -96,7 +97,10 @@ def train_and_evaluate(
   with the best epoch. `data` holds "train", the task's dev splits and any test splits."""
   for split in ("train",) + tuple(s.name for s in task.dev):
     if len(data[split]) == 0:
-      raise ValueError(f"glue: {task.name}: the {split} split has no usable rows")
+      raise errors.BadInputError(
+          f"{task.name}: the {split} split has no usable rows; check its data (unreadable "
+          "rows are reported before training)"
+      )
   total_steps = recipe.epochs * finetuning.steps_per_epoch(len(data["train"]), recipe)
   trainer = _trainer(task, enc, recipe, total_steps)
   score_dev = lambda params: evaluate(trainer, task, params, data, recipe.eval_batch_size)
@@ -142,31 +146,44 @@ def train_and_evaluate(
   )
 
 
-_TRAINER_CACHE: dict = {}
+@dataclasses.dataclass
+class _Kept:
+  """The Trainer kept for the next run, and what it was built for."""
+
+  enc: Encoder  # held: while kept, no other encoder can be this object (or reuse its id)
+  key: tuple  # the task, the steps and every recipe field but the learning rate and seed
+  trainer: finetuning.Trainer
+
+
+_KEPT: list[_Kept] = []  # at most one: a finished task's compiled steps are not kept
 
 
 def clear_trainer_cache() -> None:
   """Forget the kept Trainer (and its compiled steps)."""
-  _TRAINER_CACHE.clear()
+  _KEPT.clear()
 
 
 def _trainer(
     task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe, total_steps: int
 ) -> finetuning.Trainer:
   """The Trainer of the last run if only the learning rate and seed changed (a sweep): its
-  steps are compiled already."""
+  steps are compiled already. The encoder is matched by identity (the Trainer holds its
+  parameters), and held with the Trainer so that no later encoder can take its place."""
   key = (
       task.name,
       task.num_labels,
       task.is_regression,
-      id(enc),
       total_steps,
-      dataclasses.replace(recipe, learning_rate=0.0, seed=0),
+      tuple(
+          (f.name, getattr(recipe, f.name))
+          for f in dataclasses.fields(recipe)
+          if f.name not in ("learning_rate", "seed")  # values in the state, not the Trainer's
+      ),
   )
-  if key not in _TRAINER_CACHE:
-    _TRAINER_CACHE.clear()  # one at a time: a finished task's compiled steps are not kept
-    _TRAINER_CACHE[key] = make_trainer(task, enc, recipe, total_steps)
-  return _TRAINER_CACHE[key]
+  if not (_KEPT and _KEPT[0].enc is enc and _KEPT[0].key == key):
+    _KEPT.clear()  # before building: the old Trainer need not live beside the new one
+    _KEPT.append(_Kept(enc, key, make_trainer(task, enc, recipe, total_steps)))
+  return _KEPT[0].trainer
 
 
 def evaluate(
