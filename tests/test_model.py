@@ -9,7 +9,6 @@ import flax.linen as nn
 
 from bertjax import model as model_lib
 from bertjax.interop import convert
-from bertjax.model import ops
 from bertjax.training import losses
 
 B, L, P = 3, 16, 4
@@ -301,51 +300,19 @@ def test_pretraining_output_feeds_the_fused_mlm_loss():
   np.testing.assert_array_equal(fused_correct, correct)
 
 
-def _batch6(vocab):
-  return tuple(np.concatenate(parts) for parts in zip(_batch(vocab, 0), _batch(vocab, 1)))
-
-
-@pytest.mark.slow
-def test_attention_batch_chunks_compute_the_same_function():
-  # in training (attention dropout drawn for the whole batch) and in eval; 6 rows: 1, 2, 3
-  # and 6 slices; 4 does not divide 6 and runs unsliced
+def test_attention_batch_chunks_is_accepted_and_ignored():
+  """The old field: configs and saved bert_config.json files that name it still load; it
+  changes nothing (ops.attention picks the slicing by backend) and is no longer written."""
   cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
+  with pytest.warns(DeprecationWarning, match="attention_batch_chunks=3 is ignored"):
+    old = cfg.replace(attention_batch_chunks=3)
+  assert old == cfg and "attention_batch_chunks" not in old.to_dict()
+  assert model_lib.BertConfig.from_dict({**cfg.to_dict(), "attention_batch_chunks": 0}) == cfg
   params = _init(cfg)
-  ids, types, mask, pos = _batch6(cfg.vocab_size)
-  assert ops.attention_chunks(4, 6) == 1 and ops.attention_chunks(3, 6) == 3
-
-  def run(chunks, deterministic):
-    m = model_lib.BertForPreTraining(cfg.replace(attention_batch_chunks=chunks))
-
-    def loss(p):
-      out = m.apply(
-          {"params": p},
-          ids,
-          types,
-          mask,
-          pos,
-          deterministic=deterministic,
-          rngs={"dropout": jax.random.key(5)},
-      )
-      return jnp.sum(out.mlm_logits**2) * 1e-3 + jnp.sum(out.nsp_logits), out
-
-    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-    return out, grads
-
-  for deterministic in (False, True):
-    ref, ref_grads = run(1, deterministic)
-    for chunks in (2, 3, 4, 6):
-      out, grads = run(chunks, deterministic)
-      np.testing.assert_allclose(out.sequence_output, ref.sequence_output, atol=1e-6)
-      np.testing.assert_allclose(out.mlm_logits, ref.mlm_logits, atol=1e-5)
-      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, ref_grads)
-  # dropout is on in training: the two modes differ
-  assert not np.allclose(run(2, False)[0].sequence_output, run(2, True)[0].sequence_output)
-
-
-def test_attention_batch_chunks_must_not_be_negative():
-  with pytest.raises(ValueError, match="attention_batch_chunks=-1"):
-    model_lib.BertConfig(attention_batch_chunks=-1)
+  batch = _batch(cfg.vocab_size)
+  np.testing.assert_array_equal(
+      _apply(old, params, batch).sequence_output, _apply(cfg, params, batch).sequence_output
+  )
 
 
 def test_init_is_berts_truncated_normal():

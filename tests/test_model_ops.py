@@ -110,3 +110,97 @@ def test_flat_dot_general_equals_dot_general():
   np.testing.assert_allclose(flat(x, w), ref(x, w), rtol=1e-6)
   for g, g_ref in zip(jax.grad(flat, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
     np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def _qkv_mask(batch=6, seed=1):
+  rng = np.random.default_rng(seed)
+  q, k, v = (jnp.asarray(rng.normal(size=(batch, 8, 2, 4)), jnp.float32) for _ in range(3))
+  mask = np.ones((batch, 8), np.int32)
+  mask[1, 5:] = 0
+  mask[4, 2:] = 0
+  return q, k, v, model_lib.attention_mask_bias(jnp.asarray(mask))
+
+
+def test_attention_slices_the_batch_by_backend():
+  assert ops.platform() == "cpu"
+  assert ops.attention_chunks(0, 6) == 2 and ops.attention_chunks(0, 5) == 1
+  assert ops.attention_chunks(0, 6, "tpu") == 1 and ops.attention_chunks(0, 6, "gpu") == 1
+  assert ops.attention_chunks(4, 6) == 1 and ops.attention_chunks(3, 6) == 3
+
+
+def test_attention_with_a_key_mask_is_dot_product_attention():
+  # The model's unpacked path: the same numbers as `jax.nn.dot_product_attention`, to the bit.
+  q, k, v, m = _qkv_mask()
+  want = jax.nn.dot_product_attention(q, k, v, mask=m)
+  for chunks in (1, 2):
+    np.testing.assert_array_equal(ops.attention(q, k, v, mask=m, batch_chunks=chunks), want)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_attention_batch_chunks_compute_the_same_function(deterministic):
+  # in training (attention dropout drawn for the whole batch) and in eval; 6 rows: 1, 2, 3
+  # and 6 slices; 4 does not divide 6 and runs unsliced
+  q, k, v, m = _qkv_mask()
+  rng = jax.random.key(5)
+
+  def run(chunks):
+    def loss(q, k, v):
+      out = ops.attention(
+          q,
+          k,
+          v,
+          mask=m,
+          dropout_rate=0.3,
+          dropout_rng=rng,
+          deterministic=deterministic,
+          batch_chunks=chunks,
+      )
+      return jnp.sum(jnp.sin(out)), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+  (_, ref), ref_grads = run(1)
+  for chunks in (2, 3, 4, 6):
+    (_, out), grads = run(chunks)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads, ref_grads)
+  plain = ops.attention(q, k, v, mask=m)
+  assert np.allclose(ref, plain, atol=1e-6) == deterministic  # dropout only in training
+
+
+def test_attention_dropout_is_the_einsum_reference_with_keep_mask():
+  q, k, v, m = _qkv_mask()
+  rng = jax.random.key(7)
+  got = ops.attention(q, k, v, mask=m, dropout_rate=0.2, dropout_rng=rng, deterministic=False)
+  keep, scale = ops.keep_mask(rng, 0.2, (6, 2, 8, 8))
+  np.testing.assert_allclose(got, ops.einsum_attention(q, k, v, m, keep, scale), atol=1e-6)
+  assert 0.1 < 1 - float(jnp.mean(keep)) < 0.3
+  other = ops.attention(
+      q, k, v, mask=m, dropout_rate=0.2, dropout_rng=jax.random.key(8), deterministic=False
+  )
+  assert not np.allclose(got, other, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_attention_batch_slices_add_no_communication():
+  # batch 16 over 8 devices, in 2 interleaved slices: each device keeps its own rows, so the
+  # sliced program communicates no more than the unsliced one (nothing, for attention alone),
+  # dropout mask included
+  mesh = jax.make_mesh((jax.device_count(),), ("data",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  qkv = jax.ShapeDtypeStruct((16, 8, 2, 4), jnp.float32, sharding=rows)
+  mask = jax.ShapeDtypeStruct((16, 1, 1, 8), jnp.bool_, sharding=rows)
+  collectives = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+  for chunks in (1, 2):
+    f = lambda q, k, v, m: ops.attention(
+        q,
+        k,
+        v,
+        mask=m,
+        dropout_rate=0.1,
+        dropout_rng=jax.random.key(0),
+        deterministic=False,
+        batch_chunks=chunks,
+    )
+    hlo = jax.jit(f, out_shardings=rows).lower(qkv, qkv, qkv, mask).compile().as_text()
+    assert not [op for op in collectives if f" {op}(" in hlo or f" {op}-start(" in hlo], chunks

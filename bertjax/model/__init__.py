@@ -9,6 +9,7 @@ from bertjax.model.bert import (
     PretrainingOutput,
     attention_mask_bias,
     gather_positions,
+    packed_position_ids,
 )
 from bertjax.model.config import BertConfig, from_preset, PRESETS
 from bertjax.model.heads import (

@@ -2,7 +2,13 @@
 
 Shape letters used in array names throughout:
   B batch, L sequence length, H hidden size, N attention heads, D head size (H / N),
-  F intermediate (MLP) size, P masked positions per sequence, V vocabulary, C classes.
+  F intermediate (MLP) size, P masked positions per sequence, V vocabulary, C classes,
+  E examples per row (packed rows).
+
+A row is one example padded with `attention_mask`, or several complete examples packed
+together: `segment_ids` (1..k, 0 for padding) keep attention inside each example,
+`position_ids` restart at each example and `cls_positions` point the pooler and the NSP head at
+each example's [CLS]. Nothing else in the network knows about packing.
 
 Every parameter carries logical axis names (``nn.with_logical_partitioning``); activations are
 constrained at block boundaries with ``nn.with_logical_constraint``. Which mesh axis a logical
@@ -107,17 +113,24 @@ class Embeddings(nn.Module):
     self.layer_norm = _layer_norm(cfg, "layer_norm")
     self.dropout = ops.Dropout(cfg.hidden_dropout_rate)
 
-  def __call__(self, input_ids_BxL: Array, token_type_ids_BxL: Array, deterministic: bool) -> Array:
+  def __call__(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array,
+      deterministic: bool,
+      position_ids_BxL: Array | None = None,
+  ) -> Array:
     seq_len = input_ids_BxL.shape[1]
     if seq_len > self.cfg.max_position_embeddings:
       raise ValueError(
           f"sequence length {seq_len} exceeds max_position_embeddings="
           f"{self.cfg.max_position_embeddings}"
       )
-    positions_1xL = jnp.arange(seq_len)[None, :]
+    if position_ids_BxL is None:
+      position_ids_BxL = jnp.arange(seq_len)[None, :]
     x_BxLxH = (
         self.word_embeddings(input_ids_BxL)
-        + self.position_embeddings(positions_1xL)
+        + self.position_embeddings(position_ids_BxL)
         + self.token_type_embeddings(token_type_ids_BxL)
     )
     x_BxLxH = self.layer_norm(x_BxLxH)
@@ -128,6 +141,21 @@ class Embeddings(nn.Module):
 def attention_mask_bias(attention_mask_BxL: Array) -> Array:
   """Boolean [B, 1, 1, L] mask: a query may attend to every real (non-padding) key."""
   return attention_mask_BxL.astype(bool)[:, None, None, :]
+
+
+def packed_position_ids(segment_ids_BxL: Array) -> Array:
+  """[B, L] positions that restart at 0 where the segment id changes: each packed example's
+  own positions (padding counts on from its own start, harmlessly)."""
+  length = segment_ids_BxL.shape[1]
+  index_BxL = jnp.broadcast_to(jnp.arange(length), segment_ids_BxL.shape)
+  starts_BxL = jnp.concatenate(
+      [
+          jnp.ones_like(segment_ids_BxL[:, :1], bool),
+          segment_ids_BxL[:, 1:] != segment_ids_BxL[:, :-1],
+      ],
+      axis=1,
+  )
+  return index_BxL - jax.lax.cummax(jnp.where(starts_BxL, index_BxL, 0), axis=1)
 
 
 class Projection(nn.Module):
@@ -158,15 +186,17 @@ class Projection(nn.Module):
 class Attention(nn.Module):
   """Multi-head self-attention with a fused QKV projection.
 
-  Training with attention dropout (BERT's 0.1) drops out the probabilities; `ops.attention`
-  computes it (and the deterministic case through `jax.nn.dot_product_attention`).
+  The softmax attention itself, with its masks and its dropout (BERT's 0.1 on the
+  probabilities), is `ops.attention`, which picks the backend's kernel.
   """
 
   cfg: BertConfig
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array) -> Array:
+  def __call__(
+      self, x_BxLxH: Array, mask_Bx1x1xL: Array | None, segment_ids_BxL: Array | None
+  ) -> Array:
     cfg = self.cfg
     qkv_BxLx3xNxD = Projection(
         cfg,
@@ -176,20 +206,20 @@ class Attention(nn.Module):
         name="qkv",
     )(x_BxLxH)
     q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (qkv_BxLx3xNxD[:, :, i] for i in range(3))
-    batch, length = x_BxLxH.shape[:2]
-    keep_BxNxLxL, keep_scale = None, 1.0
+    dropout_rng = None
     if not self.deterministic and cfg.attention_dropout_rate > 0.0:
-      keep_BxNxLxL, keep_scale = ops.Dropout(cfg.attention_dropout_rate).keep_mask(
-          (batch, cfg.num_heads, length, length)
-      )
+      # The key of a `Dropout` child's scope, where attention's mask has always been drawn: the
+      # same seed gives the same masks as before attention moved behind `ops.attention`.
+      dropout_rng = ops.Dropout(cfg.attention_dropout_rate).make_rng("dropout")
     out_BxLxNxD = ops.attention(
         q_BxLxNxD,
         k_BxLxNxD,
         v_BxLxNxD,
-        mask_Bx1x1xL,
-        ops.attention_chunks(cfg.attention_batch_chunks, batch),
-        keep_BxNxLxL,
-        keep_scale,
+        segment_ids=segment_ids_BxL,
+        mask=mask_Bx1x1xL,
+        dropout_rate=cfg.attention_dropout_rate,
+        dropout_rng=dropout_rng,
+        deterministic=self.deterministic,
     )
     out_BxLxNxD = _constrain(out_BxLxNxD, ("batch", "length", "act_heads", "kv"))
     return Projection(
@@ -209,10 +239,11 @@ class Layer(nn.Module):
   collect_hidden: bool = False  # under scan: also emit this layer's output as a scan output
 
   @nn.compact
-  def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array):
+  def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array | None, segment_ids_BxL: Array | None):
     cfg = self.cfg
     dropout = ops.Dropout(cfg.hidden_dropout_rate)
-    attn_BxLxH = Attention(cfg, self.deterministic, name="attention")(x_BxLxH, mask_Bx1x1xL)
+    attend = Attention(cfg, self.deterministic, name="attention")
+    attn_BxLxH = attend(x_BxLxH, mask_Bx1x1xL, segment_ids_BxL)
     attn_BxLxH = dropout(attn_BxLxH, deterministic=self.deterministic)
     x_BxLxH = _layer_norm(cfg, "attention_layer_norm")(x_BxLxH + attn_BxLxH)
 
@@ -247,7 +278,8 @@ class LayerStack(nn.Module):
   def __call__(
       self,
       x_BxLxH: Array,
-      mask_Bx1x1xL: Array,
+      mask_Bx1x1xL: Array | None,
+      segment_ids_BxL: Array | None,
       deterministic: bool,
       output_hidden_states: bool = False,
   ) -> tuple[Array, list[Array]]:
@@ -260,17 +292,18 @@ class LayerStack(nn.Module):
           layer_cls,
           variable_axes={"params": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=nn.broadcast,
+          in_axes=(nn.broadcast, nn.broadcast),
           length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
       )
       x_BxLxH, hidden_SxBxLxH = scanned(cfg, deterministic, output_hidden_states, name="layers")(
-          x_BxLxH, mask_Bx1x1xL
+          x_BxLxH, mask_Bx1x1xL, segment_ids_BxL
       )
       return x_BxLxH, (list(hidden_SxBxLxH) if output_hidden_states else [])
     hidden = []
     for i in range(cfg.num_layers):
-      x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(x_BxLxH, mask_Bx1x1xL)
+      layer = layer_cls(cfg, deterministic, name=f"layer_{i}")
+      x_BxLxH, _ = layer(x_BxLxH, mask_Bx1x1xL, segment_ids_BxL)
       hidden.append(x_BxLxH)
     return x_BxLxH, (hidden if output_hidden_states else [])
 
@@ -278,12 +311,19 @@ class LayerStack(nn.Module):
 @flax.struct.dataclass
 class EncoderOutput:
   sequence_output: Array  # [B, L, H] last layer
-  pooled_output: Array  # [B, H] tanh(dense([CLS]))
+  pooled_output: Array  # [B, H] tanh(dense([CLS])); [B, E, H] with cls_positions
   hidden_states: tuple[Array, ...] = ()  # embeddings then each layer's [B, L, H], if requested
 
 
 class BertModel(nn.Module):
-  """The BERT encoder: embeddings, the layer stack and the pooler."""
+  """The BERT encoder: embeddings, the layer stack and the pooler.
+
+  Packed rows (keyword-only, all optional): `segment_ids` [B, L] (int, 1..k for the examples in
+  a row, 0 for padding; replaces `attention_mask` in attention), `position_ids` [B, L]
+  (default: `packed_position_ids(segment_ids)` with segment ids, else 0..L-1) and
+  `cls_positions` [B, E] (each example's [CLS] index; -1 for an absent example, which reads
+  position 0: the loss masks it). Without them the model is BERT on one example per row.
+  """
 
   cfg: BertConfig
 
@@ -299,18 +339,31 @@ class BertModel(nn.Module):
       token_type_ids_BxL: Array | None = None,
       attention_mask_BxL: Array | None = None,
       *,
+      segment_ids: Array | None = None,
+      position_ids: Array | None = None,
+      cls_positions: Array | None = None,
       deterministic: bool = True,
       output_hidden_states: bool = False,
   ) -> EncoderOutput:
+    segment_ids_BxL, position_ids_BxL, cls_positions_BxE = segment_ids, position_ids, cls_positions
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    if attention_mask_BxL is None:
-      attention_mask_BxL = jnp.ones_like(input_ids_BxL)
-    emb_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
+    mask_Bx1x1xL = None
+    if segment_ids_BxL is None:  # one example per row, padded
+      if attention_mask_BxL is None:
+        attention_mask_BxL = jnp.ones_like(input_ids_BxL)
+      mask_Bx1x1xL = attention_mask_bias(attention_mask_BxL)
+    elif position_ids_BxL is None:  # packed: each example counts from 0
+      position_ids_BxL = packed_position_ids(segment_ids_BxL)
+    emb_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
     x_BxLxH, hidden = self.encoder(
-        emb_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic, output_hidden_states
+        emb_BxLxH, mask_Bx1x1xL, segment_ids_BxL, deterministic, output_hidden_states
     )
-    pooled_BxH = jnp.tanh(self.pooler(x_BxLxH[:, 0]))
+    if cls_positions_BxE is None:
+      cls_BxH = x_BxLxH[:, 0]
+    else:  # each packed example's own [CLS]
+      cls_BxH = gather_positions(x_BxLxH, jnp.maximum(cls_positions_BxE, 0))
+    pooled_BxH = jnp.tanh(self.pooler(cls_BxH))
     hidden_states = tuple([emb_BxLxH] + hidden) if output_hidden_states else ()
     return EncoderOutput(
         sequence_output=x_BxLxH, pooled_output=pooled_BxH, hidden_states=hidden_states
@@ -327,9 +380,10 @@ class PretrainingOutput:
   #                    when none are given)
   mlm_table: Array  # [V, H] the word-embedding table the decoder is tied to, compute dtype
   mlm_bias: Array  # [V] the decoder's output bias
-  nsp_logits: Array  # [B, 2] float32 (IsNext = 0, NotNext = 1; SOP uses the same head)
+  nsp_logits: Array  # [B, 2] float32 (IsNext = 0, NotNext = 1; SOP uses the same head);
+  #                    [B, E, 2] with cls_positions, one pair per packed example
   sequence_output: Array  # [B, L, H]
-  pooled_output: Array  # [B, H]
+  pooled_output: Array  # [B, H]; [B, E, H] with cls_positions
 
   @property
   def mlm_logits(self) -> Array:
@@ -344,7 +398,11 @@ def gather_positions(x_BxLxH: Array, positions_BxP: Array) -> Array:
 
 
 class BertForPreTraining(nn.Module):
-  """BERT with the MLM head (tied decoder, scored only at masked positions) and the NSP head."""
+  """BERT with the MLM head (tied decoder, scored only at masked positions) and the NSP head.
+
+  Packed rows take `BertModel`'s keyword arguments (`segment_ids`, `position_ids`,
+  `cls_positions`); `masked_positions` are row positions either way.
+  """
 
   cfg: BertConfig
 
@@ -363,10 +421,19 @@ class BertForPreTraining(nn.Module):
       attention_mask_BxL: Array | None = None,
       masked_positions_BxP: Array | None = None,
       *,
+      segment_ids: Array | None = None,
+      position_ids: Array | None = None,
+      cls_positions: Array | None = None,
       deterministic: bool = True,
   ) -> PretrainingOutput:
     enc = self.bert(
-        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+        input_ids_BxL,
+        token_type_ids_BxL,
+        attention_mask_BxL,
+        segment_ids=segment_ids,
+        position_ids=position_ids,
+        cls_positions=cls_positions,
+        deterministic=deterministic,
     )
     x_BxLxH = enc.sequence_output
     # Score the vocabulary only where a token was masked: at seq 128 with 20 predictions this

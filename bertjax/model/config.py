@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -49,16 +50,17 @@ class BertConfig:
   type_vocab_size: int = 2  # segment A / segment B
   hidden_act: str = "gelu"  # exact erf GELU; see ACTIVATIONS for the alternatives
   hidden_dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1  # > 0 in training uses the einsum path (see Attention)
+  attention_dropout_rate: float = 0.1  # > 0 in training: XLA attention on every backend
   layer_norm_eps: float = 1e-12
   initializer_range: float = 0.02  # std of the normal, truncated at ±2 std, as BERT
   dtype: str = "float32"  # compute dtype: "bfloat16" for mixed precision
   param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
   remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
   scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
-  # Attention computed as this many independent slices of the batch (see `ops.over_batch_chunks`);
-  # 0 picks 2 on XLA's CPU backend and 1 elsewhere. The same function for every value.
-  attention_batch_chunks: int = 0
+  # Deprecated and ignored: `ops.attention` picks its batch slicing by backend (two slices on
+  # CPU). Still accepted, so that configs and saved bert_config.json files naming it load;
+  # left out of comparisons and of `to_dict`.
+  attention_batch_chunks: int = dataclasses.field(default=0, compare=False, repr=False)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -73,10 +75,12 @@ class BertConfig:
         raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: {sorted(_DTYPES)}")
     if self.remat not in ("none", "full", "dots"):
       raise ValueError(f"BertConfig: remat={self.remat!r}; valid: 'none', 'full', 'dots'")
-    if self.attention_batch_chunks < 0:
-      raise ValueError(
-          f"BertConfig: attention_batch_chunks={self.attention_batch_chunks}; "
-          "valid: 0 (automatic) or a positive count"
+    if self.attention_batch_chunks:
+      warnings.warn(
+          f"BertConfig: attention_batch_chunks={self.attention_batch_chunks} is ignored; "
+          "attention picks its batch slicing by backend — drop the field",
+          DeprecationWarning,
+          stacklevel=3,
       )
 
   @property
@@ -95,7 +99,9 @@ class BertConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    d = dataclasses.asdict(self)
+    d.pop("attention_batch_chunks")  # deprecated, ignored
+    return d
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "BertConfig":

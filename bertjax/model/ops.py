@@ -7,17 +7,19 @@ float rounding); what differs is how XLA lowers it, measured on 2 CPU cores:
                     of every dense layer): 4-6% of a BERT-mini training step
   Dropout           16 random bits per element from an unrolled threefry (`random_bits`):
                     flax's `nn.Dropout` was ~6% of a BERT-base step
-  attention         softmax attention over interleaved batch slices (`over_batch_chunks`), with
-                    `jax.nn.dot_product_attention` (cuDNN on GPUs) when there is no dropout:
-                    3-4% of a BERT-mini step
+  attention         the one attention hook: masks (padding, packed examples' segment ids, a
+                    local window) and attention dropout go in, the backend's kernel comes out:
+                    XLA over two interleaved batch slices on CPU (3-4% of a BERT-mini step),
+                    `jax.nn.dot_product_attention` on GPUs, Pallas splash attention on TPUs
   gelu_erf          exact GELU through erf rather than erfc: ~3% of a BERT-mini step
 
-On TPUs and GPUs they lower to the same programs as the plain versions (attention runs as one
-slice there), so nothing here is CPU-only in effect, only in motivation.
+The first, second and fourth lower to the same programs as the plain versions on TPUs and GPUs,
+so they are CPU-only in motivation, not in effect; `attention` is where the backends differ.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -25,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 Array = jax.Array
 
@@ -117,33 +120,30 @@ def random_bits(key: Array, shape: tuple[int, ...]) -> Array:
   return y0 ^ y1
 
 
-class Dropout(nn.Module):
-  """Inverted dropout that draws 16 random bits per element instead of 32.
+def keep_mask(key: Array, rate: float, shape: tuple[int, ...]) -> tuple[Array, float]:
+  """Which elements of an array of `shape` survive dropout at `rate`, and the survivors' scale.
 
-  Same contract as `nn.Dropout` (RNG stream 'dropout', identity when deterministic), but each
-  uint32 decides two elements, from its low and high halves, and the bits come from
-  `random_bits` (threefry written out; JAX's rolled CPU lowering took twice as long). With
-  flax's `nn.Dropout`, dropout was about 6% of a BERT-base training step on CPU (BERT applies it
-  at four places per layer), most of it generating the random bits. The keep probability is
-  quantised to 1/65536 (0.9 -> 0.899994) and the scale uses the exact value, so the layer stays
-  unbiased.
+  Each uint32 of `random_bits` decides two elements, from its low and high halves: the keep
+  probability is quantised to 1/65536 (0.9 -> 0.899994) and the scale uses the exact value, so
+  dropout stays unbiased.
+  """
+  threshold = max(1, min(65536, round((1.0 - rate) * 65536)))
+  n = shape[-1]
+  bits = random_bits(key, tuple(shape[:-1]) + ((n + 1) // 2,))
+  keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold], axis=-1)[..., :n]
+  return keep, 65536.0 / threshold
+
+
+class Dropout(nn.Module):
+  """Inverted dropout that draws 16 random bits per element instead of 32 (`keep_mask`).
+
+  Same contract as `nn.Dropout` (RNG stream 'dropout', identity when deterministic); the bits
+  come from `random_bits` (threefry written out; JAX's rolled CPU lowering took twice as long).
+  With flax's `nn.Dropout`, dropout was about 6% of a BERT-base training step on CPU (BERT
+  applies it at four places per layer), most of it generating the random bits.
   """
 
   rate: float
-
-  def keep_mask(self, shape: tuple[int, ...]) -> tuple[Array, float]:
-    """Draw which elements of an array of `shape` survive, and the scale for the survivors.
-
-    `__call__` is `where(keep, x * scale, 0)`; attention draws the mask of the whole batch
-    here and applies it slice by slice, so the result does not depend on the slicing.
-    """
-    threshold = max(1, min(65536, round((1.0 - self.rate) * 65536)))
-    n = shape[-1]
-    bits = random_bits(self.make_rng("dropout"), tuple(shape[:-1]) + ((n + 1) // 2,))
-    keep = jnp.concatenate([(bits & 0xFFFF) < threshold, (bits >> 16) < threshold], axis=-1)[
-        ..., :n
-    ]
-    return keep, 65536.0 / threshold
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
@@ -151,14 +151,30 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    keep, scale = self.keep_mask(x.shape)
+    keep, scale = keep_mask(self.make_rng("dropout"), self.rate, x.shape)
     return jnp.where(keep, x * scale, 0.0).astype(x.dtype)
 
 
-def attention_chunks(configured: int, batch: int) -> int:
-  """How many batch slices attention runs as: `configured` (`attention_batch_chunks`), where 0
-  means 2 on XLA's CPU backend and 1 elsewhere; 1 when the count does not divide `batch`."""
-  chunks = configured or (2 if jax.default_backend() == "cpu" else 1)
+# ------------------------------------------------------------------------------ attention
+
+# Splash attention's query and key blocks (its defaults); sequence lengths it runs on are
+# multiples of this, as its segment-id path requires.
+SPLASH_BLOCK = 128
+
+
+def platform() -> str:
+  """The platform a program is being built for: that of the mesh in context (`jax.set_mesh`),
+  which is a TPU slice when `bertjax compile` compiles for one from a CPU host, else JAX's
+  default backend ('cpu', 'gpu', 'tpu')."""
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def attention_chunks(configured: int, batch: int, backend: str | None = None) -> int:
+  """How many batch slices attention runs as on `backend` (default: `platform()`): 2 on XLA's
+  CPU backend and 1 elsewhere, unless `configured` > 0 says otherwise; 1 when the count does
+  not divide `batch`."""
+  chunks = configured or (2 if (backend or platform()) == "cpu" else 1)
   return chunks if batch % chunks == 0 else 1
 
 
@@ -182,6 +198,18 @@ def over_batch_chunks(fn: Callable[..., Array], chunks: int, *arrays_B: Array) -
   return out.reshape((batch,) + out.shape[2:])
 
 
+def segment_mask(segment_ids_BxL: Array) -> Array:
+  """[B, 1, L, L]: query i may attend to key j when both belong to the same example (the same
+  segment id; padding, id 0, attends to padding only, so no row is empty)."""
+  return segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :]
+
+
+def window_mask(length: int, window: int) -> np.ndarray:
+  """[1, 1, L, L]: query i may attend to key j when |i - j| <= window // 2."""
+  i = np.arange(length)
+  return (np.abs(i[:, None] - i[None, :]) <= window // 2)[None, None]
+
+
 def einsum_attention(
     q_BxLxNxD: Array,
     k_BxLxNxD: Array,
@@ -192,8 +220,9 @@ def einsum_attention(
 ) -> Array:
   """Plain softmax attention; the reference that `jax.nn.dot_product_attention` must match.
 
-  With `keep_BxNxLxL` (from `Dropout.keep_mask`), dropout on the attention probabilities:
-  dropped entries are zeroed and the kept ones multiplied by `keep_scale`.
+  `mask_Bx1x1xL` is any boolean mask broadcastable to [B, N, L, L] (True: may attend). With
+  `keep_BxNxLxL` (from `keep_mask`), dropout on the attention probabilities: dropped entries are
+  zeroed and the kept ones multiplied by `keep_scale`.
   """
   scale = q_BxLxNxD.shape[-1] ** -0.5
   logits_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD).astype(jnp.float32) * scale
@@ -209,22 +238,170 @@ def attention(
     q_BxLxNxD: Array,
     k_BxLxNxD: Array,
     v_BxLxNxD: Array,
-    mask_Bx1x1xL: Array,
-    chunks: int,
-    keep_BxNxLxL: Array | None = None,
-    keep_scale: float = 1.0,
+    *,
+    segment_ids: Array | None = None,
+    mask: Array | None = None,
+    window: int | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: Array | None = None,
+    deterministic: bool = True,
+    backend: str | None = None,
+    batch_chunks: int = 0,
 ) -> Array:
-  """Softmax attention of every head, run as `chunks` interleaved batch slices.
+  """Softmax self-attention of every head, [B, L, N, D] in and out: the one attention hook.
 
-  With `keep_BxNxLxL` (from `Dropout.keep_mask`, drawn for the whole batch before slicing, so
-  the numbers do not depend on `chunks`) the probabilities are dropped out, which needs the
-  explicit `einsum_attention`; without it `jax.nn.dot_product_attention` computes the same
-  function (and is cuDNN's fused attention on GPUs).
+  Who may attend to whom is the AND of what is given: `segment_ids` [B, L] (int: the examples
+  packed in a row, 1..k, with 0 for padding; a token sees its own example only), `mask` (bool,
+  rank 4, broadcastable to [B, N, L, L], e.g. `bert.attention_mask_bias`'s [B, 1, 1, L] key
+  mask) and `window` (|i - j| <= window // 2, the local attention of ModernBERT-style layers).
+  Unless `deterministic`, the probabilities are dropped out at `dropout_rate`, with the mask
+  drawn here from `dropout_rng` for the whole batch (`keep_mask`).
+
+  The kernel follows `backend` (default: `platform()`):
+    cpu  XLA: `jax.nn.dot_product_attention`, or `einsum_attention` with dropout, over
+         `batch_chunks` interleaved batch slices (0: two where they divide the batch; see
+         `over_batch_chunks`). The same function for any slice count.
+    gpu  the same calls, unsliced. `jax.nn.dot_product_attention` runs with
+         `implementation=None`, which in jax 0.10 is XLA's implementation (JAX does not yet pick
+         cuDNN on its own); dropout needs the einsum path there too.
+    tpu  Pallas splash attention (`splash_attention`) when the probabilities are not dropped
+         out, L is a multiple of SPLASH_BLOCK and `mask` is None or a [B, 1, 1, L] key mask
+         (turned into segment ids); XLA as on GPUs otherwise, e.g. in training with BERT's
+         attention dropout, which splash attention does not implement.
+  Rows of padding queries (segment 0, or a masked key position) may differ between the
+  kernels; real tokens' outputs are the same function on every backend.
   """
-  if keep_BxNxLxL is not None:
-    attend = lambda q, k, v, m, keep: einsum_attention(q, k, v, m, keep, keep_scale)
-    return over_batch_chunks(
-        attend, chunks, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL, keep_BxNxLxL
+  batch, length, heads, _ = q_BxLxNxD.shape
+  dropping = not deterministic and dropout_rate > 0.0
+  if dropping and dropout_rng is None:
+    raise ValueError("attention: dropout_rate > 0 and deterministic=False need a dropout_rng")
+  if mask is not None and mask.ndim != 4:
+    raise ValueError(
+        f"attention: mask has shape {mask.shape}; it must be rank 4, [B|1, N|1, L|1, L]"
     )
-  attend = lambda q, k, v, m: jax.nn.dot_product_attention(q, k, v, mask=m)
-  return over_batch_chunks(attend, chunks, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_Bx1x1xL)
+  if (backend or platform()) == "tpu" and _splash_applies(q_BxLxNxD, mask, dropping):
+    if mask is not None:  # a key the mask hides joins the padding (segment 0)
+      ids = 1 if segment_ids is None else segment_ids
+      segment_ids = jnp.where(mask[:, 0, 0, :], ids, 0)
+    return splash_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, segment_ids, window=window)
+  masks = [] if mask is None else [mask]
+  if segment_ids is not None:
+    masks.append(segment_mask(segment_ids))
+  if window is not None:
+    masks.append(jnp.asarray(window_mask(length, window)))
+  keep_BxNxLxL, keep_scale = None, 1.0
+  if dropping:
+    keep_BxNxLxL, keep_scale = keep_mask(dropout_rng, dropout_rate, (batch, heads, length, length))
+  chunks = attention_chunks(batch_chunks, batch, backend)
+  return _xla_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, masks, keep_BxNxLxL, keep_scale, chunks)
+
+
+def _splash_applies(q_BxLxNxD: Array, mask: Array | None, dropping: bool) -> bool:
+  """Splash attention has no dropout, works in whole blocks and takes a mask only as segment
+  ids, which a [B, 1, 1, L] key mask can be."""
+  batch, length = q_BxLxNxD.shape[:2]
+  key_mask = mask is None or (mask.shape[0] == batch and mask.shape[1:3] == (1, 1))
+  return not dropping and length % SPLASH_BLOCK == 0 and key_mask
+
+
+def _xla_attention(
+    q_BxLxNxD: Array,
+    k_BxLxNxD: Array,
+    v_BxLxNxD: Array,
+    masks: list[Array],
+    keep_BxNxLxL: Array | None,
+    keep_scale: float,
+    chunks: int,
+) -> Array:
+  """XLA's attention under the AND of `masks`, over `chunks` interleaved batch slices.
+
+  The dropout mask `keep_BxNxLxL` is drawn for the whole batch before slicing, so the numbers
+  do not depend on `chunks`; it needs the explicit `einsum_attention`, and without it
+  `jax.nn.dot_product_attention` computes the same function.
+  """
+  batch = q_BxLxNxD.shape[0]
+  arrays = [q_BxLxNxD, k_BxLxNxD, v_BxLxNxD]
+  if masks:
+    mask = functools.reduce(jnp.logical_and, masks)
+    arrays.append(jnp.broadcast_to(mask, (batch,) + mask.shape[1:]))  # sliceable by batch
+  if keep_BxNxLxL is not None:
+    arrays.append(keep_BxNxLxL)
+
+  def attend(q, k, v, *rest):
+    m = rest[0] if masks else None
+    if keep_BxNxLxL is not None:
+      return einsum_attention(q, k, v, True if m is None else m, rest[-1], keep_scale)
+    return jax.nn.dot_product_attention(q, k, v, mask=m, implementation=None)
+
+  return over_batch_chunks(attend, chunks, *arrays)
+
+
+def splash_attention(
+    q_BxLxNxD: Array,
+    k_BxLxNxD: Array,
+    v_BxLxNxD: Array,
+    segment_ids_BxL: Array | None,
+    *,
+    window: int | None = None,
+    interpret: bool = False,
+) -> Array:
+  """TPU: Pallas splash attention (`make_splash_mha`) with `SegmentIds`, a `FullMask` or a
+  `LocalMask` for `window`; `interpret` runs the kernel in Pallas' interpreter (any backend).
+
+  The kernel sees one device's data: under a mesh it runs per shard in `jax.shard_map`, with the
+  batch and the heads split as the logical axis rules in context split 'batch' and 'act_heads'
+  (the model's activation constraints), and the length whole on every shard.
+  """
+  local = functools.partial(_splash_local, window=window, interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.are_all_axes_manual:  # one device, or already inside a shard_map
+    return local(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, segment_ids_BxL)
+  batch_axes = _mesh_axes("batch", q_BxLxNxD.shape[0], mesh)
+  head_axes = _mesh_axes("act_heads", q_BxLxNxD.shape[2], mesh)
+  qkv = P(batch_axes, None, head_axes, None)
+  segments = None if segment_ids_BxL is None else P(batch_axes, None)
+  sharded = jax.shard_map(
+      local, mesh=mesh, in_specs=(qkv, qkv, qkv, segments), out_specs=qkv, check_vma=False
+  )
+  return sharded(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, segment_ids_BxL)
+
+
+def _mesh_axes(logical: str, size: int, mesh) -> tuple[str, ...] | None:
+  """The mesh axes the rules in context give `logical`, if they split `size` evenly (else
+  None: the dimension is whole on every shard, as `sharding.logical_to_spec` replicates it)."""
+  axes = nn.logical_to_mesh_axes((logical,))[0]
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  axes = tuple(a for a in axes if a in mesh.shape and a not in mesh.manual_axes)
+  ways = math.prod(mesh.shape[a] for a in axes)
+  return axes if axes and size % ways == 0 else None
+
+
+def _splash_local(
+    q_BxLxNxD: Array,
+    k_BxLxNxD: Array,
+    v_BxLxNxD: Array,
+    segment_ids_BxL: Array | None,
+    *,
+    window: int | None,
+    interpret: bool,
+) -> Array:
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU path only
+
+  _, length, heads, head_dim = q_BxLxNxD.shape
+  if window is None:
+    head_mask = splash.FullMask((length, length))
+  else:
+    head_mask = splash.LocalMask((length, length), (window // 2, window // 2), offset=0)
+  kernel = splash.make_splash_mha(
+      splash.MultiHeadMask([head_mask] * heads), head_shards=1, q_seq_shards=1, interpret=interpret
+  )
+  # The kernel is per example, heads first, and does not scale the logits.
+  q_BxNxLxD = jnp.swapaxes(q_BxLxNxD * jnp.asarray(head_dim**-0.5, q_BxLxNxD.dtype), 1, 2)
+  k_BxNxLxD, v_BxNxLxD = jnp.swapaxes(k_BxLxNxD, 1, 2), jnp.swapaxes(v_BxLxNxD, 1, 2)
+  if segment_ids_BxL is None:
+    out_BxNxLxD = jax.vmap(kernel)(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD)
+  else:
+    ids_BxL = segment_ids_BxL.astype(jnp.int32)
+    segments = splash.SegmentIds(q=ids_BxL, kv=ids_BxL)
+    out_BxNxLxD = jax.vmap(kernel)(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, segments)
+  return jnp.swapaxes(out_BxNxLxD, 1, 2)
