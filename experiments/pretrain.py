@@ -82,7 +82,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.model.max_position_embeddings = 512  # phase 2 runs at 512
   c.model.scan_layers = paper  # one compiled layer: fast compiles for 12/24 layers
   c.model.remat = "none"  # "dots"/"full" trade FLOPs for activation memory
-  c.model.attention_batch_chunks = 0  # attention over batch slices: 0 = 2 on CPU, 1 elsewhere
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "prepared"  # prepared (TFRecord shards) | synthetic (random tokens, no TF)

@@ -300,19 +300,13 @@ def test_pretraining_output_feeds_the_fused_mlm_loss():
   np.testing.assert_array_equal(fused_correct, correct)
 
 
-def test_attention_batch_chunks_is_accepted_and_ignored():
-  """The old field: configs and saved bert_config.json files that name it still load; it
-  changes nothing (ops.attention picks the slicing by backend) and is no longer written."""
-  cfg = model_lib.from_preset("tiny", vocab_size=64, max_position_embeddings=32)
-  with pytest.warns(DeprecationWarning, match="attention_batch_chunks=3 is ignored"):
-    old = cfg.replace(attention_batch_chunks=3)
-  assert old == cfg and "attention_batch_chunks" not in old.to_dict()
-  assert model_lib.BertConfig.from_dict({**cfg.to_dict(), "attention_batch_chunks": 0}) == cfg
-  params = _init(cfg)
-  batch = _batch(cfg.vocab_size)
-  np.testing.assert_array_equal(
-      _apply(old, params, batch).sequence_output, _apply(cfg, params, batch).sequence_output
-  )
+def test_retired_attention_batch_chunks_field_still_loads():
+  # bert_config.json files and checkpoints written before the attention hook carry the field
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=100)
+  assert "attention_batch_chunks" not in cfg.to_dict()
+  assert model_lib.BertConfig.from_dict({**cfg.to_dict(), "attention_batch_chunks": 2}) == cfg
+  with pytest.raises(ValueError, match="unknown fields"):
+    model_lib.BertConfig.from_dict({**cfg.to_dict(), "attention_batch_chunkz": 2})
 
 
 def test_init_is_berts_truncated_normal():

@@ -321,7 +321,7 @@ def run(
       "peak_flops": peak,
       "peak_source": peak_source,
       "model_flops_per_step": flops,
-      "attention_chunks": ops.attention_chunks(cfg.attention_batch_chunks, spec.batch_size),
+      "attention_chunks": ops.attention_chunks(0, spec.batch_size),
       **res,
   }
   _add_rates(out, spec, flops, peak)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -37,6 +36,12 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+# Fields that older bert_config.json files and checkpoints carry and that no longer mean anything:
+# `attention_batch_chunks` (the attention hook, `ops.attention`, picks its batch slicing by
+# backend now).
+_RETIRED = ("attention_batch_chunks",)
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """Architecture and numerics of one BERT model. Defaults are BERT-base."""
@@ -57,11 +62,6 @@ class BertConfig:
   param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
   remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
   scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
-  # Deprecated and ignored: `ops.attention` picks its batch slicing by backend (two slices on
-  # CPU). Still accepted, so that configs and saved bert_config.json files naming it load;
-  # left out of comparisons and of `to_dict`.
-  attention_batch_chunks: int = dataclasses.field(default=0, compare=False, repr=False)
-
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
       raise ValueError(
@@ -75,13 +75,6 @@ class BertConfig:
         raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: {sorted(_DTYPES)}")
     if self.remat not in ("none", "full", "dots"):
       raise ValueError(f"BertConfig: remat={self.remat!r}; valid: 'none', 'full', 'dots'")
-    if self.attention_batch_chunks:
-      warnings.warn(
-          f"BertConfig: attention_batch_chunks={self.attention_batch_chunks} is ignored; "
-          "attention picks its batch slicing by backend — drop the field",
-          DeprecationWarning,
-          stacklevel=3,
-      )
 
   @property
   def head_dim(self) -> int:
@@ -99,13 +92,12 @@ class BertConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d.pop("attention_batch_chunks")  # deprecated, ignored
-    return d
+    return dataclasses.asdict(self)
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "BertConfig":
     known = {f.name for f in dataclasses.fields(cls)}
+    d = {k: v for k, v in d.items() if k not in _RETIRED}
     unknown = sorted(set(d) - known)
     if unknown:
       raise ValueError(f"BertConfig: unknown fields {unknown}; valid: {sorted(known)}")

@@ -82,7 +82,6 @@ RANGES: dict[str, Range] = {
     "model.attention_dropout_rate": _RATE,
     "model.layer_norm_eps": Range(float, **_POSITIVE, none_ok=True),
     "model.initializer_range": Range(float, **_POSITIVE, none_ok=True),
-    "model.attention_batch_chunks": _at_least(0, "0 = 2 on CPU, 1 elsewhere"),
     "data.max_predictions_per_seq": _at_least(1, "masked positions per example"),
     "data.mask_prob": Range(
         float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
