@@ -77,5 +77,3 @@ def test_batch_size_errors_name_the_field():
 def _collectives(hlo: str) -> dict[str, int]:
   ops = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
   return {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
-
-

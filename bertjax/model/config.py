@@ -62,6 +62,7 @@ class BertConfig:
   param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
   remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
   scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
+
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
       raise ValueError(
