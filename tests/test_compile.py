@@ -7,6 +7,7 @@ recipe is compiled once per phase for one slice, at the quick effort, and shared
 average ~4; 113 s, 225 s and 15 s at ~7.6).
 """
 
+import os
 import subprocess
 import sys
 
@@ -86,6 +87,18 @@ def test_mistakes_raise_user_errors_naming_the_flag(argv, kind, needles):
     compile_cmd.main(ARGS + argv)
   for needle in needles:
     assert needle in str(e.value), str(e.value)
+
+
+def test_the_command_leaves_the_process_environment_as_it_found_it(capsys):
+  # XLA_FLAGS and the compile cache switch are set for the command only: a later command or
+  # subprocess of this process (a test, a sweep) must not inherit a device count or a
+  # disabled cache from it.
+  keys = ("XLA_FLAGS", "JAX_ENABLE_COMPILATION_CACHE")
+  before = {k: os.environ.get(k) for k in keys}
+  assert compile_cmd.main(ARGS + ["--mesh", "data=2,fsdp=2", "--devices", "4", "--phase", "1"]) == 0
+  with pytest.raises(errors.ConfigError):
+    compile_cmd.main(ARGS + ["--accelerator", "v4-32", "--mesh", "data=3,fsdp=1"])
+  assert {k: os.environ.get(k) for k in keys} == before
 
 
 def _config(variant, *overrides):

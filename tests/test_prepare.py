@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax import cli, errors
-from bertjax.commands import prepare as prepare_cmd
+from bertjax.commands import args as args_lib, prepare as prepare_cmd
 from bertjax.data import corpus, encode, prepare, records, text, tokenizer as tok_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -728,7 +728,7 @@ def test_config_errors_name_the_field_and_write_nothing(tmp_path, field, value, 
 
 
 def test_the_command_names_flags_for_config_fields(tmp_path):
-  names = prepare_cmd.flag_names(prepare_cmd._parser(), "PrepareConfig", {"input": "inputs"})
+  names = args_lib.flag_names(prepare_cmd._parser(), "PrepareConfig", {"input": "inputs"})
   e = prepare_cmd.reword(
       errors.ConfigError(
           "PrepareConfig.worker_index=2 must be < PrepareConfig.num_workers=2; pass "

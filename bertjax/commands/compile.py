@@ -228,10 +228,26 @@ def main(argv: list[str]) -> int:
   )
   if fv is None:
     return 0
+  # The variables JAX reads when it starts (the CPU device count, the persistent cache) are set
+  # for this command and put back afterwards, so that nothing this process starts later (a
+  # command called from Python, a subprocess) inherits them.
+  saved = {k: os.environ.get(k) for k in ("XLA_FLAGS", "JAX_ENABLE_COMPILATION_CACHE")}
   if fv.accelerator or fv.topology:
-    # A program compiled for libtpu's compile-only devices cannot be loaded here: the persistent
-    # cache (bertjax.runtime.compile_cache) would store dead entries and warn on reading them.
+    # A program compiled for libtpu's compile-only devices cannot be loaded here: the
+    # persistent cache (bertjax.runtime.compile_cache) would store dead entries and warn on
+    # reading them.
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+  try:
+    return _run(fv)
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
+def _run(fv) -> int:
   _check_numbers(fv)
   mesh_axes = _mesh_flag(fv.mesh)
   target = _target(fv, {**fv.config.mesh.to_dict(), **mesh_axes})  # the last check
