@@ -729,7 +729,7 @@ def test_config_errors_name_the_field_and_write_nothing(tmp_path, field, value, 
 
 def test_the_command_names_flags_for_config_fields(tmp_path):
   names = args_lib.flag_names(prepare_cmd._parser(), "PrepareConfig", {"input": "inputs"})
-  e = prepare_cmd.reword(
+  e = args_lib.reword(
       errors.ConfigError(
           "PrepareConfig.worker_index=2 must be < PrepareConfig.num_workers=2; pass "
           "PrepareConfig.overwrite=True, PrepareConfig.inputs or PrepareConfig.tfds_data_dir"
