@@ -94,6 +94,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)
   c.data.mask_prob = 0.15  # share of tokens chosen for MLM
   c.data.prefetch = 2  # batches transferred ahead of the step
+  c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
+  c.data.max_examples_per_row = 8  # packed rows: at most this many examples (NSP labels) each
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = batch  # GLOBAL sequences per step, all hosts and devices together

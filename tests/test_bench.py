@@ -354,3 +354,30 @@ def test_bench_finetune_reports_both_runs(tmp_path, capsys):
 def test_bench_finetune_errors_name_the_flag(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--compare", "hf-flax"]
   assert _one_line_error(argv, capsys) == "--compare hf-flax: unknown peer — valid: hf-torch"
+
+
+def test_packing_needs_prepared_data():
+  with pytest.raises(errors.ConfigError, match="BenchSpec.packing needs BenchSpec.data"):
+    bench.BenchSpec(preset="tiny", packing=True)
+
+
+def test_data_batches_report_the_real_token_share(austen_shards):
+  """Batches of a prepared stream: packing fills more of the row slots with real tokens."""
+  shares = {}
+  for packing in (False, True):
+    spec = bench.BenchSpec(
+        preset="tiny",
+        batch_size=4,
+        seq_len=128,
+        vocab_size=8000,
+        data=str(austen_shards),
+        packing=packing,
+    )
+    batch, shares[packing] = bench.data_batch(spec)
+    assert batch["input_ids"].shape == (4, 128)
+    assert ("segment_ids" in batch) == packing
+  assert 0.5 < shares[False]["real_token_fraction"] < shares[True]["real_token_fraction"] <= 1.0
+  assert shares[False]["examples_per_row"] == 1.0 <= shares[True]["examples_per_row"]
+  r = {"step_ms": 100.0, **shares[True]}
+  bench._add_rates(r, bench.BenchSpec(preset="tiny", batch_size=4), 1e9, 1e12)
+  assert r["real_tokens_per_sec"] == pytest.approx(r["tokens_per_sec"] * r["real_token_fraction"])

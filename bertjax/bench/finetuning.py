@@ -47,6 +47,7 @@ class FinetuneSpec:
   max_lengths: int = 8  # bertjax: at most this many batch lengths (compiles)
   max_train_examples: int = 0  # > 0: the first N rows (quick runs)
   seed: int = 0
+  packing: int = 0  # bertjax: > 0 packs up to this many examples into a row; 0: one a row
 
   def __post_init__(self):
     for field, low in (
@@ -58,6 +59,7 @@ class FinetuneSpec:
         ("max_lengths", 1),
         ("max_train_examples", 0),
         ("seed", 0),
+        ("packing", 0),
     ):
       if getattr(self, field) < low:
         raise errors.ConfigError(f"FinetuneSpec.{field}={getattr(self, field)} must be >= {low}")
@@ -128,7 +130,7 @@ def _recipe(spec: FinetuneSpec) -> finetuning_lib.Recipe:
   )
 
 
-def _bertjax_runs(task, enc, feats, recipe) -> dict[str, tuple[float, float, Any]]:
+def _bertjax_runs(task, enc, feats, recipe, packing) -> dict[str, tuple[float, float, Any]]:
   """{"cold": (wall s, CPU s, run)} and, with a persistent compile cache, "warm" too."""
   cache = jax.config.jax_compilation_cache_dir
   runs = {}
@@ -140,7 +142,7 @@ def _bertjax_runs(task, enc, feats, recipe) -> dict[str, tuple[float, float, Any
     with tempfile.TemporaryDirectory() as workdir:
       t0, c0 = time.perf_counter(), time.process_time()
       run = finetune.train_and_evaluate(
-          task, enc, feats, recipe, workdir, progress=False, save_checkpoint=False
+          task, enc, feats, recipe, workdir, progress=False, save_checkpoint=False, packing=packing
       )
       runs[name] = (time.perf_counter() - t0, time.process_time() - c0, run)
     _progress(f"bertjax ({name} compile cache): {runs[name][0]:.1f} s")
@@ -197,7 +199,7 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = PEERS) -> dict[s
       f"bertjax: {spec.preset}, {len(feats['train'])} rows (mean {real_N.mean():.1f} "
       f"tokens), batch {spec.batch_size}, {spec.epochs} epoch(s) + dev eval"
   )
-  runs = _bertjax_runs(task, enc, feats, recipe)
+  runs = _bertjax_runs(task, enc, feats, recipe, spec.packing)
   out["wall_s"], out["cpu_s"], run = runs["cold"]
   if "warm" in runs:
     out["warm_wall_s"], out["warm_cpu_s"], warm = runs["warm"]
@@ -235,7 +237,13 @@ def format_finetune_report(r: dict[str, Any]) -> str:
       f"{r['epochs']} epoch(s) + dev eval",
       f"{r['devices']} device(s), {r['threads']} cores, jax {r['jax']}; bertjax compiled "
       f"{r['compiled_train_shapes']} train and {r['compiled_predict_shapes']} predict "
-      f"shapes (length bucket {r['length_bucket']})",
+      f"shapes ("
+      + (
+          f"packed, up to {r['packing']} examples a row"
+          if r.get("packing")
+          else f"length bucket {r['length_bucket']}"
+      )
+      + ")",
       "",
       f"{'':14}{'wall s':>9}{'CPU s':>9}{'dev acc':>9}{'speedup':>9}{'(CPU)':>8}",
   ]

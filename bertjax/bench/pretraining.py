@@ -58,6 +58,10 @@ class BenchSpec:
   steps: int = 5  # timed steps (median reported)
   peak_flops: float = 0.0  # override the peak (FLOP/s of all devices used); 0 = measure/table
   seed: int = 0
+  # A prepared directory: batches from its stream (a real length distribution) instead of
+  # synthetic full rows; real tokens/s then counts the tokens that are not padding.
+  data: str = ""
+  packing: bool = False  # with `data`: several whole examples per row (bertjax.data.packing)
 
   def __post_init__(self):
     for field, low, why in (
@@ -87,6 +91,10 @@ class BenchSpec:
     if not 0 <= self.peak_flops < math.inf:
       raise errors.ConfigError(
           f"BenchSpec.peak_flops={self.peak_flops} must be a FLOP/s figure > 0, or 0 to measure it"
+      )
+    if self.packing and not self.data:
+      raise errors.ConfigError(
+          "BenchSpec.packing needs BenchSpec.data: a prepared directory to pack examples from"
       )
     if self.preset not in model_lib.PRESETS:
       raise errors.ConfigError(
@@ -208,13 +216,49 @@ def _compiled_step(spec: BenchSpec, mesh: jax.sharding.Mesh | None):
   mesh = mesh or sharding.make_mesh(data=-1)
   setup = train.setup(train_config(spec), mesh)
   state = setup.init_state(spec.seed)
-  host_batch = bench_peers.synthetic_batch(
-      spec.batch_size, spec.seq_len, spec.masked(), spec.vocab_size, spec.seed
-  )
+  if spec.data:
+    host_batch, shares = data_batch(spec)
+  else:
+    host_batch, shares = (
+        bench_peers.synthetic_batch(
+            spec.batch_size, spec.seq_len, spec.masked(), spec.vocab_size, spec.seed
+        ),
+        {},
+    )
   batch = {k: jax.device_put(v, setup.batch_sharding) for k, v in host_batch.items()}
   t0 = time.perf_counter()
   compiled = setup.train_step.lower(state, batch).compile()
-  return compiled, state, batch, mesh, time.perf_counter() - t0
+  return compiled, state, batch, mesh, time.perf_counter() - t0, shares
+
+
+DATA_BATCHES = 32  # batches of the prepared stream whose real-token share is averaged
+
+
+def data_batch(spec: BenchSpec) -> tuple[dict, dict]:
+  """The first of `DATA_BATCHES` batches of `spec.data`'s stream (the step's time does not
+  depend on the values, only the shapes) and the mean real-token share and examples per row
+  over all of them."""
+  from bertjax.data import packing as packing_lib, pretraining
+
+  cfg = pretraining.InputConfig(
+      source="prepared",
+      path=spec.data,
+      seq_len=spec.seq_len,
+      max_predictions_per_seq=spec.masked(),
+      vocab_size=spec.vocab_size,
+      seed=spec.seed,
+      packing=spec.packing,
+      reader="python",
+  )
+  stream = pretraining.make_stream(
+      cfg, global_batch_size=spec.batch_size, process_index=0, process_count=1
+  )
+  batches = [next(stream) for _ in range(DATA_BATCHES)]
+  real = np.mean([packing_lib.real_token_fraction(b["attention_mask"]) for b in batches])
+  examples = np.mean(
+      [b["nsp_weights"].sum() / spec.batch_size if "nsp_weights" in b else 1.0 for b in batches]
+  )
+  return batches[0], {"real_token_fraction": float(real), "examples_per_row": float(examples)}
 
 
 def time_bertjax(
@@ -225,7 +269,7 @@ def time_bertjax(
   With `profile_dir`, the same compiled step is then traced (`profile_bertjax`) and the
   breakdown returned under "profile".
   """
-  compiled, state, batch, mesh, compile_s = _compiled_step(spec, mesh)
+  compiled, state, batch, mesh, compile_s, shares = _compiled_step(spec, mesh)
   box = [state]
 
   def one():
@@ -242,6 +286,7 @@ def time_bertjax(
       "memory_source": mem_source,
       "params": model_lib.count_params(box[0].params),
       "devices": mesh.devices.size,
+      **shares,
   }
   if profile_dir:
     _progress(f"profiling into {profile_dir} ...")
@@ -258,7 +303,7 @@ def profile_bertjax(
 ) -> dict[str, Any]:
   """Trace `steps` warm train steps with `jax.profiler` into `out_dir` and break the time down
   by model op (`bertjax.bench.profile`)."""
-  compiled, state, batch, _, _ = _compiled_step(spec, mesh)
+  compiled, state, batch, _, _, _ = _compiled_step(spec, mesh)
   return profile.trace_steps(compiled, state, batch, out_dir, steps)
 
 
@@ -342,6 +387,9 @@ def _add_rates(r: dict, spec: BenchSpec, flops: float, peak: float) -> None:
   r["tokens_per_sec"] = r["seq_per_sec"] * spec.seq_len
   r["model_flops_per_sec"] = flops * 1e3 / r["step_ms"]
   r["mfu"] = r["model_flops_per_sec"] / peak
+  if "real_token_fraction" in r:  # batches of a prepared stream: what the padding leaves
+    r["real_tokens_per_sec"] = r["tokens_per_sec"] * r["real_token_fraction"]
+    r["examples_per_sec"] = r["seq_per_sec"] * r["examples_per_row"]
 
 
 def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: str | None) -> dict:
@@ -405,6 +453,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"{row['name']:18}{row['step_ms']:10.1f}{row['step_ms_min']:10.1f}"
         f"{row['seq_per_sec']:9.2f}{row['tokens_per_sec']:10.0f}{row['mfu']:7.3f}"
         f"{ratio:7.2f}x"
+    )
+  if "real_tokens_per_sec" in r:
+    lines.append(
+        f"data {r['data']}{' packed' if r['packing'] else ''}: {r['real_token_fraction']:.1%} of "
+        f"the slots real, {r['examples_per_row']:.2f} examples per row -> "
+        f"{r['real_tokens_per_sec']:.0f} real tokens/s, {r['examples_per_sec']:.2f} examples/s"
     )
   lines.append(
       f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "

@@ -97,6 +97,16 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument(
       "--profile-top", type=positive_int, default=30, help="rows of the --profile breakdown"
   )
+  p.add_argument(
+      "--data",
+      default="",
+      metavar="DIR",
+      help="time batches of this prepared directory's stream instead of synthetic full rows, "
+      "and report real (not padding) tokens/s",
+  )
+  p.add_argument(
+      "--packing", action="store_true", help="with --data: several whole examples per row"
+  )
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -225,6 +235,8 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
         warmup=args.warmup,
         steps=args.steps,
         peak_flops=args.peak_flops,
+        data=args.data or "",
+        packing=args.packing,
     )
     result = bench.run(spec, _peers(args.compare), repo_root=_REPO_ROOT, profile_dir=args.profile)
   if args.profile:

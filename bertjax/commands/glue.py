@@ -27,6 +27,10 @@ from bertjax.commands import finetune_args
 
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 _CUSTOM_FLAGS = ("train", "dev", "test", "text_columns", "label_column")
+# --packing's default, by measurement (docs/glue.md, "Packing").
+PACKING_DEFAULT = False
+# Examples per packed row: a fixed count (shapes stay static); GLUE examples average ~30 tokens.
+TOKENS_PER_PACKED_EXAMPLE = 16
 
 
 def _learning_rates(text: str) -> list[float]:
@@ -79,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
       default="cls",
       help="what the classifier reads: cls, BERT's pooled [CLS]; mean, the mean of the last "
       "layer's token states",
+  )
+  g.add_argument(
+      "--packing",
+      action=argparse.BooleanOptionalAction,
+      default=PACKING_DEFAULT,
+      help="pack short examples into --max-seq-len rows (up to --max-seq-len/16 a row; one "
+      "compiled train and predict step, no length buckets); see docs/glue.md for when it is "
+      "faster",
   )
   g.add_argument(
       "--sweep",
@@ -170,6 +182,11 @@ def _task_list(args) -> list:
   return [tasks.get(args.task)]
 
 
+def packed_examples(max_seq_len: int) -> int:
+  """Examples per packed row of `max_seq_len` tokens (at least 1)."""
+  return max(1, max_seq_len // TOKENS_PER_PACKED_EXAMPLE)
+
+
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   _check_flags(args)
@@ -184,6 +201,7 @@ def main(argv: list[str]) -> int:
       max_seq_len=args.max_seq_len,
       max_train_examples=args.max_train_examples,
       progress=not args.no_progress,
+      packing=packed_examples(args.max_seq_len) if args.packing else 0,
   )
   if opts.data not in ("", "tfds") and not os.path.isdir(opts.data):
     raise errors.InputNotFoundError(

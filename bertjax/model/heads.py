@@ -28,6 +28,10 @@ class BertForSequenceClassification(nn.Module):
   `pooling="mean"` reads the mean of the last layer's token states (padding excluded) instead
   of the pooler's tanh of [CLS]: not BERT's head, an option for encoders whose [CLS] state has
   not been trained into a sentence summary (experiments/probe.py measures that).
+
+  Packed rows (`batching.packed_batch`): with `segment_ids` [B, L] (1..E for the examples of a
+  row, 0 padding) and `cls_positions` [B, E] (-1 an empty slot), each example is pooled from
+  its own [CLS] or its own tokens and the logits are [B, E, C].
   """
 
   cfg: BertConfig
@@ -41,23 +45,36 @@ class BertForSequenceClassification(nn.Module):
       token_type_ids_BxL: Array | None = None,
       attention_mask_BxL: Array | None = None,
       *,
+      segment_ids: Array | None = None,
+      cls_positions: Array | None = None,
       deterministic: bool = True,
   ) -> Array:
+    if self.pooling not in ("cls", "mean"):
+      raise ValueError(f"pooling {self.pooling!r}; valid: cls, mean")
     enc = BertModel(self.cfg, name="bert")(
-        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+        input_ids_BxL,
+        token_type_ids_BxL,
+        attention_mask_BxL,
+        segment_ids=segment_ids,
+        cls_positions=cls_positions,
+        deterministic=deterministic,
     )
-    if self.pooling == "mean":
+    x_BxLxH = enc.sequence_output
+    if self.pooling == "cls":
+      pooled = enc.pooled_output  # [B, H], or [B, E, H] packed
+    elif segment_ids is not None:  # each example's mean over its own tokens
+      slots_E = jnp.arange(1, cls_positions.shape[1] + 1)
+      m_BxLxE = (segment_ids[:, :, None] == slots_E).astype(x_BxLxH.dtype)
+      sums_BxExH = jnp.einsum("ble,blh->beh", m_BxLxE, x_BxLxH)
+      pooled = sums_BxExH / jnp.maximum(m_BxLxE.sum(1), 1.0)[:, :, None]
+    else:
       if attention_mask_BxL is None:
         attention_mask_BxL = jnp.ones_like(input_ids_BxL)
-      m_BxLx1 = attention_mask_BxL[:, :, None].astype(enc.sequence_output.dtype)
-      pooled_BxH = (enc.sequence_output * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
-    elif self.pooling == "cls":
-      pooled_BxH = enc.pooled_output
-    else:
-      raise ValueError(f"pooling {self.pooling!r}; valid: cls, mean")
-    x_BxH = ops.Dropout(self.cfg.hidden_dropout_rate)(pooled_BxH, deterministic=deterministic)
-    logits_BxC = _head(self.cfg, self.num_labels, "classifier")(x_BxH)
-    return logits_BxC.astype(jnp.float32)
+      m_BxLx1 = attention_mask_BxL[:, :, None].astype(x_BxLxH.dtype)
+      pooled = (x_BxLxH * m_BxLx1).sum(1) / jnp.maximum(m_BxLx1.sum(1), 1.0)
+    x = ops.Dropout(self.cfg.hidden_dropout_rate)(pooled, deterministic=deterministic)
+    logits = _head(self.cfg, self.num_labels, "classifier")(x)  # [B, C] or [B, E, C]
+    return logits.astype(jnp.float32)
 
 
 class BertForQuestionAnswering(nn.Module):

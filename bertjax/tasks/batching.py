@@ -15,6 +15,8 @@ Shape letters: N rows, L sequence length.
 
 from __future__ import annotations
 
+import heapq
+
 import jax
 import numpy as np
 
@@ -129,3 +131,105 @@ def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   pi, pc = jax.process_index(), jax.process_count()
   per = len(next(iter(batch.values()))) // pc
   return {k: v[pi * per : (pi + 1) * per] for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------ packed rows
+# Several short examples share one row of the arrays' length L, at most E of them (a fixed
+# count, so every batch has one shape): segment ids 1..k keep attention inside each example,
+# positions restart at each (the model's default for segment ids) and `cls_positions` [R, E]
+# point each example's classifier at its own [CLS]. "example" [R, E] (-1 absent) maps a slot
+# back to its row of the arrays; it stays on the host.
+
+
+def example_lengths(mask_NxL: np.ndarray) -> np.ndarray:
+  """[N] one past each row's last real token (at least 1): what the row takes in a pack."""
+  max_len = mask_NxL.shape[1]
+  return np.where(mask_NxL.any(axis=1), max_len - np.argmax(mask_NxL[:, ::-1] != 0, axis=1), 1)
+
+
+def pack_examples(
+    lengths_N: np.ndarray, capacity: int, max_per_row: int, order: np.ndarray | None = None
+) -> list[list[int]]:
+  """Rows of example indexes by first-fit-decreasing: examples by decreasing length (ties in
+  `order`, default 0..N-1), each into the first row with room for it and fewer than
+  `max_per_row` examples. The rows' count depends only on the lengths, not on `order`."""
+  order = np.arange(len(lengths_N)) if order is None else np.asarray(order)
+  order = order[np.argsort(-lengths_N[order], kind="stable")]
+  rows: list[list[int]] = []
+  # open[c]: a heap of the rows with c tokens free that can take another example; the first
+  # row that fits is the smallest index over the heaps of c >= the example's length.
+  open_rows: list[list[int]] = [[] for _ in range(capacity + 1)]
+  for i in order.tolist():
+    size = int(lengths_N[i])
+    if size > capacity:
+      raise ValueError(f"example {i} has {size} tokens, more than a row's {capacity}")
+    row, free = len(rows), capacity
+    for c in range(size, capacity + 1):
+      if open_rows[c] and open_rows[c][0] < row:
+        row, free = open_rows[c][0], c
+    if row == len(rows):
+      rows.append([])
+    else:
+      heapq.heappop(open_rows[free])
+    rows[row].append(i)
+    if len(rows[row]) < max_per_row and free - size > 0:
+      heapq.heappush(open_rows[free - size], row)
+  return rows
+
+
+def packed_batch_rows(batch_size: int, n_examples: int, n_rows: int, shards: int) -> int:
+  """Rows per packed training batch: about `batch_size` examples (the examples per row of the
+  packing), a multiple of the batch `shards`; so an epoch takes about as many steps unpacked."""
+  per = batch_size * n_rows / max(1, n_examples)
+  return max(shards, int(-(-per // shards)) * shards)
+
+
+def packed_epoch(
+    lengths_N: np.ndarray,
+    capacity: int,
+    max_per_row: int,
+    rows_per_batch: int,
+    rng: np.random.Generator,
+) -> list[list[list[int]]]:
+  """One epoch's packed batches (each a list of rows of example indexes): the examples
+  shuffled, packed first-fit-decreasing, the rows shuffled and cut into batches."""
+  rows = pack_examples(lengths_N, capacity, max_per_row, rng.permutation(len(lengths_N)))
+  rows = [rows[i] for i in rng.permutation(len(rows))]
+  return [rows[i : i + rows_per_batch] for i in range(0, len(rows), rows_per_batch)]
+
+
+def packed_batch(
+    arrays: dict[str, np.ndarray],
+    lengths_N: np.ndarray,
+    rows: list[list[int]],
+    max_per_row: int,
+    n_rows: int,
+) -> tuple[dict, np.ndarray]:
+  """(batch, example_RxE): `n_rows` packed rows holding the examples of `rows` (the rest
+  empty), with per-slot "labels" (if the arrays have them) and "weights" (1 a present
+  example, 0 an empty slot) [R, E], and each slot's example index (-1 empty)."""
+  max_len = arrays["input_ids"].shape[1]
+  ids_RxL = np.zeros((n_rows, max_len), arrays["input_ids"].dtype)
+  types_RxL = np.zeros((n_rows, max_len), arrays["token_type_ids"].dtype)
+  seg_RxL = np.zeros((n_rows, max_len), np.int32)
+  cls_RxE = np.full((n_rows, max_per_row), -1, np.int32)
+  example_RxE = np.full((n_rows, max_per_row), -1, np.int64)
+  for r, row in enumerate(rows):
+    pos = 0
+    for e, i in enumerate(row):
+      n = int(lengths_N[i])
+      ids_RxL[r, pos : pos + n] = arrays["input_ids"][i, :n]
+      types_RxL[r, pos : pos + n] = arrays["token_type_ids"][i, :n]
+      seg_RxL[r, pos : pos + n] = e + 1
+      cls_RxE[r, e], example_RxE[r, e] = pos, i
+      pos += n
+  batch = dict(
+      input_ids=ids_RxL,
+      token_type_ids=types_RxL,
+      segment_ids=seg_RxL,
+      cls_positions=cls_RxE,
+      weights=(example_RxE >= 0).astype(np.float32),
+  )
+  if "labels" in arrays:
+    batch["labels"] = arrays["labels"][np.maximum(example_RxE, 0)]
+  return batch, example_RxE

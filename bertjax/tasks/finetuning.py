@@ -24,11 +24,18 @@ order. The steps of every length a run uses are compiled before its first step, 
 (`Trainer.compile_ahead`). Host batches are built and transferred ahead by pretraining's
 prefetcher (`prefetch.prefetch_to_device`) and the loss is read one step late.
 
+Packed (`Trainer(..., packing=E)`, GLUE's heads): instead of length buckets, each epoch's
+shuffled examples are packed first-fit-decreasing into rows of the arrays' length, at most E a
+row (`batching.packed_epoch`), attention kept within each example and each pooled from its own
+[CLS] (or tokens); the loss averages over the examples present. One train and one predict
+shape per run; predictions come back in the input's order.
+
 Shape letters: B batch, L sequence length.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -48,6 +55,7 @@ from tqdm import tqdm
 
 from bertjax import errors, model as model_lib
 from bertjax.data import prefetch
+from bertjax.tasks import batching
 from bertjax.tasks.batching import (  # noqa: F401  (callers import these from here)
     epoch_batches,
     fewest_padded_lengths,
@@ -156,16 +164,26 @@ def _prefetch(trainer: "Trainer", host_batches):
 # ------------------------------------------------------------------------------- the trainer
 
 
+def _apply(model, params, batch: dict, **kw):
+  """The model on a batch: one example per row, or packed rows (`batching.packed_batch`)."""
+  if "segment_ids" in batch:
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["token_type_ids"],
+        None,
+        segment_ids=batch["segment_ids"],
+        cls_positions=batch["cls_positions"],
+        **kw,
+    )
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), **kw)
+
+
 def _train_step(state: TrainState, batch: dict, *, model, tx, loss_fn: LossFn):
   key = jax.random.fold_in(state.rng, state.step)
 
   def loss_of(params):
-    out = model.apply(
-        {"params": params},
-        *(batch[k] for k in MODEL_INPUTS),
-        deterministic=False,
-        rngs={"dropout": key},
-    )
+    out = _apply(model, params, batch, deterministic=False, rngs={"dropout": key})
     return loss_fn(out, batch)
 
   loss, grads = jax.value_and_grad(loss_of)(state.params)
@@ -177,7 +195,7 @@ def _train_step(state: TrainState, batch: dict, *, model, tx, loss_fn: LossFn):
 
 
 def _predict_step(params, batch: dict, *, model):
-  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
+  return _apply(model, params, batch, deterministic=True)
 
 
 def _mesh(recipe: Recipe) -> jax.sharding.Mesh:
@@ -187,6 +205,11 @@ def _mesh(recipe: Recipe) -> jax.sharding.Mesh:
     raise errors.ConfigError(
         f"Recipe.mesh={recipe.mesh}: {str(e).removeprefix('mesh: ')}"
     ) from None
+
+
+def batch_shards(recipe: Recipe) -> int:
+  """What every global batch's rows must be a multiple of: the mesh's data*fsdp x processes."""
+  return sharding.num_batch_shards(_mesh(recipe)) * jax.process_count()
 
 
 def _check_batch_sizes(recipe: Recipe, mesh: jax.sharding.Mesh) -> None:
@@ -201,7 +224,9 @@ def _check_batch_sizes(recipe: Recipe, mesh: jax.sharding.Mesh) -> None:
 
 class Trainer:
   """Model, optimizer, shardings and jitted steps for one (head, encoder, recipe); `name`
-  ("glue", "squad", "ner") opens its progress bars and log lines."""
+  ("glue", "squad", "ner") opens its progress bars and log lines. `packing` > 0 packs up to
+  that many examples into each row (`batching.packed_batch`) to train and predict, with one
+  compiled shape each; the model must take `segment_ids` and `cls_positions` (GLUE's)."""
 
   def __init__(
       self,
@@ -212,8 +237,9 @@ class Trainer:
       loss_fn: LossFn,
       name: str,
       mesh: jax.sharding.Mesh | None = None,
+      packing: int = 0,
   ):
-    self.name = name
+    self.name, self.packing = name, packing
     self.mesh = _mesh(recipe) if mesh is None else mesh
     _check_batch_sizes(recipe, self.mesh)
     self.length_bucket, self.max_lengths = recipe.length_bucket, recipe.max_lengths
@@ -338,6 +364,8 @@ class Trainer:
     to the arrays' with the dtype's minimum (never an argmax or top-n candidate); the last
     batch is padded by wrapping around and the padding dropped."""
     n, max_len = arrays["input_ids"].shape
+    if self.packing and n:
+      return self._predict_packed(params, arrays, batch_size, progress)
     if n == 0:
       batch = {
           k: jax.ShapeDtypeStruct((batch_size,) + arrays[k].shape[1:], arrays[k].dtype)
@@ -381,8 +409,52 @@ class Trainer:
     rows_N[order] = np.arange(n)  # input row -> its place in the sorted order
     return jax.tree.unflatten(treedef, [np.concatenate(xs)[rows_N] for xs in zip(*out)])
 
+  def _predict_packed(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress):
+    """`predict` on packed rows: examples first-fit-decreasing into `batch_size`-row batches of
+    the arrays' length (one compiled shape), each slot's outputs put back at its example."""
+    lengths_N = batching.example_lengths(arrays["attention_mask"])
+    rows = batching.pack_examples(lengths_N, arrays["input_ids"].shape[1], self.packing)
+    inputs = {k: arrays[k] for k in ("input_ids", "token_type_ids")}  # no labels to the step
+    build = functools.partial(
+        batching.packed_batch, inputs, lengths_N, max_per_row=self.packing, n_rows=batch_size
+    )
+    self.compile_ahead([("predict", params, build(rows=rows[:1])[0])])
+    slots = collections.deque()  # each built batch's example_RxE, read in the same order
+
+    def host():
+      for i in range(0, len(rows), batch_size):
+        batch, example_RxE = build(rows=rows[i : i + batch_size])
+        slots.append(example_RxE)
+        yield batch
+
+    out, treedef = [], None
+    bar = progress_bar(-(-len(rows) // batch_size), f"{self.name} predict", progress)
+    with _prefetch(self, host()) as batches:
+      for batch in batches:
+        step = self._executables.get(_shapes("predict", batch), self._predict)
+        leaves, treedef = jax.tree.flatten(step(params, batch))
+        example_RxE = slots.popleft()
+        present = example_RxE >= 0
+        out.append((example_RxE[present], [np.asarray(x)[present] for x in leaves]))
+        bar.update(1)
+    bar.close()
+    order_N = np.argsort(np.concatenate([idx for idx, _ in out]))  # back to the input's order
+    leaves = [np.concatenate(xs)[order_N] for xs in zip(*(ls for _, ls in out))]
+    return jax.tree.unflatten(treedef, leaves)
+
 
 # ---------------------------------------------------------------------------------- the loop
+
+
+def packed_plan(train: dict[str, np.ndarray], recipe: Recipe, max_per_row: int, shards: int):
+  """(example lengths, rows per batch, steps per epoch) of packed training (`fit`): every
+  epoch packs into as many rows, whatever its shuffle (first-fit-decreasing sees only the
+  lengths)."""
+  lengths_N = batching.example_lengths(train["attention_mask"])
+  n_rows = len(batching.pack_examples(lengths_N, train["input_ids"].shape[1], max_per_row))
+  per_batch = batching.packed_batch_rows(recipe.batch_size, len(lengths_N), n_rows, shards)
+  steps = -(-n_rows // per_batch)
+  return lengths_N, per_batch, min(steps, recipe.max_steps) if recipe.max_steps else steps
 
 
 @dataclasses.dataclass
@@ -406,35 +478,17 @@ def fit(
 ) -> FitResult:
   """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
   epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
-  Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) and prefetched; the
+  Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) or packed
+  (`trainer.packing`: `batching.packed_epoch`) and prefetched; the
   loss is read one step late (progress bar) or once an epoch, so the host never syncs a step.
   `run_name` (a GLUE task) goes into the progress bars and log lines."""
   os.makedirs(workdir, exist_ok=True)
-  n = len(train["input_ids"])
-  steps = steps_per_epoch(n, recipe)
-  padded_N = padded_lengths(
-      train["attention_mask"],
-      recipe.length_bucket,
-      MIN_BATCHES_PER_LENGTH * recipe.batch_size,
-      recipe.max_lengths,
-      compile_tokens(recipe.batch_size, recipe.epochs),
-  )
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
-  lengths = [int(x) for x in np.unique(padded_N)]
   what = f"{run_name} " if run_name else ""
-  if progress:
-    print(
-        f"{trainer.name}: {what}batch lengths {', '.join(map(str, lengths))} "
-        f"({np.mean(padded_N):.1f} tokens per row, {np.mean(train['attention_mask'].sum(1)):.1f} "
-        "real; --length-bucket, --max-lengths)",
-        flush=True,
-    )
-  trainer.compile_ahead(
-      [
-          ("train", state, train_batch(train, np.arange(min(n, 1)), length, recipe.batch_size))
-          for length in lengths
-      ]
+  epoch_plan, steps, shapes = _epoch_plan(
+      trainer, train, recipe, f"{trainer.name}: {what}", progress
   )
+  trainer.compile_ahead([("train", state, batch) for batch in shapes])
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as log:
@@ -445,8 +499,7 @@ def fit(
       print(f"{trainer.name}: {what}untrained: " + _fmt(entry), flush=True)
     for epoch in range(1, recipe.epochs + 1):
       t0 = time.time()
-      plan = epoch_batches(padded_N, recipe.batch_size, rng)[:steps]
-      host = (train_batch(train, idx, int(padded_N[idx].max()), recipe.batch_size) for idx in plan)
+      host = (make() for make in epoch_plan(rng)[:steps])
       losses = []
       bar = progress_bar(
           steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}", progress
@@ -478,6 +531,57 @@ def fit(
         best, best_epoch = dev, epoch
         best_params = jax.tree.map(jnp.copy, state.params)  # the step donates state.params
   return FitResult(best=best, best_epoch=best_epoch, best_params=best_params, history=history)
+
+
+def _epoch_plan(trainer: Trainer, train: dict, recipe: Recipe, say: str, progress: bool):
+  """(plan(rng) -> the epoch's batches as thunks that build them, steps per epoch, a host
+  batch of every shape to compile): length-bucketed batches of `recipe.batch_size` rows, or
+  packed rows (`trainer.packing`)."""
+  n, max_len = train["input_ids"].shape
+  if trainer.packing:
+    shards = sharding.num_batch_shards(trainer.mesh) * jax.process_count()
+    lengths_N, per_batch, steps = packed_plan(train, recipe, trainer.packing, shards)
+    if progress:
+      print(
+          f"{say}packed rows of {max_len} tokens, up to {trainer.packing} examples each, "
+          f"{per_batch} rows a batch ({np.mean(lengths_N):.1f} real tokens per example; "
+          "--no-packing)",
+          flush=True,
+      )
+
+    def build(rows):
+      return batching.packed_batch(train, lengths_N, rows, trainer.packing, per_batch)[0]
+
+    def packed(rng):
+      epoch = batching.packed_epoch(lengths_N, max_len, trainer.packing, per_batch, rng)
+      return [functools.partial(build, rows) for rows in epoch]
+
+    return packed, steps, [build([[0]])]
+  padded_N = padded_lengths(
+      train["attention_mask"],
+      recipe.length_bucket,
+      MIN_BATCHES_PER_LENGTH * recipe.batch_size,
+      recipe.max_lengths,
+      compile_tokens(recipe.batch_size, recipe.epochs),
+  )
+  lengths = [int(x) for x in np.unique(padded_N)]
+  if progress:
+    print(
+        f"{say}batch lengths {', '.join(map(str, lengths))} "
+        f"({np.mean(padded_N):.1f} tokens per row, {np.mean(train['attention_mask'].sum(1)):.1f} "
+        "real; --length-bucket, --max-lengths)",
+        flush=True,
+    )
+
+  def bucketed(rng):
+    return [
+        functools.partial(train_batch, train, idx, int(padded_N[idx].max()), recipe.batch_size)
+        for idx in epoch_batches(padded_N, recipe.batch_size, rng)
+    ]
+
+  one = np.arange(min(n, 1))
+  shapes = [train_batch(train, one, length, recipe.batch_size) for length in lengths]
+  return bucketed, steps_per_epoch(n, recipe), shapes
 
 
 def _fmt(entry: dict) -> str:

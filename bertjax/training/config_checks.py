@@ -87,6 +87,9 @@ RANGES: dict[str, Range] = {
         float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
     ),
     "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
+    "data.max_examples_per_row": Range(
+        int, 1, 64, why="examples a packed row may hold: NSP labels per row; 8 by default"
+    ),
     "train.batch_size": _at_least(1, "global sequences per step"),
     "train.steps": _at_least(1, "total optimizer steps"),
     "train.learning_rate": Range(float, **_POSITIVE, why="the peak learning rate"),

@@ -23,7 +23,7 @@ import jax
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled
+from bertjax.data import bundled, packing
 from bertjax.training import flops as flops_lib, loop, sharding, tpu, train
 
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
@@ -192,8 +192,15 @@ def _bytes_per_device(tree) -> int:
   )
 
 
-def _abstract_batch(ph, batch_sharding) -> dict:
+def _abstract_batch(ph, batch_sharding, data=None) -> dict:
+  """The step's batch as sharded ShapeDtypeStructs. Packed (`data.packing`): the extra
+  [B, L] segment/position ids, [B, E] cls positions and NSP labels/weights, and [B, R]
+  masked arrays with R = packing.prediction_budget (what the packed stream yields)."""
   b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
+  packed = bool(data is not None and data.get("packing", False))
+  e = data.get("max_examples_per_row", 8) if packed else 1
+  if packed:
+    p = packing.prediction_budget(l, p, data.mask_prob, e)
   shapes = dict(
       input_ids=(b, l),
       token_type_ids=(b, l),
@@ -201,8 +208,10 @@ def _abstract_batch(ph, batch_sharding) -> dict:
       masked_positions=(b, p),
       masked_ids=(b, p),
       masked_weights=(b, p),
-      nsp_labels=(b,),
+      nsp_labels=(b, e) if packed else (b,),
   )
+  if packed:
+    shapes.update(segment_ids=(b, l), position_ids=(b, l), cls_positions=(b, e), nsp_weights=(b, e))
   return {
       k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
       for k, v in shapes.items()
@@ -243,7 +252,7 @@ def compile_phases(
     field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
     sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)  # ConfigError
     s = train.setup(loop.phase_config(config, ph), mesh)
-    batch = _abstract_batch(ph, s.batch_sharding)
+    batch = _abstract_batch(ph, s.batch_sharding, config.data)
     r = PhaseResult(
         ph.index,
         ph.batch_size,

@@ -123,6 +123,8 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       mask_prob=d.mask_prob,
       seed=seed,
       vocab_size=config.model.vocab_size,
+      packing=d.get("packing", False),
+      max_examples_per_row=d.get("max_examples_per_row", 8),
   )
   stream = pretraining.make_stream(
       cfg,
@@ -288,9 +290,10 @@ class _Meter:
       dt = (now - self.t0) / self.timed
       self.t0, self.timed = now, 0
       ph = self.phase
+      # Examples (not rows) and real tokens (not padding): packed and unpacked runs compare.
       out.update(
-          seq_per_sec=ph.batch_size / dt,
-          tokens_per_sec=ph.batch_size * ph.seq_len / dt,
+          seq_per_sec=ph.batch_size * out.get("examples_per_row", 1.0) / dt,
+          tokens_per_sec=ph.batch_size * ph.seq_len * out.get("real_token_fraction", 1.0) / dt,
           step_time_sec=dt,
           eta_sec=(total - step) * dt,
       )

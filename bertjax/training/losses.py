@@ -1,6 +1,7 @@
 """Pretraining losses and metrics: MLM over real masked positions, NSP/SOP on [CLS].
 
-Shape letters: B batch, P masked positions per sequence, V vocabulary.
+Shape letters: B batch, P masked positions per sequence, V vocabulary, E examples per packed
+row (a packed batch's NSP/SOP labels and logits are per example: [B, E], [B, E, 2]).
 
 Everything is returned as *sums* with their counts, so that gradient accumulation over
 microbatches and data-parallel reduction give exactly the loss of the whole global batch
@@ -118,13 +119,28 @@ def pretraining_sums(
     zero = jnp.zeros((), jnp.float32)
     sums.update(nsp_loss=zero, nsp_correct=zero, nsp_count=zero)
   else:
-    nll_B, correct_B = cross_entropy(nsp_logits_Bx2, batch["nsp_labels"])
+    # Unpacked: [B, 2] logits, [B] labels. Packed: [B, E, 2] and [B, E], one pair per example
+    # slot, weighted by nsp_weights (0 for a slot no example fills).
+    nll, correct = cross_entropy(nsp_logits_Bx2, batch["nsp_labels"])
+    if "nsp_weights" in batch:
+      w = batch["nsp_weights"].astype(jnp.float32)
+      nll, correct = nll * w, correct * w
     sums.update(
-        nsp_loss=jnp.sum(nll_B),
-        nsp_correct=jnp.sum(correct_B),
-        nsp_count=jnp.asarray(nll_B.shape[0], jnp.float32),
+        nsp_loss=jnp.sum(nll),
+        nsp_correct=jnp.sum(correct),
+        nsp_count=nsp_count(batch, pair_mode),
     )
   return sums
+
+
+def nsp_count(batch: dict[str, Array], pair_mode: str) -> Array:
+  """The examples the NSP/SOP loss averages over: every row unpacked, the present examples
+  (sum of nsp_weights) packed, none without a pair task."""
+  if pair_mode == "none":
+    return jnp.zeros((), jnp.float32)
+  if "nsp_weights" in batch:
+    return jnp.sum(batch["nsp_weights"].astype(jnp.float32))
+  return jnp.asarray(batch["nsp_labels"].shape[0], jnp.float32)
 
 
 def at_mask_token(batch: dict[str, Array], mask_id: int = MASK_ID) -> Array:

@@ -32,12 +32,16 @@ def format_duration(seconds: float) -> str:
 
 
 def progress_line(step: int, total: int, m: Mapping[str, float]) -> str:
-  """`step 100/2000 | loss 7.1 | mlm_acc ... | 310 seq/s | 40k tok/s | MFU 12.3% | ETA 3m10s`."""
+  """`step 100/2000 | loss 7.1 | mlm_acc ... | 310 seq/s | 40k tok/s | 96% real | MFU 12.3% |
+  ETA 3m10s`: seq/s counts examples (a packed row holds several), tok/s real tokens (padding
+  left out), "real" is the share of the batch's token slots that are not padding."""
   parts = [f"step {step}/{total}"]
   parts += [f"{label} {m[k]:{fmt}}" for k, label, fmt in _PROGRESS if k in m]
   if "seq_per_sec" in m:
     parts.append(f"{m['seq_per_sec']:.1f} seq/s")
     parts.append(f"{m['tokens_per_sec'] / 1e3:.1f}k tok/s")
+  if "real_token_fraction" in m:
+    parts.append(f"{100 * m['real_token_fraction']:.0f}% real")
   mfu = m.get("mfu")
   parts.append(f"MFU {100 * mfu:.1f}%" if mfu is not None else "MFU -")
   if "eta_sec" in m:

@@ -11,7 +11,13 @@ model attaches to every parameter (`sharding.LOGICAL_AXIS_RULES`), by an `init` 
 `train_state.jit_step` with explicit in/out shardings; the train step donates the old state.
 The loop that drives them lives in `bertjax.training.loop`. This module imports no TensorFlow.
 
-Shape letters: B batch, M microbatches, L sequence length, P masked positions.
+Shape letters: B batch, M microbatches, L sequence length, P masked positions, E examples
+per packed row.
+
+Packed batches (`config.data.packing`, bertjax.data.packing) carry `segment_ids`,
+`position_ids` [B, L], `cls_positions`, `nsp_weights` [B, E] besides the usual arrays; the steps
+hand the first three to the model and weight the per-example NSP loss by `nsp_weights`. An
+unpacked batch lacks them and takes exactly the unpacked path.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ from bertjax.training import losses, optim, sharding, train_state
 
 Array = jax.Array
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")
+# A packed batch's extra model inputs (bertjax.data.packing), passed as keywords when present.
+PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
+# What the train step reads of a batch; anything else the stream adds stays out of the jit.
+STEP_INPUTS = (
+    MODEL_INPUTS + PACKED_INPUTS + ("masked_ids", "masked_weights", "nsp_labels", "nsp_weights")
+)
 # BertConfig fields that `config.model` may set besides `preset`.
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
 
@@ -150,6 +162,7 @@ def _forward(params, batch, model, dropout_key, deterministic: bool):
   out = model.apply(
       {"params": params},
       *(batch[k] for k in MODEL_INPUTS),
+      **{k: batch[k] for k in PACKED_INPUTS if k in batch},
       deterministic=deterministic,
       rngs={"dropout": dropout_key},
   )
@@ -187,14 +200,10 @@ def _train_step(
     pair_mode: str,
     inject_nan_at_step: int,
 ):
-  batch = {
-      k: v
-      for k, v in batch.items()
-      if k in MODEL_INPUTS + ("masked_ids", "masked_weights", "nsp_labels")
-  }
+  batch = {k: v for k, v in batch.items() if k in STEP_INPUTS}
   # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
   mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
-  nsp_count = jnp.asarray(0.0 if pair_mode == "none" else batch["nsp_labels"].shape[0], jnp.float32)
+  nsp_count = losses.nsp_count(batch, pair_mode)
   step_key = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params, mb, key):
@@ -248,8 +257,22 @@ def _train_step(
       finite=ok.astype(jnp.float32),
       learning_rate=schedule(state.step),
       param_norm=optax.tree.norm(new_params),
+      **batch_shape_metrics(batch),
   )
   return new_state, metrics
+
+
+def batch_shape_metrics(batch: dict) -> dict:
+  """What share of the batch's slots are real tokens, and examples per row (1 unpacked): the
+  loop turns rows/s into real tokens/s and examples/s with them."""
+  rows = batch["input_ids"].shape[0]
+  examples = (
+      jnp.sum(batch["nsp_weights"].astype(jnp.float32)) / rows if "nsp_weights" in batch else 1.0
+  )
+  return dict(
+      real_token_fraction=jnp.mean(batch["attention_mask"].astype(jnp.float32)),
+      examples_per_row=jnp.asarray(examples, jnp.float32),
+  )
 
 
 def _eval_step(params, batch, *, model, pair_mode: str) -> dict:

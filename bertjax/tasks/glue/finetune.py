@@ -9,6 +9,9 @@ cross-entropy or squared-error loss, the task's metrics on every dev split, and 
 predictions. The batch (`Recipe.batch_size`, 32) is global, split over `Recipe.mesh`. A sweep's
 runs share one Trainer and its compiled steps (`_trainer`).
 
+`packing=E` (`bertjax glue --packing`) packs up to E examples into each row, each classified
+from its own [CLS] (`finetuning.Trainer`'s packing): one compiled train and predict step.
+
 After each epoch the dev splits are scored; the best epoch (by the task's main metric) is kept
 on device for the test predictions and saved under `workdir/best/` (orbax) + `best.json`.
 
@@ -32,9 +35,11 @@ from bertjax.tasks.glue import features, metrics, tasks
 
 
 def glue_loss(logits_BxC: jax.Array, batch: dict, *, regression: bool) -> jax.Array:
+  """Mean over the present examples: `logits_BxC` [B, C] and labels [B], or packed [B, E, C]
+  and [B, E] (the weights 0 for empty slots)."""
   labels_B = batch["labels"]
   if regression:
-    per_example_B = jnp.square(logits_BxC[:, 0] - labels_B.astype(jnp.float32))
+    per_example_B = jnp.square(logits_BxC[..., 0] - labels_B.astype(jnp.float32))
   else:
     per_example_B = optax.softmax_cross_entropy_with_integer_labels(
         logits_BxC, labels_B.astype(jnp.int32)
@@ -43,16 +48,21 @@ def glue_loss(logits_BxC: jax.Array, batch: dict, *, regression: bool) -> jax.Ar
 
 
 def make_trainer(
-    task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe, total_steps: int
+    task: tasks.Task,
+    enc: Encoder,
+    recipe: finetuning.Recipe,
+    total_steps: int,
+    packing: int = 0,
 ) -> finetuning.Trainer:
-  """The task's classifier (or regressor) on `enc`, with its loss."""
+  """The task's classifier (or regressor) on `enc`, with its loss; `packing` > 0 packs up to
+  that many examples into a row."""
   make_model = functools.partial(
       model_lib.BertForSequenceClassification,
       num_labels=task.num_labels,
       pooling=recipe.pooling,
   )
   loss_fn = functools.partial(glue_loss, regression=task.is_regression)
-  return finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "glue")
+  return finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "glue", packing=packing)
 
 
 def arrays(feats: features.Features) -> dict[str, np.ndarray]:
@@ -92,17 +102,26 @@ def train_and_evaluate(
     workdir: str,
     progress: bool = True,
     save_checkpoint: bool = True,
+    packing: int = 0,
 ) -> RunResult:
   """Fine-tune for `recipe.epochs`, score the dev splits after each, predict the test splits
-  with the best epoch. `data` holds "train", the task's dev splits and any test splits."""
+  with the best epoch. `data` holds "train", the task's dev splits and any test splits.
+  `packing` > 0 trains and predicts on rows of up to that many examples (one compiled shape
+  each, no length buckets); 0 one example per row."""
+  if packing < 0:
+    raise errors.ConfigError(f"packing={packing} must be >= 0 (0: one example per row)")
   for split in ("train",) + tuple(s.name for s in task.dev):
     if len(data[split]) == 0:
       raise errors.BadInputError(
           f"{task.name}: the {split} split has no usable rows; check its data (unreadable "
           "rows are reported before training)"
       )
-  total_steps = recipe.epochs * finetuning.steps_per_epoch(len(data["train"]), recipe)
-  trainer = _trainer(task, enc, recipe, total_steps)
+  if packing:
+    shards = finetuning.batch_shards(recipe)
+    steps = finetuning.packed_plan(arrays(data["train"]), recipe, packing, shards)[2]
+  else:
+    steps = finetuning.steps_per_epoch(len(data["train"]), recipe)
+  trainer = _trainer(task, enc, recipe, recipe.epochs * steps, packing)
   score_dev = lambda params: evaluate(trainer, task, params, data, recipe.eval_batch_size)
   run = finetuning.fit(
       trainer,
@@ -124,6 +143,7 @@ def train_and_evaluate(
             num_labels=task.num_labels,
             init=enc.source,
             recipe=dataclasses.asdict(recipe),
+            packing=packing,
             dev=dict(run.best, epoch=run.best_epoch),
             config=trainer.cfg.to_dict(),
             tokenizer=str(enc.tokenizer.path),
@@ -164,7 +184,11 @@ def clear_trainer_cache() -> None:
 
 
 def _trainer(
-    task: tasks.Task, enc: Encoder, recipe: finetuning.Recipe, total_steps: int
+    task: tasks.Task,
+    enc: Encoder,
+    recipe: finetuning.Recipe,
+    total_steps: int,
+    packing: int = 0,
 ) -> finetuning.Trainer:
   """The Trainer of the last run if only the learning rate and seed changed (a sweep): its
   steps are compiled already. The encoder is matched by identity (the Trainer holds its
@@ -174,6 +198,7 @@ def _trainer(
       task.num_labels,
       task.is_regression,
       total_steps,
+      packing,
       tuple(
           (f.name, getattr(recipe, f.name))
           for f in dataclasses.fields(recipe)
@@ -182,7 +207,7 @@ def _trainer(
   )
   if not (_KEPT and _KEPT[0].enc is enc and _KEPT[0].key == key):
     _KEPT.clear()  # before building: the old Trainer need not live beside the new one
-    _KEPT.append(_Kept(enc, key, make_trainer(task, enc, recipe, total_steps)))
+    _KEPT.append(_Kept(enc, key, make_trainer(task, enc, recipe, total_steps, packing)))
   return _KEPT[0].trainer
 
 

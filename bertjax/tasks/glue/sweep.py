@@ -33,6 +33,7 @@ class Options:
   max_seq_len: int = 128
   max_train_examples: int = 0  # 0: all
   progress: bool = True
+  packing: int = 0  # > 0: pack up to this many examples into a row (`finetune.train_and_evaluate`)
 
 
 def learning_rate_grid(rates: Sequence[float] | None, hidden_size: int) -> tuple[list[float], str]:
@@ -122,7 +123,13 @@ def run_task(
   for r in recipe_list:
     sub = "" if len(recipe_list) == 1 else f"lr{r.learning_rate:g}-seed{r.seed}"
     res = finetune.train_and_evaluate(
-        task, enc, feats, r, os.path.join(opts.workdir, task.name, sub), progress=opts.progress
+        task,
+        enc,
+        feats,
+        r,
+        os.path.join(opts.workdir, task.name, sub),
+        progress=opts.progress,
+        packing=opts.packing,
     )
     runs.append((r, res))
   best_recipe, best = max(runs, key=lambda rr: rr[1].dev[task.main_metric])
