@@ -20,6 +20,7 @@ import tempfile
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
+from bertjax.commands import glue as glue_cmd
 from bertjax.commands.args import (
     ArgumentParser,
     nonneg_int,
@@ -154,6 +155,11 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument(
       "--max-train-examples", type=nonneg_int, default=0, help="first N rows (quick runs)"
+  )
+  p.add_argument(
+      "--packing",
+      action="store_true",
+      help="bertjax packs short examples into --max-seq-len rows, as `glue --packing` does",
   )
   p.add_argument("--seed", type=nonneg_int, default=0)
   p.add_argument("--compare", default="hf-torch", help="hf-torch, or '' for bertjax alone")
@@ -309,6 +315,7 @@ def _bench_finetune(args, p: argparse.ArgumentParser) -> int:
         length_bucket=args.length_bucket,
         max_lengths=args.max_lengths,
         max_train_examples=args.max_train_examples,
+        packing=glue_cmd.packed_examples(args.max_seq_len) if args.packing else 0,
         seed=args.seed,
     )
     spec.check_inputs()
