@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import packing, pretraining, synthetic
-from bertjax.training import fit, loop, losses, sharding, train
+from bertjax.training import fit, loop, losses, phases as phases_lib, sharding, train
 from conftest import loop_config, metrics_rows, run_until, tiny_config
 
 
@@ -117,7 +117,7 @@ def test_microbatches_split_the_packed_arrays():
 
 def test_abstract_batch_has_the_packed_shapes():
   c = _packed_config(seq_len=512, max_predictions_per_seq=80)
-  ph = loop.Phase(0, 0, 1, 512, 32, 80, 1)
+  ph = phases_lib.Phase(0, 0, 1, 512, 32, 80, 1)
   shapes = {k: v.shape for k, v in fit._abstract_batch(ph, None, c.data).items()}
   r = packing.prediction_budget(512, 80, 0.15, 4)
   assert shapes["segment_ids"] == shapes["position_ids"] == (32, 512)

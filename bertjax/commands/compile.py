@@ -120,9 +120,9 @@ def _check_numbers(fv: flags.FlagValues) -> None:
         f"--phase {fv.phase}: write 1 (seq {fv.config.data.seq_len}) or 2 (config.phase2)"
     )
   if fv.phase == 2:
-    from bertjax.training import loop
+    from bertjax.training import phases as phases_lib
 
-    if len(loop.phases(fv.config)) < 2:
+    if len(phases_lib.phases(fv.config)) < 2:
       raise errors.ConfigError("--phase 2: this config has one phase (config.phase2.fraction=0)")
   gb = fv["device-memory-gb"].value
   if gb is not None and not (0 < gb < math.inf):

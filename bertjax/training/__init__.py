@@ -6,6 +6,7 @@ train_state.py     TrainState, its sharded creation and the step-jitting helper 
 train.py           pretraining's setup and its jitted train/eval steps
 losses.py          MLM (fused with the tied decoder), NSP/SOP and classification losses
 optim.py           BERT's AdamW, optax AdamW, layer-wise LAMB; the schedules
+phases.py          the phases of a run (BERT's seq 128 then 512), read by the checks, loop and fit
 loop.py            `train_and_evaluate`: data, steps, metrics, eval, checkpoints
 checkpoint.py      orbax checkpoints with digests, resume on any mesh, pretrained export
 metrics_writer.py  metrics.jsonl and TensorBoard

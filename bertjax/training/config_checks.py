@@ -197,7 +197,7 @@ def validate(config) -> None:
 def preflight(config) -> None:
   """The checks that need jax, before the workdir is touched: model fields, mesh, batch split."""
   # Here, not at the top: the checks above run before (and without) jax.
-  from bertjax.training import loop, sharding, train
+  from bertjax.training import phases as phases_lib, sharding, train
 
   c = config.copy_and_resolve_references()
   with c.unlocked():
@@ -212,7 +212,7 @@ def preflight(config) -> None:
     raise errors.ConfigError(msg) from e
   try:
     mesh = sharding.mesh_from_config(config.mesh)
-    for ph in loop.phases(config):
+    for ph in phases_lib.phases(config):
       field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
       sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)
     if config.eval.every_steps and config.eval.steps:

@@ -24,7 +24,7 @@ import jax
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import bundled, packing
-from bertjax.training import flops as flops_lib, loop, sharding, tpu, train
+from bertjax.training import flops as flops_lib, phases as phases_lib, sharding, tpu, train
 
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
 ICI_AXES = ("data", "fsdp", "tensor")  # within a slice; one may be -1 (the devices left)
@@ -246,12 +246,12 @@ def compile_phases(
   `phase` (0-based) compiles that phase alone; `quick` compiles at XLA's lowest
   execution-time effort (about 4x faster, and it gives a step-time estimate)."""
   out = []
-  for ph in loop.phases(config):
+  for ph in phases_lib.phases(config):
     if phase is not None and ph.index != phase:
       continue
     field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
     sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)  # ConfigError
-    s = train.setup(loop.phase_config(config, ph), mesh)
+    s = train.setup(phases_lib.phase_config(config, ph), mesh)
     batch = _abstract_batch(ph, s.batch_sharding, config.data)
     r = PhaseResult(
         ph.index,

@@ -11,7 +11,7 @@ import math
 import sys
 
 from bertjax import errors
-from bertjax.training import fit, loop
+from bertjax.training import fit, phases as phases_lib
 
 
 def variants(chips: int):
@@ -71,7 +71,7 @@ def suggest(
   fitted = set()  # (fsdp, remat, microbatches) that fit
   _, limit, limit_src = fit.setup_target(config, target)
   fit.print_header(target, vocab, source, limit, limit_src)
-  phases = [ph for ph in loop.phases(config) if phase is None or ph.index == phase]
+  phases = [ph for ph in phases_lib.phases(config) if phase is None or ph.index == phase]
   steps = {ph.index: ph.end - ph.start for ph in phases}
   print(
       f"trying fsdp in {sorted({1, chips})}, remat in (none, full), microbatches in (1, 4)"
