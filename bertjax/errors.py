@@ -57,3 +57,23 @@ def refuse_existing(path: str, overwrite: bool, flag: str = "--output") -> None:
     raise OutputExistsError(
         f"{flag} {path} already exists — pass --overwrite to replace it, or choose another {flag}"
     )
+
+
+def missing_dirs(path, field: str, start=None) -> list:
+  """The directories that writing `path` will create, deepest first (walking up from `start`,
+  default `path`); a `ConfigError` naming `field` and `path` when the nearest existing ancestor
+  is a file or cannot be written. Local paths only."""
+  import os
+  import pathlib
+
+  missing, existing = [], pathlib.Path(path if start is None else start)
+  while not existing.exists() and existing.parent != existing:
+    missing.append(existing)
+    existing = existing.parent
+  if not existing.is_dir():
+    raise ConfigError(
+        f"{field} {path}: {existing} is a file, not a directory — choose another {field}"
+    )
+  if not os.access(existing, os.W_OK):
+    raise ConfigError(f"{field} {path}: {existing} is not writable — choose another {field}")
+  return missing

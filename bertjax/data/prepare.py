@@ -191,23 +191,7 @@ def _check_output(cfg: PrepareConfig, out: pathlib.Path) -> list[pathlib.Path]:
         f"PrepareConfig.output {out} already holds prepared data ({meta.name}) — pass "
         "PrepareConfig.overwrite=True to replace it, or choose another PrepareConfig.output"
     )
-  missing, existing = [], out
-  while not existing.exists():
-    missing.append(existing)
-    if existing.parent == existing:
-      break
-    existing = existing.parent
-  if not existing.is_dir():
-    raise errors.ConfigError(
-        f"PrepareConfig.output {out}: {existing} is a file, not a directory — choose another "
-        "PrepareConfig.output"
-    )
-  if not os.access(existing, os.W_OK):
-    raise errors.ConfigError(
-        f"PrepareConfig.output {out}: {existing} is not writable — choose another "
-        "PrepareConfig.output"
-    )
-  return missing
+  return errors.missing_dirs(out, "PrepareConfig.output")
 
 
 def _ensure_open_files(cfg: PrepareConfig) -> None:

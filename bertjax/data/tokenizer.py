@@ -268,19 +268,7 @@ def _check_output(output_prefix: str, overwrite: bool) -> None:
           f"output_prefix {output_prefix}: {output_prefix}{suffix} already exists — "
           "pass overwrite=True to replace it, or choose another output_prefix"
       )
-  existing = prefix.parent
-  while not existing.exists() and existing.parent != existing:
-    existing = existing.parent
-  if not existing.is_dir():
-    raise errors.ConfigError(
-        f"output_prefix {output_prefix}: {existing} is a file, not a directory — choose "
-        "another output_prefix"
-    )
-  if not os.access(existing, os.W_OK):
-    raise errors.ConfigError(
-        f"output_prefix {output_prefix}: {existing} is not writable — choose another "
-        "output_prefix"
-    )
+  errors.missing_dirs(output_prefix, "output_prefix", start=prefix.parent)
 
 
 @contextlib.contextmanager
