@@ -443,6 +443,11 @@ class BertForPreTraining(nn.Module):
     )
     x_BxPxH = ACTIVATIONS[self.cfg.hidden_act](self.mlm_transform(x_BxPxH))
     x_BxPxH = self.mlm_layer_norm(x_BxPxH)
+    # Batch-sharded like every block boundary. Besides, without it XLA's SPMD partitioner
+    # (jax 0.10.2, Shardy and GSPMD alike) computes a wrong gradient of this head on a
+    # data x fsdp x tensor mesh with all three axes > 1 when B·P is about 1-3x the hidden
+    # size (tests/test_sharding.py compares the gradient with a data-parallel mesh).
+    x_BxPxH = _constrain(x_BxPxH, ("batch", "masked", "act_embed"))
     table_VxH = self.bert.embeddings.word_embeddings.embedding.astype(x_BxPxH.dtype)
     return PretrainingOutput(
         mlm_hidden=x_BxPxH,
