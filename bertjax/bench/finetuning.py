@@ -152,12 +152,7 @@ def _bertjax_runs(task, enc, feats, recipe, packing) -> dict[str, tuple[float, f
 def _torch_peer(spec: FinetuneSpec, task, cfg, recipe, feats) -> dict:
   _progress("hf-torch ...")
   pspec = {
-      "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.hidden_size,
-      "num_layers": cfg.num_layers,
-      "num_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "max_position_embeddings": cfg.max_position_embeddings,
+      **bench_peers.model_spec(cfg),
       "hidden_dropout_rate": recipe.dropout,
       "attention_dropout_rate": recipe.dropout,
       "num_labels": task.num_labels,

@@ -51,6 +51,18 @@ def num_cores() -> int:
     return os.cpu_count() or 1
 
 
+def model_spec(cfg) -> dict:
+  """The shape fields of a `BertConfig` that every peer's spec carries (`_hf_config` reads them)."""
+  return {
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "num_layers": cfg.num_layers,
+      "num_heads": cfg.num_heads,
+      "intermediate_size": cfg.intermediate_size,
+      "max_position_embeddings": cfg.max_position_embeddings,
+  }
+
+
 def max_predictions(seq_len: int, mask_prob: float = 0.15) -> int:
   """BERT's max_predictions_per_seq: ceil(mask_prob * L), 20 at seq 128."""
   return max(1, int(np.ceil(mask_prob * seq_len - 1e-9)))

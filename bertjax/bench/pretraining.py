@@ -400,12 +400,7 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: 
         "reason": f"peers run float32 only (asked for {spec.dtype})",
     }
   pspec = {
-      "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.hidden_size,
-      "num_layers": cfg.num_layers,
-      "num_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "max_position_embeddings": cfg.max_position_embeddings,
+      **bench_peers.model_spec(cfg),
       "hidden_dropout_rate": cfg.hidden_dropout_rate,
       "attention_dropout_rate": cfg.attention_dropout_rate,
       "batch_size": spec.batch_size,
