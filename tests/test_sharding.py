@@ -117,3 +117,24 @@ def test_gradient_is_the_same_on_a_three_axis_mesh(masked):
         have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=jax.tree_util.keystr(path)
     )
   assert norm == pytest.approx(ref_norm, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_modern_gradient_is_the_same_on_a_three_axis_mesh():
+  # The ModernBERT block (pre-LN, GLU on its [H, 2, F] kernel, RoPE, local windows, no biases):
+  # every new parameter is placed by the rules, and the gradient is the data-parallel one.
+  from test_modern_model import modern_tiny_config
+
+  c = modern_tiny_config()
+  c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
+  host = bench_peers.synthetic_batch(16, 32, 5, c.model.vocab_size, 0)
+  ref_norm, ref = _step_and_grads(c, host, (8, 1, 1))
+  norm, got = _step_and_grads(c, host, (2, 2, 2))
+  assert "bias" not in ref["bert"]["encoder"]["layer_1"]["intermediate"]
+  for (path, want), have in zip(
+      jax.tree_util.tree_flatten_with_path(ref)[0], jax.tree_util.tree_leaves(got)
+  ):
+    np.testing.assert_allclose(
+        have, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=jax.tree_util.keystr(path)
+    )
+  assert norm == pytest.approx(ref_norm, rel=1e-5)

@@ -6,7 +6,9 @@
   bertjax convert --from hf hf/bert_base --to bertjax ckpt/bert_base
 
 Pretraining heads (MLM, NSP) travel with the encoder, so a converted model can continue
-pretraining. The tokenizer goes along: `vocab.txt` (WordPiece) or `tokenizer.model`
+pretraining. A ModernBERT-shaped model (norm_placement "pre", GLU, RoPE, no token types) goes to
+and from Hugging Face as `ModernBertForMaskedLM`, which has no pooler or NSP head: they are
+dropped on the way out and start fresh on the way in. Google's format is BERT's only. The tokenizer goes along: `vocab.txt` (WordPiece) or `tokenizer.model`
 (SentencePiece).
 
 An existing DST is refused unless --overwrite. The output is written beside DST under a
@@ -48,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
       required=True,
       choices=SOURCES,
       help="format of SRC: google (bert_model.ckpt + bert_config.json), hf "
-      "(BertForPreTraining directory), bertjax (orbax checkpoint)",
+      "(BertForPreTraining or ModernBertForMaskedLM directory), bertjax (orbax checkpoint)",
   )
   p.add_argument("src", metavar="SRC", help="model directory or checkpoint prefix")
   p.add_argument("--to", dest="dst_kind", required=True, choices=TARGETS, help="format to write")
@@ -128,6 +130,23 @@ def _load(args):
     loaded = encoder_lib.load_bertjax(src)
     cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
   return cfg, params, _find_vocab(src, args.tokenizer, recorded)
+
+
+def _check_target(args, cfg) -> None:
+  """The model fits --to's format: HF takes BERT- and ModernBERT-shaped configs, Google's
+  checkpoints BERT's only."""
+  from bertjax.interop import convert as convert_lib
+
+  if args.dst_kind == "bertjax":
+    return
+  try:
+    arch = convert_lib.hf_architecture(cfg)
+  except convert_lib.ConversionError as e:
+    raise errors.ConfigError(f"--to {args.dst_kind}: {e}") from e
+  if args.dst_kind == "google" and arch != "bert":
+    raise errors.ConfigError(
+        "--to google: a ModernBERT-shaped model has no TF checkpoint format; use --to hf"
+    )
 
 
 def _check_tokenizer(vocab: Path, cfg, lower_case):
@@ -280,6 +299,7 @@ def main(argv: list[str]) -> int:
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
   print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
   cfg, params, vocab = _load(args)
+  _check_target(args, cfg)
   print(
       f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
       f"vocab {cfg.vocab_size}",

@@ -21,6 +21,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -58,7 +59,8 @@ class Tokenizer(typing.Protocol):
   """What every task and the data pipeline use of a tokenizer.
 
   `SentencePieceTokenizer` (below) and `wordpiece.WordPieceTokenizer` satisfy it;
-  `wordpiece.load_tokenizer(path)` returns the one a file needs.
+  `wordpiece.load_tokenizer(path)` returns the one a file needs. `HFTokenizer` (a Hugging Face
+  tokenizer.json) satisfies it too; the tasks read one (`bertjax.tasks.encoder`).
   """
 
   path: pathlib.Path
@@ -162,6 +164,110 @@ class SentencePieceTokenizer:
 
   def __repr__(self) -> str:
     return f"SentencePieceTokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+# The special-token entries of a transformers tokenizer_config.json, in the order of
+# `Tokenizer`'s attributes pad/unk/cls/sep/mask, and the pieces assumed when it names none.
+_HF_SPECIAL_FIELDS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+
+
+class HFTokenizer:
+  """A Hugging Face `tokenizer.json`, read with the `tokenizers` package (the `interop` extra):
+  what ModernBERT ships (a byte-level BPE) instead of a vocab.txt or a SentencePiece .model.
+
+  Text is encoded without the file's own [CLS]/[SEP] template, padding or truncation: the tasks
+  add the special tokens, as for the other tokenizers. Those are found by their pieces:
+  the ones tokenizer_config.json beside the file names, else BERT's ([PAD], [UNK], [CLS],
+  [SEP], [MASK]), which ModernBERT's tokenizer has too, at ids above its BPE vocabulary.
+  """
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = pathlib.Path(path)
+    if not self.path.is_file():
+      raise TokenizerError(f"{self.path}: tokenizer file not found")
+    try:
+      from tokenizers import Tokenizer as _Tokenizer  # the `interop` extra, only for this file
+    except ImportError:
+      raise TokenizerError(
+          f"{self.path}: reading a tokenizer.json needs the `tokenizers` package — install "
+          "bertjax[interop], or pass a SentencePiece .model or WordPiece vocab.txt"
+      ) from None
+    blob = self.path.read_bytes()
+    try:
+      self._tok = _Tokenizer.from_str(blob.decode("utf-8"))
+      model_type = json.loads(blob)["model"]["type"]
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+      raise TokenizerError(
+          f"{self.path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0]})"
+      ) from None
+    self._tok.no_padding()
+    self._tok.no_truncation()
+    self.sha256 = hashlib.sha256(blob).hexdigest()
+    pieces = self._special_pieces()
+    ids = [self._tok.token_to_id(p) for p in pieces]
+    missing = [p for p, i in zip(pieces, ids) if i is None]
+    if missing:
+      raise TokenizerError(
+          f"{self.path}: no special tokens {missing} — name them in tokenizer_config.json "
+          f"beside it ({', '.join(_HF_SPECIAL_FIELDS)}), or pass another tokenizer"
+      )
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+    special = set(ids) | set(self._tok.get_added_tokens_decoder())
+    if model_type == "WordPiece":
+      starts = lambda p: not p.startswith(wordpiece.SUFFIX)
+    else:  # byte-level BPE marks a preceding space "Ġ"; Metaspace models "▁"
+      starts = lambda p: p.startswith(("\u0120", WORD_START))
+    self._word_start = [
+        i not in special and starts(self._tok.id_to_token(i) or "") for i in range(self.vocab_size)
+    ]
+
+  def _special_pieces(self) -> list[str]:
+    config = self.path.parent / "tokenizer_config.json"
+    named = {}
+    if config.is_file():
+      try:
+        named = json.loads(config.read_text(encoding="utf-8"))
+      except (ValueError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{config}: invalid JSON ({e})") from None
+    pieces = []
+    for field, default in zip(_HF_SPECIAL_FIELDS, SPECIAL_PIECES):
+      value = named.get(field) or default
+      pieces.append(value["content"] if isinstance(value, dict) else str(value))
+    return pieces
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+    del num_threads  # tokenizers picks its own parallelism
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def id_to_piece(self, i: int) -> str:
+    return self._tok.id_to_token(int(i))
+
+  def piece_to_id(self, piece: str) -> int:
+    i = self._tok.token_to_id(piece)
+    return self.unk_id if i is None else i
+
+  def is_word_start(self, i: int) -> bool:
+    """True when piece `i` begins with the model's space marker ("Ġ" byte-level, "▁"
+    Metaspace) or, for a WordPiece model, does not continue a word ("##"); False for special
+    and added tokens. Byte-level BPE marks no start on a text's first word."""
+    return self._word_start[int(i)]
+
+  def word_start_table(self) -> list[bool]:
+    """`is_word_start` for every id, for vectorised whole-word masking."""
+    return list(self._word_start)
+
+  def __repr__(self) -> str:
+    return f"HFTokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
 # ----------------------------------------------------------------------------- training

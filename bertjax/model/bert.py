@@ -19,8 +19,16 @@ also runs plainly on one device. The package imports only JAX and Flax (no Tenso
 The network reads as the paper's; how XLA should lower its dense products, dropout and
 attention is `ops.py`'s business, and the task heads are in `heads.py`.
 
+ModernBERT (Warner et al. 2024) is the same network with a short list of departures, each a
+`BertConfig` switch whose default is BERT's, each visible where it happens below: pre-LN with a
+final norm and no attention norm in layer 0 (`norm_placement`), GeGLU (`mlp_type`), rotary
+positions with a global and a local theta (`position_embedding`, `rope.py`), no biases
+(`use_bias`), no token types (`type_vocab_size=0`) and local attention in all layers but every
+`global_every`-th (`local_attention`, a mask like a segment, through `ops.attention`).
+
 Logical axes: 'vocab', 'embed' (hidden), 'pos' (positions table), 'type' (segment table),
-'qkv' (the fused query/key/value axis, size 3), 'heads', 'kv' (head size), 'mlp', 'layers'
+'qkv' (the fused query/key/value axis, size 3), 'heads', 'kv' (head size), 'mlp', 'glu' (the
+GLU's input/gate axis, size 2), 'layers'
 (the stacked axis under ``scan_layers``), 'classes', and for activations 'batch', 'length',
 'act_embed', 'act_heads', 'act_mlp', 'masked'.
 """
@@ -32,7 +40,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from bertjax.model import ops
+from bertjax.model import ops, rope
 from bertjax.model.config import ACTIVATIONS, BertConfig
 
 Array = jax.Array
@@ -59,16 +67,28 @@ def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
       epsilon=cfg.layer_norm_eps,
       dtype=cfg.compute_dtype,
       param_dtype=cfg.params_dtype,
+      use_bias=cfg.use_bias,
       scale_init=_ones(("embed",)),
       bias_init=_zeros(("embed",)),
       name=name,
   )
 
 
-def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str | None = None):
-  """BERT's dense layer: `nn.Dense` with logical axes (kernel `axes`, bias `axes[1]`)."""
+def dense(
+    cfg: BertConfig,
+    features: int,
+    axes: tuple[str, str],
+    name: str | None = None,
+    use_bias: bool | None = None,
+):
+  """BERT's dense layer: `nn.Dense` with logical axes (kernel `axes`, bias `axes[1]`).
+
+  The bias follows `cfg.use_bias` unless `use_bias` says otherwise: bertjax's own heads (the
+  pooler, NSP and the task heads, which ModernBERT does not have) always keep theirs.
+  """
   return nn.Dense(
       features,
+      use_bias=cfg.use_bias if use_bias is None else use_bias,
       dtype=cfg.compute_dtype,
       param_dtype=cfg.params_dtype,
       kernel_init=_init(cfg, axes),
@@ -83,7 +103,11 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
 
 
 class Embeddings(nn.Module):
-  """Word + learned position + segment embeddings, then LayerNorm and dropout."""
+  """Word + learned position + segment embeddings, then LayerNorm and dropout.
+
+  With rotary positions there is no position table (attention rotates queries and keys); with
+  `type_vocab_size=0` no segment table, and token types passed in are ignored (ModernBERT).
+  """
 
   cfg: BertConfig
 
@@ -96,20 +120,22 @@ class Embeddings(nn.Module):
         param_dtype=cfg.params_dtype,
         embedding_init=_init(cfg, ("vocab", "embed")),
     )
-    self.position_embeddings = nn.Embed(
-        cfg.max_position_embeddings,
-        cfg.hidden_size,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype,
-        embedding_init=_init(cfg, ("pos", "embed")),
-    )
-    self.token_type_embeddings = nn.Embed(
-        cfg.type_vocab_size,
-        cfg.hidden_size,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype,
-        embedding_init=_init(cfg, ("type", "embed")),
-    )
+    if cfg.position_embedding == "learned":
+      self.position_embeddings = nn.Embed(
+          cfg.max_position_embeddings,
+          cfg.hidden_size,
+          dtype=cfg.compute_dtype,
+          param_dtype=cfg.params_dtype,
+          embedding_init=_init(cfg, ("pos", "embed")),
+      )
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = nn.Embed(
+          cfg.type_vocab_size,
+          cfg.hidden_size,
+          dtype=cfg.compute_dtype,
+          param_dtype=cfg.params_dtype,
+          embedding_init=_init(cfg, ("type", "embed")),
+      )
     self.layer_norm = _layer_norm(cfg, "layer_norm")
     self.dropout = ops.Dropout(cfg.hidden_dropout_rate)
 
@@ -120,19 +146,20 @@ class Embeddings(nn.Module):
       deterministic: bool,
       position_ids_BxL: Array | None = None,
   ) -> Array:
+    cfg = self.cfg
     seq_len = input_ids_BxL.shape[1]
-    if seq_len > self.cfg.max_position_embeddings:
+    if seq_len > cfg.max_position_embeddings:
       raise ValueError(
           f"sequence length {seq_len} exceeds max_position_embeddings="
-          f"{self.cfg.max_position_embeddings}"
+          f"{cfg.max_position_embeddings}"
       )
     if position_ids_BxL is None:
       position_ids_BxL = jnp.arange(seq_len)[None, :]
-    x_BxLxH = (
-        self.word_embeddings(input_ids_BxL)
-        + self.position_embeddings(position_ids_BxL)
-        + self.token_type_embeddings(token_type_ids_BxL)
-    )
+    x_BxLxH = self.word_embeddings(input_ids_BxL)
+    if cfg.position_embedding == "learned":
+      x_BxLxH = x_BxLxH + self.position_embeddings(position_ids_BxL)
+    if cfg.type_vocab_size:
+      x_BxLxH = x_BxLxH + self.token_type_embeddings(token_type_ids_BxL)
     x_BxLxH = self.layer_norm(x_BxLxH)
     x_BxLxH = self.dropout(x_BxLxH, deterministic=deterministic)
     return _constrain(x_BxLxH, ("batch", "length", "act_embed"))
@@ -178,6 +205,9 @@ class Projection(nn.Module):
     bias_shape = tuple(self.kernel_shape[i] for i in keep)
     bias_axes = tuple(self.kernel_axes[i] for i in keep)
     kernel = self.param("kernel", _init(cfg, self.kernel_axes), self.kernel_shape, cfg.params_dtype)
+    if not cfg.use_bias:
+      x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.compute_dtype)
+      return jnp.einsum(self.equation, x, kernel)
     bias = self.param("bias", _zeros(bias_axes), bias_shape, cfg.params_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.compute_dtype)
     return jnp.einsum(self.equation, x, kernel) + bias
@@ -187,15 +217,21 @@ class Attention(nn.Module):
   """Multi-head self-attention with a fused QKV projection.
 
   The softmax attention itself, with its masks and its dropout (BERT's 0.1 on the
-  probabilities), is `ops.attention`, which picks the backend's kernel.
+  probabilities), is `ops.attention`, which picks the backend's kernel. A local layer
+  (`is_global` False) sees keys within `cfg.local_attention // 2` tokens: one more mask there.
   """
 
   cfg: BertConfig
   deterministic: bool
+  is_global: bool = True
 
   @nn.compact
   def __call__(
-      self, x_BxLxH: Array, mask_Bx1x1xL: Array | None, segment_ids_BxL: Array | None
+      self,
+      x_BxLxH: Array,
+      mask_Bx1x1xL: Array | None,
+      segment_ids_BxL: Array | None,
+      position_ids_BxL: Array | None = None,
   ) -> Array:
     cfg = self.cfg
     qkv_BxLx3xNxD = Projection(
@@ -206,6 +242,10 @@ class Attention(nn.Module):
         name="qkv",
     )(x_BxLxH)
     q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (qkv_BxLx3xNxD[:, :, i] for i in range(3))
+    if cfg.position_embedding == "rope":  # ModernBERT: rotary positions, a theta per layer kind
+      theta = cfg.rope_theta if self.is_global else cfg.local_rope_theta
+      q_BxLxNxD = rope.rotate(q_BxLxNxD, position_ids_BxL, theta)
+      k_BxLxNxD = rope.rotate(k_BxLxNxD, position_ids_BxL, theta)
     dropout_rng = None
     if not self.deterministic and cfg.attention_dropout_rate > 0.0:
       # The key of a `Dropout` child's scope, where attention's mask has always been drawn: the
@@ -217,6 +257,7 @@ class Attention(nn.Module):
         v_BxLxNxD,
         segment_ids=segment_ids_BxL,
         mask=mask_Bx1x1xL,
+        window=None if self.is_global else cfg.local_attention,
         dropout_rate=cfg.attention_dropout_rate,
         dropout_rng=dropout_rng,
         deterministic=self.deterministic,
@@ -232,29 +273,62 @@ class Attention(nn.Module):
 
 
 class Layer(nn.Module):
-  """One post-LayerNorm Transformer block, as in the original BERT."""
+  """One Transformer block: post-LayerNorm as in the original BERT, or pre-LayerNorm."""
 
   cfg: BertConfig
   deterministic: bool
   collect_hidden: bool = False  # under scan: also emit this layer's output as a scan output
+  index: int = 0  # the layer's place in the stack (which layers are local, layer 0's norm)
 
   @nn.compact
-  def __call__(self, x_BxLxH: Array, mask_Bx1x1xL: Array | None, segment_ids_BxL: Array | None):
+  def __call__(
+      self,
+      x_BxLxH: Array,
+      mask_Bx1x1xL: Array | None,
+      segment_ids_BxL: Array | None,
+      position_ids_BxL: Array | None = None,
+  ):
     cfg = self.cfg
     dropout = ops.Dropout(cfg.hidden_dropout_rate)
-    attend = Attention(cfg, self.deterministic, name="attention")
-    attn_BxLxH = attend(x_BxLxH, mask_Bx1x1xL, segment_ids_BxL)
-    attn_BxLxH = dropout(attn_BxLxH, deterministic=self.deterministic)
-    x_BxLxH = _layer_norm(cfg, "attention_layer_norm")(x_BxLxH + attn_BxLxH)
+    is_global = cfg.local_attention == 0 or self.index % cfg.global_every == 0
+    attend = Attention(cfg, self.deterministic, is_global, name="attention")
 
-    h_BxLxF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxH)
-    h_BxLxF = ACTIVATIONS[cfg.hidden_act](h_BxLxF)
-    h_BxLxF = _constrain(h_BxLxF, ("batch", "length", "act_mlp"))
-    h_BxLxH = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
-    h_BxLxH = dropout(h_BxLxH, deterministic=self.deterministic)
-    x_BxLxH = _layer_norm(cfg, "output_layer_norm")(x_BxLxH + h_BxLxH)
+    def attention(h_BxLxH):
+      attn_BxLxH = attend(h_BxLxH, mask_Bx1x1xL, segment_ids_BxL, position_ids_BxL)
+      return dropout(attn_BxLxH, deterministic=self.deterministic)
+
+    def mlp(h_BxLxH):
+      h_BxLxH = self.mlp(h_BxLxH)
+      return dropout(h_BxLxH, deterministic=self.deterministic)
+
+    if cfg.norm_placement == "pre":  # ModernBERT: normalise each sublayer's input
+      # Layer 0's input is the embeddings' LayerNorm output already: no attention norm there.
+      h_BxLxH = x_BxLxH if self.index == 0 else _layer_norm(cfg, "attention_layer_norm")(x_BxLxH)
+      x_BxLxH = x_BxLxH + attention(h_BxLxH)
+      x_BxLxH = x_BxLxH + mlp(_layer_norm(cfg, "mlp_layer_norm")(x_BxLxH))
+    else:  # BERT: normalise each residual sum
+      x_BxLxH = _layer_norm(cfg, "attention_layer_norm")(x_BxLxH + attention(x_BxLxH))
+      x_BxLxH = _layer_norm(cfg, "output_layer_norm")(x_BxLxH + mlp(x_BxLxH))
     x_BxLxH = _constrain(x_BxLxH, ("batch", "length", "act_embed"))
     return x_BxLxH, (x_BxLxH if self.collect_hidden else None)
+
+  def mlp(self, x_BxLxH: Array) -> Array:
+    """BERT's act(x W1) W2, or ModernBERT's GLU act(x W_in) * (x W_gate), then W_out."""
+    cfg = self.cfg
+    act = ACTIVATIONS[cfg.hidden_act]
+    if cfg.mlp_type == "glu":
+      h_BxLx2xF = Projection(
+          cfg,
+          "blh,hgf->blgf",
+          (cfg.hidden_size, 2, cfg.intermediate_size),
+          ("embed", "glu", "mlp"),
+          name="intermediate",
+      )(x_BxLxH)
+      h_BxLxF = act(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
+    else:
+      h_BxLxF = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxH))
+    h_BxLxF = _constrain(h_BxLxF, ("batch", "length", "act_mlp"))
+    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
 
 
 def _remat_policy(name: str):
@@ -269,7 +343,8 @@ class LayerStack(nn.Module):
   """The stack of layers: a Python loop (`layer_0`, `layer_1`, ...) or one `nn.scan` (`layers`).
 
   Both give the same function; `stack_layer_params` / `unstack_layer_params` convert the
-  parameter trees.
+  parameter trees. A scan needs identical layers, which `BertConfig` checks: ModernBERT's
+  (layer 0 without an attention norm, local and global layers) run as the loop.
   """
 
   cfg: BertConfig
@@ -280,6 +355,7 @@ class LayerStack(nn.Module):
       x_BxLxH: Array,
       mask_Bx1x1xL: Array | None,
       segment_ids_BxL: Array | None,
+      position_ids_BxL: Array | None,
       deterministic: bool,
       output_hidden_states: bool = False,
   ) -> tuple[Array, list[Array]]:
@@ -292,18 +368,18 @@ class LayerStack(nn.Module):
           layer_cls,
           variable_axes={"params": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast, nn.broadcast),
+          in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
           length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
       )
       x_BxLxH, hidden_SxBxLxH = scanned(cfg, deterministic, output_hidden_states, name="layers")(
-          x_BxLxH, mask_Bx1x1xL, segment_ids_BxL
+          x_BxLxH, mask_Bx1x1xL, segment_ids_BxL, position_ids_BxL
       )
       return x_BxLxH, (list(hidden_SxBxLxH) if output_hidden_states else [])
     hidden = []
     for i in range(cfg.num_layers):
-      layer = layer_cls(cfg, deterministic, name=f"layer_{i}")
-      x_BxLxH, _ = layer(x_BxLxH, mask_Bx1x1xL, segment_ids_BxL)
+      layer = layer_cls(cfg, deterministic, index=i, name=f"layer_{i}")
+      x_BxLxH, _ = layer(x_BxLxH, mask_Bx1x1xL, segment_ids_BxL, position_ids_BxL)
       hidden.append(x_BxLxH)
     return x_BxLxH, (hidden if output_hidden_states else [])
 
@@ -312,11 +388,12 @@ class LayerStack(nn.Module):
 class EncoderOutput:
   sequence_output: Array  # [B, L, H] last layer
   pooled_output: Array  # [B, H] tanh(dense([CLS])); [B, E, H] with cls_positions
-  hidden_states: tuple[Array, ...] = ()  # embeddings then each layer's [B, L, H], if requested
+  hidden_states: tuple[Array, ...] = ()  # embeddings then each layer's [B, L, H], if requested;
+  #                                         the last is sequence_output (pre-LN: final-normed)
 
 
 class BertModel(nn.Module):
-  """The BERT encoder: embeddings, the layer stack and the pooler.
+  """The BERT encoder: embeddings, the layer stack (pre-LN: then a final LayerNorm) and the pooler.
 
   Packed rows (keyword-only, all optional): `segment_ids` [B, L] (int, 1..k for the examples in
   a row, 0 for padding; replaces `attention_mask` in attention), `position_ids` [B, L]
@@ -331,7 +408,9 @@ class BertModel(nn.Module):
     cfg = self.cfg
     self.embeddings = Embeddings(cfg)
     self.encoder = LayerStack(cfg)
-    self.pooler = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
+    if cfg.norm_placement == "pre":  # the residual stream is never normalised inside the stack
+      self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
+    self.pooler = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), use_bias=True)
 
   def __call__(
       self,
@@ -356,9 +435,19 @@ class BertModel(nn.Module):
     elif position_ids_BxL is None:  # packed: each example counts from 0
       position_ids_BxL = packed_position_ids(segment_ids_BxL)
     emb_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
+    if position_ids_BxL is None:  # rotary positions are applied in every layer
+      position_ids_BxL = jnp.arange(input_ids_BxL.shape[1])[None, :]
     x_BxLxH, hidden = self.encoder(
-        emb_BxLxH, mask_Bx1x1xL, segment_ids_BxL, deterministic, output_hidden_states
+        emb_BxLxH,
+        mask_Bx1x1xL,
+        segment_ids_BxL,
+        position_ids_BxL,
+        deterministic,
+        output_hidden_states,
     )
+    if self.cfg.norm_placement == "pre":
+      x_BxLxH = self.final_layer_norm(x_BxLxH)
+      hidden = hidden[:-1] + [x_BxLxH] if hidden else hidden  # as transformers reports them
     if cls_positions_BxE is None:
       cls_BxH = x_BxLxH[:, 0]
     else:  # each packed example's own [CLS]
@@ -412,7 +501,7 @@ class BertForPreTraining(nn.Module):
     self.mlm_transform = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
     self.mlm_layer_norm = _layer_norm(cfg, "mlm_layer_norm")
     self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
-    self.nsp = dense(cfg, 2, ("embed", "classes"))
+    self.nsp = dense(cfg, 2, ("embed", "classes"), use_bias=True)
 
   def __call__(
       self,

@@ -33,6 +33,13 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": nn.relu,
 }
 
+# The block's string switches and their valid values (the first is BERT's).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm_placement": ("post", "pre"),
+    "mlp_type": ("dense", "glu"),
+    "position_embedding": ("learned", "rope"),
+}
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -52,7 +59,8 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072  # 4 * hidden_size
   max_position_embeddings: int = 512  # learned absolute positions
-  type_vocab_size: int = 2  # segment A / segment B
+  type_vocab_size: int = 2  # segment A / segment B; 0: no token-type table (ModernBERT), token
+  #                           types passed in are ignored
   hidden_act: str = "gelu"  # exact erf GELU; see ACTIVATIONS for the alternatives
   hidden_dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1  # > 0 in training: XLA attention on every backend
@@ -62,6 +70,20 @@ class BertConfig:
   param_dtype: str = "float32"  # parameters (and optimizer state) stay in float32
   remat: str = "none"  # "none" | "full" | "dots" (save matmul outputs): activation memory vs FLOPs
   scan_layers: bool = False  # stack layers under nn.scan: one compiled layer, fast compile
+  # The block's switches; the defaults are BERT's, the alternatives ModernBERT's (Warner et al.
+  # 2024, answerdotai/ModernBERT-base config.json).
+  norm_placement: str = "post"  # "post": BERT's post-LN; "pre": pre-LN, final norm after the
+  #                               last layer, layer 0's attention norm the identity (ModernBERT)
+  mlp_type: str = "dense"  # "dense": act(x W1) W2 as BERT; "glu": act(x W_in) * (x W_gate), then
+  #                          W_out (hidden_act "gelu" makes it GeGLU, ModernBERT)
+  position_embedding: str = "learned"  # "learned": BERT's absolute table; "rope": rotary
+  rope_theta: float = 10000.0  # RoPE base of global-attention layers (ModernBERT: 160000)
+  local_rope_theta: float = 10000.0  # RoPE base of local-attention layers (ModernBERT: 10000)
+  use_bias: bool = True  # biases of dense layers and LayerNorms (ModernBERT: False); the MLM
+  #                        decoder's output bias stays either way
+  local_attention: int = 0  # 0: every layer global; > 0: window in tokens of the local layers,
+  #                           key j visible to query i when |i - j| <= window // 2 (ModernBERT: 128)
+  global_every: int = 1  # layer i attends globally when i % global_every == 0 (ModernBERT: 3)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -76,6 +98,46 @@ class BertConfig:
         raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: {sorted(_DTYPES)}")
     if self.remat not in ("none", "full", "dots"):
       raise ValueError(f"BertConfig: remat={self.remat!r}; valid: 'none', 'full', 'dots'")
+    for field, valid in _CHOICES.items():
+      if getattr(self, field) not in valid:
+        raise ValueError(
+            f"BertConfig: {field}={getattr(self, field)!r}; valid: {', '.join(map(repr, valid))}"
+        )
+    for field in ("rope_theta", "local_rope_theta"):
+      if not getattr(self, field) > 0:
+        raise ValueError(f"BertConfig: {field}={getattr(self, field)!r}; valid: a number > 0")
+    if self.local_attention < 0:
+      raise ValueError(
+          f"BertConfig: local_attention={self.local_attention}; valid: 0 (global) or a window > 0"
+      )
+    if self.global_every < 1:
+      raise ValueError(f"BertConfig: global_every={self.global_every}; valid: an integer >= 1")
+    if self.type_vocab_size < 0:
+      raise ValueError(
+          f"BertConfig: type_vocab_size={self.type_vocab_size}; valid: 0 (none) or more"
+      )
+    if self.scan_layers and self.heterogeneous_layers:
+      raise ValueError(
+          f"BertConfig: scan_layers=True stacks identical layers, but {self.heterogeneous_layers} "
+          "makes them differ; set scan_layers=False"
+      )
+    if self.position_embedding == "rope" and self.head_dim % 2:
+      raise ValueError(
+          f"BertConfig: position_embedding='rope' needs an even head size; hidden_size="
+          f"{self.hidden_size} / num_heads={self.num_heads} = {self.head_dim}"
+      )
+
+  @property
+  def heterogeneous_layers(self) -> str:
+    """Which setting makes the layers differ from one another ("" when none does)."""
+    if self.norm_placement == "pre":
+      return "norm_placement='pre' (layer 0 has no attention norm)"
+    if self.local_attention and self.global_every > 1:
+      return (
+          f"local_attention={self.local_attention} with global_every={self.global_every} "
+          "(local and global layers)"
+      )
+    return ""
 
   @property
   def head_dim(self) -> int:

@@ -18,8 +18,9 @@ Array = jax.Array
 
 
 def _head(cfg: BertConfig, num_outputs: int, name: str) -> nn.Dense:
-  """A task head's dense layer from the hidden size to `num_outputs` logits (new on restore)."""
-  return dense(cfg, num_outputs, ("embed", "classes"), name)
+  """A task head's dense layer from the hidden size to `num_outputs` logits (new on restore),
+  with a bias whatever `cfg.use_bias` says of the encoder."""
+  return dense(cfg, num_outputs, ("embed", "classes"), name, use_bias=True)
 
 
 class BertForSequenceClassification(nn.Module):

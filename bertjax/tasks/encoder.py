@@ -3,10 +3,15 @@
 `load_encoder(init)` reads any of the places a BERT can come from:
   a `bertjax pretrain` workdir, one of its checkpoints/<step> dirs, or a `save_pretrained` dir
       (`bertjax.training.checkpoint.load_pretrained`; the tokenizer recorded with it),
-  a Hugging Face BertForPreTraining dir (config.json + weights; its vocab.txt/tokenizer.model),
+  a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
+      vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json),
   a google-research/bert dir or checkpoint prefix (bert_config.json + bert_model.ckpt.*),
 or "random": a randomly initialised preset, the no-pretraining baseline (needs a tokenizer).
-A tokenizer path (SentencePiece .model or WordPiece vocab.txt) overrides the recorded one.
+A tokenizer path (SentencePiece .model, WordPiece vocab.txt or Hugging Face tokenizer.json)
+overrides the recorded one.
+
+The model keeps its own config: a ModernBERT-shaped one (no token types) ignores the token
+types every task passes, and its pooler, which ModernBERT lacks, starts fresh like a task head.
 
 Parameters come back as host arrays; `finetuning.Trainer` places them on its mesh, whatever mesh
 wrote them.
@@ -22,6 +27,7 @@ from typing import Any, Mapping
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import wordpiece
+from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop import convert, google_ckpt
 from bertjax.training import checkpoint
@@ -30,6 +36,11 @@ BERTJAX_KINDS = (
     "a `bertjax pretrain` workdir (or one of its checkpoints/<step>) or a save_pretrained dir"
 )
 KINDS = "a `bertjax pretrain` workdir or save_pretrained dir, a Hugging Face or a Google BERT dir"
+TOKENIZER_KINDS = "a SentencePiece .model, a WordPiece vocab.txt or a Hugging Face tokenizer.json"
+# Looked for beside a Hugging Face or Google checkpoint, in this order: a converted bertjax model
+# carries its .model and a tokenizer.json made from it, and the .model is the one it was
+# trained with.
+_TOKENIZER_FILES = ("vocab.txt", "tokenizer.model", "tokenizer.json")
 
 
 @dataclasses.dataclass
@@ -87,10 +98,17 @@ def load_bertjax(path: str | Path) -> checkpoint.Pretrained:
 
 
 def _tokenizer_in(directory: Path) -> str | None:
-  for name in ("vocab.txt", "tokenizer.model"):
+  for name in _TOKENIZER_FILES:
     if (directory / name).is_file():
       return str(directory / name)
   return None
+
+
+def load_tokenizer(path: str | Path, lower_case: bool | None = None) -> Tokenizer:
+  """`wordpiece.load_tokenizer`, and a Hugging Face tokenizer.json (`tokenizer.HFTokenizer`)."""
+  if Path(path).suffix == ".json":
+    return tokenizer_lib.HFTokenizer(path)
+  return wordpiece.load_tokenizer(path, lower_case)
 
 
 def load_encoder(
@@ -111,7 +129,7 @@ def load_encoder(
   """
   del prefix
   n = {"init": "init", "tokenizer": "tokenizer", "preset": "preset", **(names or {})}
-  tok_kinds = "a SentencePiece .model or a WordPiece vocab.txt"
+  tok_kinds = TOKENIZER_KINDS
   if tokenizer and not os.path.exists(tokenizer):
     raise errors.InputNotFoundError(
         f"{n['tokenizer']} {tokenizer}: no such file — pass {tok_kinds}"
@@ -126,7 +144,7 @@ def load_encoder(
       raise errors.ConfigError(
           f"{n['preset']} {preset!r} is not a model preset — valid: {', '.join(model_lib.PRESETS)}"
       )
-    tok = wordpiece.load_tokenizer(tokenizer, lower_case)
+    tok = load_tokenizer(tokenizer, lower_case)
     return Encoder(
         model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
     )
@@ -143,7 +161,7 @@ def load_encoder(
         f"{n['init']} {init}: no tokenizer recorded with it or found beside it — pass "
         f"{n['tokenizer']} PATH ({tok_kinds})"
     )
-  tok = wordpiece.load_tokenizer(tok_path, lower_case)
+  tok = load_tokenizer(tok_path, lower_case)
   if tok.vocab_size > cfg.vocab_size:
     raise errors.ConfigError(
         f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but the model's vocab_size is "

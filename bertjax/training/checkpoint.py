@@ -47,7 +47,10 @@ from bertjax import errors
 from bertjax import model as model_lib
 
 PRETRAINED_FORMAT = "bertjax-pretrained-1"
-# BertConfig fields that decide the parameter shapes; a resume must agree on all of them.
+# BertConfig fields that decide the parameter shapes; a resume must agree on all of them. Not
+# here, as they shape no parameter: the attention window (local_attention, global_every) and
+# the RoPE bases (rope_theta, local_rope_theta), which a later phase may change (context
+# extension raises theta).
 ARCH_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -56,8 +59,14 @@ ARCH_FIELDS = (
     "intermediate_size",
     "max_position_embeddings",
     "type_vocab_size",
+    "norm_placement",  # pre-LN adds a final norm and drops layer 0's attention norm
+    "mlp_type",  # GLU's input kernel is [H, 2, F]
+    "position_embedding",  # RoPE has no position table
+    "use_bias",
     "scan_layers",
 )
+# What a checkpoint written before a field existed had: BERT's value, the field's default.
+_ARCH_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
 
 
 def absolute(path: str | epath.Path) -> epath.Path:
@@ -155,7 +164,7 @@ def check_compatible(
 ) -> None:
   """Raise, naming the first differing field, instead of ever restoring partially."""
   for field in ARCH_FIELDS:
-    old, new = saved.get(field), getattr(current, field)
+    old, new = saved.get(field, _ARCH_DEFAULTS[field]), getattr(current, field)
     if old != new:
       raise CheckpointMismatchError(
           f"{where} was written with config.model.{field}={old!r} but the config now has "

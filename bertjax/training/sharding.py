@@ -40,6 +40,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("pos", None),
     ("type", None),
     ("qkv", None),  # size 3
+    ("glu", None),  # size 2: the GLU's input and gate halves (each split as 'mlp')
     ("heads", "tensor"),  # attention heads split Megatron-style
     ("kv", None),
     ("mlp", "tensor"),  # MLP columns (intermediate) / rows (output)
