@@ -11,6 +11,14 @@ Purpose: one config file for every model size. `arg` picks the variant:
   base_lamb | large_lamb         You et al. 2019 (LAMB): batch 64k at seq 128 for 7,038 steps,
                                  then 32k at seq 512 for 1,563 steps, each phase with its own
                                  warmup and decay
+  modern_base                    ModernBERT-base's network (Warner et al. 2024): 22 pre-LN
+                                 layers x 768, GeGLU 1,152, RoPE, no biases, local 128-token
+                                 attention with a global layer every 3rd; MLM alone at 30%,
+                                 seq 1,024, the last 10% of the steps at seq 8,192 (ModernBERT's
+                                 context extension); BERT-base's optimizer and schedule
+  modern_tiny                    the same network at tiny scale (3 layers x 128, window 32 at
+                                 seq 128): CPU minutes on the bundled corpus, `bertjax demo
+                                 --config modern_tiny`
 
 Command:
   bertjax pretrain --config experiments/pretrain.py:tiny --workdir runs/tiny
@@ -24,6 +32,9 @@ Hardware and expected result:
   base   TPU v3-32 / v4-16 or 8 x A100 class, ~4 days in the paper (16 TPU chips);
          BERT-base reaches MLM accuracy ~0.70 and GLUE numbers of the paper's Table 1.
   large  64 TPU chips for ~4 days in the paper.
+  modern_base  compiled, not run: both phases fit on a v5p-32 (16 chips, data parallel), 11.1 GiB
+         HBM per chip, every layer's attention the Pallas splash kernel (docs/performance.md).
+  modern_tiny  2 CPU cores, minutes (`bertjax demo --config modern_tiny`; docs/training.md).
 
 Every field is overridable: `--config.train.steps=100 --config.data.source=synthetic`.
 """
@@ -41,6 +52,10 @@ _SCALES = {
     "medium": ("medium", 256, 50_000, 2e-4, 2000),
     "base": ("base", 256, 1_000_000, 1e-4, 10_000),
     "large": ("large", 256, 1_000_000, 1e-4, 10_000),
+    # BERT-base's batch, steps and schedule: ModernBERT's own optimizer (StableAdamW), its
+    # trapezoidal schedule at 8e-4 and its batch are not in bertjax yet.
+    "modern_base": ("base", 256, 1_000_000, 1e-4, 10_000),
+    "modern_tiny": ("tiny", 32, 1000, 1e-3, 100),  # `tiny`'s lr and warmup, half its batch
 }
 
 # variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
@@ -54,6 +69,8 @@ VARIANTS = {
     "large": "BERT-large, the paper's recipe: as base with 24 layers x 1024 (64 TPU chips)",
     "base_lamb": "BERT-base with LAMB: batch 64k at seq 128, then 32k at 512 (You et al. 2019)",
     "large_lamb": "BERT-large with LAMB: batch 64k at seq 128, then 32k at 512 (You et al. 2019)",
+    "modern_base": "ModernBERT-base's network, MLM at 30%, seq 1,024 then 8,192; BERT's optimizer",
+    "modern_tiny": "ModernBERT's network at tiny scale (3 layers x 128), seq 128 (CPU, minutes)",
 }
 
 
@@ -67,7 +84,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         f"experiments/pretrain.py: unknown variant {arg!r}; valid: " f"{', '.join(VARIANTS)}"
     )
   preset, batch, steps, lr, warmup = _SCALES[scale]
-  paper = scale in ("base", "large")
+  paper = scale in ("base", "large", "modern_base")  # bf16, scanned layers, BERT's optimizer
 
   c = ml_collections.ConfigDict()
   c.variant = variant  # recorded in the workdir's config.json
@@ -82,6 +99,16 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.model.max_position_embeddings = 512  # phase 2 runs at 512
   c.model.scan_layers = paper  # one compiled layer: fast compiles for 12/24 layers
   c.model.remat = "none"  # "dots"/"full" trade FLOPs for activation memory
+  # The block's switches, BERT's values here; `_modern` sets ModernBERT's (docs/training.md).
+  c.model.type_vocab_size = 2  # segment A / segment B; 0: no token-type table
+  c.model.norm_placement = "post"  # post: LayerNorm after each residual add | pre: before
+  c.model.mlp_type = "dense"  # dense: act(x W1) W2 | glu: act(x W_in) * (x W_gate), then W_out
+  c.model.position_embedding = "learned"  # learned: absolute table | rope: rotary
+  c.model.rope_theta = 10000.0  # RoPE base of the global layers (rope only)
+  c.model.local_rope_theta = 10000.0  # RoPE base of the local layers (rope only)
+  c.model.use_bias = True  # biases of the dense layers and LayerNorms
+  c.model.local_attention = 0  # 0: every layer global | window (tokens) of the local layers
+  c.model.global_every = 1  # layer i is global when i % global_every == 0
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "prepared"  # prepared (TFRecord shards) | synthetic (random tokens, no TF)
@@ -96,6 +123,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.prefetch = 2  # batches transferred ahead of the step
   c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
   c.data.max_examples_per_row = 8  # packed rows: at most this many examples (NSP labels) each
+  # Processes that build the examples (docs/data.md, "Worker processes"); None: half the cores.
+  c.data.workers = ml_collections.FieldReference(None, field_type=int)
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = batch  # GLOBAL sequences per step, all hosts and devices together
@@ -182,6 +211,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.eval.every_steps = 250
     c.eval.steps = 8
     c.eval.batch_size = 128
+  if scale.startswith("modern_"):
+    _modern(c, tiny=scale == "modern_tiny")
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563
@@ -196,3 +227,56 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.checkpoint.every_steps = 500
     c.log_every_steps = 10
   return c
+
+
+def _modern(c: ml_collections.ConfigDict, tiny: bool) -> None:
+  """ModernBERT-base's network and masking (Warner et al. 2024, "Smarter, Better, Faster,
+  Longer"; the values of answerdotai/ModernBERT-base's config.json), at base or tiny scale.
+
+  Training stays bertjax's: the optimizer, schedule, batch and steps of `base` (or `tiny`).
+  ModernBERT's StableAdamW and trapezoidal (warmup-stable-decay) schedule at lr 8e-4 come with
+  their own recipe later.
+  """
+  m = c.model
+  m.norm_placement = "pre"  # paper 2.1.1: pre-LN, a final norm, layer 0's attention norm identity
+  m.mlp_type = "glu"  # paper 2.1.1: GeGLU (HF: hidden_activation "gelu", exact erf GELU)
+  m.position_embedding = "rope"  # paper 2.1.1: rotary positions, no absolute table
+  m.rope_theta = 160_000.0  # HF global_rope_theta (the paper's value after context extension)
+  m.local_rope_theta = 10_000.0  # HF local_rope_theta
+  m.use_bias = False  # paper 2.1.1: no bias in dense layers or LayerNorms (the decoder's stays)
+  m.type_vocab_size = 0  # HF config has no type_vocab_size: no token-type embeddings
+  m.global_every = 3  # HF global_attn_every_n_layers: layers 0, 3, 6, ... attend globally
+  m.layer_norm_eps = 1e-5  # HF norm_eps
+  m.hidden_dropout_rate = 0.0  # HF embedding_dropout / mlp_dropout 0.0
+  m.attention_dropout_rate = 0.0  # HF attention_dropout 0.0 (and it lets TPUs run splash attention)
+  m.initializer_range = 0.02  # HF initializer_range
+  m.scan_layers = False  # layers differ (local/global, layer 0's norm): a scan needs them equal
+  c.data.pair_mode = "none"  # paper 2.2.2: MLM alone, no next-sentence prediction
+  c.data.mask_prob = 0.3  # paper 2.2.2: 30% masking (Wettig et al. 2023), not BERT's 15%
+  if not tiny:
+    m.num_layers = 22  # HF num_hidden_layers
+    m.hidden_size = 768  # HF hidden_size
+    m.num_heads = 12  # HF num_attention_heads (head size 64)
+    m.intermediate_size = 1152  # HF intermediate_size: W_in 768 -> 2 x 1,152 (GLU)
+    m.local_attention = 128  # HF local_attention: query i sees keys within +-64
+    m.max_position_embeddings = 8192  # HF max_position_embeddings (RoPE: no table, a limit)
+    # The vocabulary stays the data's (None: from the prepared data's tokenizer); ModernBERT's
+    # is OLMo's BPE padded to 50,368 (HF vocab_size), which `--config.model.vocab_size=50368`
+    # reproduces in `bertjax compile`.
+    c.data.seq_len = 1024  # paper 2.2.3: 1.7T tokens at seq 1,024
+    c.data.max_predictions_per_seq = 308  # 0.3 * 1,024, rounded up
+    # The last 10% at seq 8,192: ModernBERT's context extension (paper 2.2.3: ~300B tokens at
+    # 8,192 after 1.7T at 1,024), with the same tokens per step.
+    c.phase2.fraction = 0.1
+    c.phase2.seq_len = 8192  # HF max_position_embeddings
+    c.phase2.max_predictions_per_seq = 2458  # 0.3 * 8,192, rounded up
+    c.phase2.batch_size = c.train.batch_size * 1024 // 8192  # 32: 262,144 tokens per step
+  else:  # the same network at CPU scale; the window is a quarter of the sequence, so it matters
+    m.num_layers = 3  # one global layer (0), then two local ones, as ModernBERT's first three
+    m.hidden_size = 128  # BERT-tiny's width
+    m.num_heads = 2  # head size 64, as ModernBERT-base
+    m.intermediate_size = 192  # 1.5 x hidden, ModernBERT-base's ratio (1,152 / 768)
+    m.local_attention = 32  # query i sees keys within +-16 of 128 (ModernBERT: +-64 of 1,024)
+    m.max_position_embeddings = 128  # RoPE: no table, only the longest sequence
+    c.data.seq_len = 128  # one phase
+    c.data.max_predictions_per_seq = 39  # 0.3 * 128, rounded up

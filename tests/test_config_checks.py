@@ -183,3 +183,59 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
   (tmp_path / "run").write_text("")
   with pytest.raises(errors.ConfigError, match=r"run: exists and is not a directory"):
     config_checks.check_inputs(_synthetic(), str(tmp_path / "run"))
+
+
+# ------------------------------------------------------------------ the modern block's fields
+
+
+@pytest.mark.parametrize(
+    "fields, needles",
+    [
+        ({"model.local_attention": 127}, ["config.model.local_attention=127: must be even"]),
+        ({"model.local_attention": -2}, ["config.model.local_attention=-2: must be an integer"]),
+        (
+            {"model.global_every": 1},
+            ["local_attention=128 with config.model.global_every=1", "no layer uses the window"],
+        ),
+        (
+            {"model.local_attention": 0},
+            ["global_every=3 with config.model.local_attention=0", "have no window"],
+        ),
+        ({"model.rope_theta": 0.0}, ["config.model.rope_theta=0.0: must be a finite number > 0"]),
+        ({"model.norm_placement": "middle"}, ["config.model.norm_placement='middle': valid: post"]),
+        ({"model.mlp_type": "swiglu"}, ["config.model.mlp_type='swiglu': valid: dense, glu"]),
+        ({"model.position_embedding": "alibi"}, ["valid: learned, rope"]),
+        ({"model.type_vocab_size": -1}, ["config.model.type_vocab_size=-1: must be an integer"]),
+    ],
+)
+def test_a_contradictory_modern_config_is_one_config_error(fields, needles):
+  c = pretrain.get_config("modern_base")
+  for k, v in fields.items():
+    node, _, key = k.rpartition(".")
+    c[node][key] = v
+  with pytest.raises(errors.ConfigError) as e:
+    config_checks.validate(c)
+  message = str(e.value)
+  assert "\n" not in message
+  for needle in needles:
+    assert needle in message, (needle, message)
+
+
+def test_positions_past_the_table_matter_only_for_learned_positions():
+  c = pretrain.get_config("modern_tiny")  # RoPE: max_position_embeddings is no table
+  c.data.seq_len, c.data.max_predictions_per_seq = 512, 154
+  config_checks.validate(c)
+  c.model.position_embedding = "learned"
+  with pytest.raises(errors.ConfigError, match=r"config.data.seq_len=512 exceeds config.model"):
+    config_checks.validate(c)
+
+
+def test_modern_switches_that_do_not_build_are_named_before_the_run():
+  c = pretrain.get_config("modern_tiny")
+  c.model.scan_layers = True  # local and global layers are not identical: no scan
+  with pytest.raises(errors.ConfigError, match=r"^config.model: scan_layers=True"):
+    config_checks.preflight(c)
+  c = pretrain.get_config("modern_tiny")
+  c.model.hidden_size = 126  # head size 63: RoPE rotates pairs of features
+  with pytest.raises(errors.ConfigError, match=r"^config.model: position_embedding='rope' needs"):
+    config_checks.preflight(c)

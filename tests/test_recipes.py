@@ -2,15 +2,20 @@
 `experiments/pretrain.py:VARIANT` and by file name; a file where the user stands wins; the
 command prints which file and variant it read."""
 
+import json
+import math
 import os
 import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bertjax import errors
 from bertjax.commands import pretrain
+from bertjax.training import phases as phases_lib
+from experiments import pretrain as recipes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "experiments"
@@ -164,3 +169,113 @@ def test_the_command_finds_the_recipe_from_any_directory(tmp_path):
         "--workdir runs/tiny"
     )
   assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ the modern recipes
+
+# answerdotai/ModernBERT-base's config.json as transformers writes it: `ModernBertConfig()`'s
+# defaults are that model's, and the recipe must build the same network.
+MODERN_FROM_HF = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "layer_norm_eps": "norm_eps",
+    "local_attention": "local_attention",
+    "max_position_embeddings": "max_position_embeddings",
+    "hidden_act": "hidden_activation",
+    "attention_dropout_rate": "attention_dropout",
+    "hidden_dropout_rate": "mlp_dropout",
+    "initializer_range": "initializer_range",
+}
+
+
+def _bert_config(config, vocab=8000):
+  from bertjax.training import train
+
+  c = config.copy_and_resolve_references()
+  c.model.vocab_size = vocab  # filled from the prepared data's tokenizer by `pretrain`
+  return train.model_config(c)
+
+
+@pytest.mark.parametrize("variant", ["modern_base", "modern_tiny"])
+def test_the_modern_recipes_build_and_pass_the_checks(elsewhere, variant):
+  from bertjax.training import config_checks
+
+  for spec in (variant, f"experiments/pretrain.py:{variant}"):
+    config = pretrain.load_config(spec)
+    assert config.variant == variant
+    config_checks.validate(config)
+    config_checks.preflight(config)  # the BertConfig and the batch split over 8 devices
+  cfg = _bert_config(config)
+  assert (cfg.norm_placement, cfg.mlp_type, cfg.position_embedding) == ("pre", "glu", "rope")
+  assert (cfg.use_bias, cfg.type_vocab_size, cfg.global_every) == (False, 0, 3)
+  assert (cfg.rope_theta, cfg.local_rope_theta) == (160_000.0, 10_000.0)
+  assert not cfg.scan_layers  # local and global layers differ
+  assert (config.data.pair_mode, config.data.mask_prob) == ("none", 0.3)
+  for ph in phases_lib.phases(config):  # room for 30% of every phase's tokens
+    assert ph.max_predictions >= 0.3 * ph.seq_len, ph
+  # the window is shorter than the sequence, so the local layers differ from the global ones
+  assert 0 < cfg.local_attention < config.data.seq_len
+
+
+def test_modern_base_is_modernbert_base_as_transformers_configures_it():
+  hf = pytest.importorskip("transformers").ModernBertConfig()  # ModernBERT-base's defaults
+  config = recipes.get_config("modern_base")
+  cfg = _bert_config(config, vocab=hf.vocab_size)
+  for ours, theirs in MODERN_FROM_HF.items():
+    assert getattr(cfg, ours) == getattr(hf, theirs), (ours, theirs)
+  assert hf.rope_parameters["full_attention"]["rope_theta"] == cfg.rope_theta
+  assert hf.rope_parameters["sliding_attention"]["rope_theta"] == cfg.local_rope_theta
+  every = [i for i, t in enumerate(hf.layer_types) if t == "full_attention"]
+  assert every == list(range(0, cfg.num_layers, cfg.global_every))
+  assert not (hf.norm_bias or hf.mlp_bias or hf.attention_bias) and not cfg.use_bias
+  assert (config.data.seq_len, config.phase2.seq_len) == (1024, hf.max_position_embeddings)
+  # BERT-base's optimizer and schedule until ModernBERT's own arrive
+  base = recipes.get_config("base")
+  assert config.train.to_dict() == base.train.to_dict()
+
+
+def test_modern_tiny_is_modern_base_at_tiny_scale():
+  base, tiny = (_bert_config(recipes.get_config(v)) for v in ("modern_base", "modern_tiny"))
+  scale = {"num_layers", "hidden_size", "num_heads", "intermediate_size", "local_attention"}
+  scale |= {"max_position_embeddings", "dtype", "scan_layers"}
+  differ = {f for f in base.to_dict() if getattr(base, f) != getattr(tiny, f)}
+  assert differ <= scale, differ - scale
+  assert tiny.head_dim == base.head_dim  # 64
+  assert tiny.intermediate_size / tiny.hidden_size == base.intermediate_size / base.hidden_size
+  assert tiny.num_layers > tiny.global_every - 1  # a global layer and local ones
+
+
+@pytest.mark.slow
+def test_modern_tiny_pretrains_and_its_loss_falls(tmp_path):
+  """The recipe end to end through the loop on the bundled corpus, shortened (40 steps of 16
+  sequences); the network, the masking and the optimizer are the recipe's."""
+  from conftest import metrics_rows
+
+  from bertjax.training import loop
+
+  c = recipes.get_config("modern_tiny")
+  c.train.batch_size, c.train.steps, c.train.warmup_steps = 16, 40, 5
+  c.log_every_steps, c.tensorboard = 1, False
+  c.checkpoint.every_steps, c.eval.every_steps = 40, 0
+  assert loop.train_and_evaluate(c, str(tmp_path / "run")) == 0
+  train_rows, _ = metrics_rows(tmp_path / "run")
+  losses = [train_rows[s]["mlm_loss"] for s in sorted(train_rows)]
+  assert len(losses) == 40 and all(math.isfinite(x) for x in losses)
+  # from uniform over the 8,000 pieces (ln 8000 = 9.0) towards the corpus' unigram entropy
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+
+
+def test_the_demo_summary_leaves_out_nsp_for_a_recipe_without_it(tmp_path):
+  from bertjax.commands import demo
+
+  rows = [
+      {"step": 1, "mlm_loss": 9.0, "nsp_accuracy": 0.0},
+      {"step": 9, "mlm_loss": 6.0, "nsp_accuracy": 0.0},
+      {"step": 9, "eval_mlm_accuracy": 0.1, "eval_mlm_perplexity": 400.0, "eval_nsp_accuracy": 0.0},
+  ]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  text = demo._summary(tmp_path, pairs=False)
+  assert "MLM loss 9.000 (step 1) -> 6.000 (step 9)" in text and "NSP" not in text
+  assert "NSP accuracy 0.000" in demo._summary(tmp_path)  # the demo recipe's NSP

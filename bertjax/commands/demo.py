@@ -4,9 +4,10 @@
    model trained on the bundled corpus into WORKDIR/tokenizer/),
 2. data: the bundled corpus (data/austen.txt) prepared into WORKDIR/data/austen with the
    `bertjax prepare` machinery (98% train / 2% held out),
-3. pretraining: a tiny BERT (experiments/pretrain.py:demo) for a few minutes, printing the
-   MLM loss as it falls and the NSP accuracy, with checkpoints, TensorBoard logs and
-   metrics.jsonl in WORKDIR. Rerunning continues from the last checkpoint.
+3. pretraining: a tiny BERT (experiments/pretrain.py:demo, or another recipe with `--config`,
+   e.g. modern_tiny: ModernBERT's network at tiny scale) for a few minutes, printing the MLM
+   loss as it falls and the NSP accuracy (when the recipe has NSP), with checkpoints,
+   TensorBoard logs and metrics.jsonl in WORKDIR. Rerunning continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,23 +21,26 @@ from bertjax.commands import args as args_lib
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
 
-def _summary(workdir: pathlib.Path) -> str:
+def _summary(workdir: pathlib.Path, pairs: bool = True) -> str:
+  """The first and last training loss and the last held-out evaluation; NSP figures only when
+  the recipe trains NSP or SOP (`pairs`)."""
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
   train = [r for r in rows if "mlm_loss" in r]
   evals = [r for r in rows if "eval_mlm_loss" in r]
   lines = []
   if train:
     a, b = train[0], train[-1]
+    nsp = f"; NSP accuracy {b['nsp_accuracy']:.3f} (chance 0.5)" if pairs else ""
     lines.append(
         f"MLM loss {a['mlm_loss']:.3f} (step {a['step']}) -> {b['mlm_loss']:.3f} "
-        f"(step {b['step']}); NSP accuracy {b['nsp_accuracy']:.3f} (chance 0.5)"
+        f"(step {b['step']}){nsp}"
     )
   if evals:
     e = evals[-1]
+    nsp = f", NSP accuracy {e['eval_nsp_accuracy']:.3f}" if pairs else ""
     lines.append(
         f"held-out at step {e['step']}: MLM accuracy {e['eval_mlm_accuracy']:.3f}, "
-        f"MLM perplexity {e['eval_mlm_perplexity']:.1f}, NSP accuracy "
-        f"{e['eval_nsp_accuracy']:.3f}"
+        f"MLM perplexity {e['eval_mlm_perplexity']:.1f}{nsp}"
     )
     if "eval_mask_accuracy" in e:
       acc, const = e["eval_mask_accuracy"], e["eval_mask_constant_accuracy"]
@@ -122,10 +126,17 @@ def _parser():
   p = args_lib.ArgumentParser(prog="bertjax demo", description=__doc__)
   p.add_argument("--workdir", default="runs/demo", help="output directory")
   p.add_argument(
+      "--config",
+      default="demo",
+      metavar="RECIPE",
+      help="the recipe to pretrain, as `bertjax pretrain --config` names it (default: demo; "
+      "modern_tiny: ModernBERT's network at tiny scale)",
+  )
+  p.add_argument(
       "--steps",
       type=args_lib.positive_int,
       default=None,
-      help="training steps (default: the demo recipe's, 2000)",
+      help="training steps (default: the recipe's; demo: 2000)",
   )
   p.add_argument(
       "--train-tokenizer",
@@ -149,7 +160,7 @@ def main(argv: list[str]) -> int:
   # demo is exactly that command.
   overrides = [f"--config.data.path={data_dir}"]
   overrides += [f"--config.train.steps={args.steps}"] if args.steps else []
-  config = pretrain.parse(["--config", "demo", *overrides], "bertjax demo").config
+  config = pretrain.parse(["--config", args.config, *overrides], "bertjax demo").config
   corpus = bundled.find(
       fix="run `bertjax demo` where bertjax was installed from a clone of its repository "
       "(`pip install -e .`), which has data/"
@@ -174,16 +185,16 @@ def main(argv: list[str]) -> int:
     bundled.prepare_into(data_dir, tokenizer)
 
   print(
-      f"demo: pretraining a tiny BERT for {config.train.steps} steps "
-      f"(`bertjax pretrain --config demo --workdir {workdir} --config.data.path={data_dir}` "
-      "is the same run)",
+      f"demo: pretraining {config.variant} for {config.train.steps} steps "
+      f"(`bertjax pretrain --config {args.config} --workdir {workdir} "
+      f"--config.data.path={data_dir}` is the same run)",
       flush=True,
   )
   from bertjax.training import loop
 
   rc = loop.train_and_evaluate(config, str(workdir))
   if (workdir / "metrics.jsonl").exists():
-    print(_summary(workdir))
+    print(_summary(workdir, pairs=config.data.pair_mode != "none"))
   if rc == 0:
     print(
         "fill-mask on held-out sentences:\n" + "\n".join(fill_mask(workdir, data_dir)), flush=True

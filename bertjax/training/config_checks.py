@@ -77,16 +77,25 @@ RANGES: dict[str, Range] = {
     "model.num_heads": _MODEL_SIZE,
     "model.intermediate_size": _MODEL_SIZE,
     "model.max_position_embeddings": _MODEL_SIZE,
-    "model.type_vocab_size": _MODEL_SIZE,
+    "model.type_vocab_size": _at_least(0, "0: no token-type table (ModernBERT)", none_ok=True),
     "model.hidden_dropout_rate": _RATE,
     "model.attention_dropout_rate": _RATE,
     "model.layer_norm_eps": Range(float, **_POSITIVE, none_ok=True),
     "model.initializer_range": Range(float, **_POSITIVE, none_ok=True),
+    "model.rope_theta": Range(
+        float, **_POSITIVE, why="RoPE base of global layers; ModernBERT: 160000"
+    ),
+    "model.local_rope_theta": Range(
+        float, **_POSITIVE, why="RoPE base of local layers; ModernBERT: 10000"
+    ),
+    "model.local_attention": _at_least(0, "0: every layer global; ModernBERT: 128"),
+    "model.global_every": _at_least(1, "1: every layer global; ModernBERT: 3"),
     "data.max_predictions_per_seq": _at_least(1, "masked positions per example"),
     "data.mask_prob": Range(
         float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
     ),
     "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
+    "data.workers": _at_least(1, "processes building examples; None: half the cores", none_ok=True),
     "data.max_examples_per_row": Range(
         int, 1, 64, why="examples a packed row may hold: NSP labels per row; 8 by default"
     ),
@@ -102,6 +111,11 @@ RANGES: dict[str, Range] = {
     "train.microbatches": _at_least(1, "1 = no gradient accumulation"),
     "train.max_bad_steps": _at_least(0, "0 = stop at the first non-finite step"),
     "train.inject_nan_at_step": _at_least(-1, "testing only; -1 = never"),
+    "train.decay_fraction": Range(float, 0.0, 1.0, why="wsd: share of the steps in the decay"),
+    "train.final_lr_fraction": Range(float, 0.0, 1.0, why="wsd: last lr / peak; 0 = to zero"),
+    "train.peak_fraction": Range(float, 0.0, 1.0, why="one_cycle: share of the steps rising"),
+    "train.batch_warmup_steps": _at_least(0, "batch-size warmup steps; 0 = none"),
+    "train.batch_warmup_start": _at_least(1, "microbatches trained on at step 0"),
     "phase2.fraction": Range(
         float, 0.0, 1.0, high_open=True, why="share of config.train.steps in phase 2; 0 = one phase"
     ),
@@ -120,6 +134,9 @@ RANGES: dict[str, Range] = {
     ),
     "eval.every_steps": _at_least(0, "0 = no held-out evaluation"),
     "eval.steps": _at_least(0, "eval batches per evaluation; 0 = none"),
+    "eval.target_mlm_accuracy": Range(
+        float, 0.0, 1.0, none_ok=True, why="held-out MLM accuracy to time; None = not timed"
+    ),
     "log_every_steps": _at_least(1, "progress line interval"),
     "peak_flops_per_device": Range(float, **_POSITIVE, none_ok=True, why="None: from the device"),
 }
@@ -131,14 +148,23 @@ PHASE2_RANGES: dict[str, Range] = {
     "phase2.microbatches": _at_least(1, "1 = no gradient accumulation"),
     "phase2.learning_rate": Range(float, **_POSITIVE, why="phase-2 peak (restart_schedule)"),
     "phase2.warmup_steps": _at_least(0, "phase-2 warmup (restart_schedule)"),
+    "phase2.rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
+    "phase2.local_rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
+    "phase2.decay_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
+    "phase2.final_lr_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
+    "phase2.peak_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("prepared", "synthetic"),
     "data.pair_mode": ("nsp", "sop", "none"),
     # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
-    "train.optimizer": ("bert_adamw", "adamw", "lamb"),
-    "train.schedule": ("bert", "warmup_linear"),
+    "train.optimizer": ("bert_adamw", "adamw", "lamb", "stable_adamw"),
+    "train.schedule": ("bert", "warmup_linear", "wsd", "one_cycle"),
     "model.remat": ("none", "dots", "full"),
+    # bertjax.model.config's switches, written out for the same reason; BERT's value first.
+    "model.norm_placement": ("post", "pre"),
+    "model.mlp_type": ("dense", "glu"),
+    "model.position_embedding": ("learned", "rope"),
 }
 _MISSING = object()
 
@@ -186,12 +212,39 @@ def validate(config) -> None:
     check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
     seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
   positions = _get(config, "model.max_position_embeddings")
-  for path, n in seq_lens:
-    if isinstance(positions, int) and isinstance(n, int) and n > positions:
+  learned = _get(config, "model.position_embedding") in ("learned", _MISSING)
+  for path, n in seq_lens:  # a table of learned positions has no row past its size; RoPE has none
+    if learned and isinstance(positions, int) and isinstance(n, int) and n > positions:
       raise errors.ConfigError(
           f"config.{path}={n} exceeds config.model.max_position_embeddings={positions} — "
           f"lower config.{path} or raise config.model.max_position_embeddings"
       )
+  _check_attention_pattern(config)
+
+
+def _check_attention_pattern(config) -> None:
+  """Local attention: a window of the local layers and a period of the global ones, both or
+  neither (one without the other changes nothing, which is never what was meant)."""
+  window, every = _get(config, "model.local_attention"), _get(config, "model.global_every")
+  if window is _MISSING or every is _MISSING:
+    return
+  if window % 2:
+    raise errors.ConfigError(
+        f"config.model.local_attention={window}: must be even (query i sees keys within "
+        f"+-window/2) — use {window + 1} or {window - 1} (ModernBERT: 128)"
+    )
+  if window and every == 1:
+    raise errors.ConfigError(
+        f"config.model.local_attention={window} with config.model.global_every=1: every layer "
+        "is global, so no layer uses the window — set config.model.global_every=3 "
+        "(ModernBERT's) or config.model.local_attention=0"
+    )
+  if every > 1 and not window:
+    raise errors.ConfigError(
+        f"config.model.global_every={every} with config.model.local_attention=0: the layers "
+        "between global ones have no window — set config.model.local_attention=128 "
+        "(ModernBERT's) or config.model.global_every=1"
+    )
 
 
 def preflight(config) -> None:

@@ -144,6 +144,7 @@ class PhaseResult:
   bound_s: float | None = None  # model FLOPs at the chip's peak: no step can be faster
   collectives: list = dataclasses.field(default_factory=list)
   windowed: dict = dataclasses.field(default_factory=dict)
+  kernels: dict = dataclasses.field(default_factory=dict)  # Pallas kernel -> calls per step
   hlo: str = ""
 
 
@@ -235,6 +236,7 @@ def _read_compiled(r: PhaseResult, compiled, platform: str, keep_hlo: bool) -> N
   if platform == "tpu":
     hlo = compiled.as_text()
     r.collectives, r.windowed = tpu.collectives(hlo), tpu.windowed_einsums(hlo)
+    r.kernels = tpu.pallas_kernels(hlo)
     r.hlo = hlo if keep_hlo else ""
 
 
@@ -347,7 +349,8 @@ def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool)
       else f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}"
   )
   print(
-      f"phase {r.index + 1}: {config.model.preset} ({r.params:,} params), batch {r.batch} "
+      f"phase {r.index + 1}: {config.get('variant', config.model.preset)} ({r.params:,} params), "
+      f"batch {r.batch} "
       f"x seq {r.seq_len}, microbatches {r.microbatches}, remat {config.model.remat}, "
       f"mesh {r.mesh} on {where}" + (" (quick compile)" if quick else "")
   )
@@ -377,6 +380,8 @@ def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool)
         f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}"
     )
     print(f"  collectives: {_collective_line(r)}")
+    kernels = ", ".join(f"{k} {n}" for k, n in r.kernels.items())
+    print(f"  Pallas kernels per step: {kernels or 'none (attention is XLA)'}")
 
 
 def compile_and_report(

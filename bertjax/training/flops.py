@@ -40,21 +40,32 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
 def non_embedding_params(cfg) -> int:
   """Parameters of the encoder layers, pooler and heads (everything except lookup tables)."""
   h, f, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-  layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h  # attention, MLP, 2 LayerNorms
-  return n * layer
+  glu, bias = getattr(cfg, "mlp_type", "dense") == "glu", getattr(cfg, "use_bias", True)
+  attention = 4 * h * h + (4 * h if bias else 0)
+  mlp = (3 if glu else 2) * h * f + ((2 * f if glu else f) + h if bias else 0)  # GLU: W_in is 2F
+  return n * (attention + mlp + (4 * h if bias else 2 * h))  # and 2 LayerNorms
+
+
+def attended_keys(cfg, seq_len: int) -> int:
+  """Keys each query attends to, summed over the layers: all `seq_len` in a global layer, the
+  window (|i - j| <= local_attention // 2) in a local one."""
+  window, every = getattr(cfg, "local_attention", 0), getattr(cfg, "global_every", 1)
+  local = min(seq_len, window + 1) if window else seq_len
+  return sum(seq_len if i % every == 0 else local for i in range(cfg.num_layers))
 
 
 def pretraining_flops_per_step(cfg, batch_size: int, seq_len: int, max_predictions: int) -> float:
   """Training FLOPs (forward + backward) of one step of `BertForPreTraining`.
 
   6 x encoder params x tokens, plus attention scores and mixing (12 * L * H * T per token:
-  QK^T and AV, 2 matmuls x 2 FLOPs x 3 for the backward), plus the MLM head on the gathered
+  QK^T and AV, 2 matmuls x 2 FLOPs x 3 for the backward; T the keys a query sees, the window
+  in local layers), plus the MLM head on the gathered
   positions only (transform H x H, then the tied decoder H x V) and the pooler + NSP head.
   """
   h, v = cfg.hidden_size, cfg.vocab_size
   tokens = batch_size * seq_len
   encoder = 6 * non_embedding_params(cfg) * tokens
-  attention = 12 * cfg.num_layers * h * seq_len * tokens
+  attention = 12 * h * attended_keys(cfg, seq_len) * tokens
   mlm_head = 6 * (h * h + h * v) * batch_size * max_predictions
   nsp_head = 6 * (h * h + 2 * h) * batch_size
   return float(encoder + attention + mlm_head + nsp_head)

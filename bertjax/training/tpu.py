@@ -281,10 +281,9 @@ def _trip_count(cond: list[str]) -> int:
   return max(consts) if consts else 1
 
 
-def collectives(hlo: str) -> list[Collective]:
-  """Every collective of an optimized HLO module, with how often it runs per step: a loop
-  (the layer scan, microbatches, windowed einsums) multiplies its body by the trip count."""
-  comps = _computations(hlo)
+def _runs(comps: dict[str, list[str]]) -> dict[str, int]:
+  """How often each computation runs per step: a loop (the layer scan, microbatches, windowed
+  einsums) multiplies its body by the trip count."""
   runs: dict[str, int] = {"ENTRY": 1}
   order = ["ENTRY"]
   for name in order:  # breadth-first from the entry: callers before callees
@@ -296,6 +295,14 @@ def collectives(hlo: str) -> list[Collective]:
           runs[callee] = runs.get(callee, 0) + runs[name] * (trip if kind == "body" else 1)
           if callee not in order:
             order.append(callee)
+  return runs
+
+
+def collectives(hlo: str) -> list[Collective]:
+  """Every collective of an optimized HLO module, with how often it runs per step (a collective
+  inside a loop counts once per iteration)."""
+  comps = _computations(hlo)
+  runs = _runs(comps)
   out = []
   for name, lines in comps.items():
     for line in lines:
@@ -323,3 +330,23 @@ def windowed_einsums(hlo: str) -> dict[str, int]:
   found = set(re.findall(r"body=%[\w.\-]*windowed_dot_general_body_(ag|rs)[\w.\-]*", hlo))
   loops = re.findall(r"body=%[\w.\-]*windowed_dot_general_body_(ag|rs)", hlo)
   return {k: loops.count(k) for k in sorted(found)}
+
+
+_KERNEL_RE = re.compile(
+    r'^\s*(?:ROOT )?%([\w\-]+?)(?:\.\d+)? = .*custom_call_target="tpu_custom_call"'
+)
+
+
+def pallas_kernels(hlo: str) -> dict[str, int]:
+  """Pallas (Mosaic) kernel calls per step by kernel, from an optimized HLO module: splash
+  attention's are `splash_mha_fwd*` (forward) and `splash_mha_dq*` / `splash_mha_dkv*`
+  (backward); a call inside a loop counts once per iteration."""
+  comps = _computations(hlo)
+  runs = _runs(comps)
+  out: dict[str, int] = {}
+  for name, lines in comps.items():
+    for line in lines:
+      m = _KERNEL_RE.match(line)
+      if m:
+        out[m.group(1)] = out.get(m.group(1), 0) + runs.get(name, 1)
+  return dict(sorted(out.items()))
