@@ -261,6 +261,16 @@ ROWS: list[Mistake] = [
     Mistake("ner_seq_len_too_short", _ner("--max-seq-len", "2"), ("--max-seq-len", ">= 3")),
     Mistake("ner_missing_train", _ner(), ("train.txt: no such file",)),
     Mistake(
+        "ner_packing_with_length_buckets",
+        _ner("--packing", "--length-bucket", "16"),
+        ("--length-bucket", "--packing fills --max-seq-len rows", "--no-packing"),
+    ),
+    Mistake(
+        "squad_packing_with_max_lengths",
+        _squad("--packing", "--max-lengths", "2"),
+        ("--max-lengths", "--no-packing"),
+    ),
+    Mistake(
         "ner_malformed_conll",
         _ner(),
         ("train.txt: no sentences", "train.txt:1: one column 'EU'"),

@@ -296,3 +296,20 @@ def test_a_failure_midway_leaves_no_partial_output(hf_dir, input_file, tmp_path,
     with pytest.raises(RuntimeError, match="interrupted"):
       _extract("--init", d, "--input", input_file, "--output", tmp_path / name)
   assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pooling", ["none", "cls", "mean"])
+def test_packed_features_equal_unpacked_in_input_order(hf_dir, pooling):
+  """Lines packed several to a row give each line's own features (per token, or pooled over
+  its own tokens), in the input's order, as one line a row."""
+  _, d = hf_dir
+  enc = encoder_lib.load_encoder(str(d))
+  lines = LINES * 5 + ["the dog ||| a fox"] * 3
+  examples = [features.make_example(i, l, enc.tokenizer, 32) for i, l in enumerate(lines)]
+  args = (enc, examples, [-1, "embeddings"], pooling)
+  want = list(features.extract(*args, batch_size=8, max_seq_len=32))
+  got = list(features.extract(*args, batch_size=1, max_seq_len=32, packing=4))  # 2 groups
+  assert [e.index for e, _ in got] == list(range(len(lines)))
+  for (_, a), (_, b) in zip(want, got):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)

@@ -152,3 +152,208 @@ def test_packed_loss_and_gradients_equal_unpacked():
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
   for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_allclose(g, w, atol=1e-5 * float(np.abs(w).max()) + 1e-9)
+
+
+# ------------------------------------------------------------------------- SQuAD, NER, extract
+import json
+import os
+import random
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TOKENIZER = os.path.join(REPO, "data", "tokenizer.model")
+_FILLER = "the a of and to in was is that it her his he she had for with as not be".split()
+_NOUNS = "house sister mother father day time man lady way room family evening morning".split()
+
+
+def _tokenizer():
+  from bertjax.data.tokenizer import SentencePieceTokenizer
+
+  return SentencePieceTokenizer(TOKENIZER)
+
+
+def _small_encoder(vocab_size):
+  cfg = CFG.replace(vocab_size=vocab_size, max_position_embeddings=64)
+  return encoder_lib.Encoder(cfg, None, tokenizer=None, source="random")
+
+
+def _squad_file(path, n, seed, max_words=40):
+  """Questions whose answer is the word after "letter", in contexts of 3..`max_words` words:
+  short ones share packed rows, long ones are cut into doc-stride windows."""
+  r = random.Random(seed)
+  paragraphs = []
+  for i in range(n):
+    words = [r.choice(_FILLER) for _ in range(r.randint(3, max_words))]
+    k = r.randint(0, len(words))
+    answer = r.choice(_NOUNS)
+    words[k:k] = ["letter", answer]
+    start = len(" ".join(words[: k + 1])) + 1
+    qa = dict(
+        id=f"q{i}",
+        question="what came with the letter ?",
+        answers=[dict(text=answer, answer_start=start)],
+    )
+    paragraphs.append(dict(context=" ".join(words), qas=[qa]))
+  path.write_text(json.dumps(dict(version="1.1", data=[dict(title="t", paragraphs=[*paragraphs])])))
+
+
+def _tagged_file(path, n, seed):
+  """Sentences of 2..12 words tagged by word identity (names B-PER, places B-LOC, else O)."""
+  r = random.Random(seed)
+  names, places = "elizabeth jane lydia darcy".split(), "london kent bath".split()
+  with open(path, "w") as f:
+    for _ in range(n):
+      words = []
+      for _ in range(r.randint(2, 12)):
+        u = r.random()
+        if u < 0.2:
+          words.append((r.choice(names), "B-PER"))
+        elif u < 0.35:
+          words.append((r.choice(places), "B-LOC"))
+        else:
+          words.append((r.choice(_FILLER), "O"))
+      f.write("".join(f"{w} {t}\n" for w, t in words) + "\n")
+
+
+def _real(x_NxL, mask_NxL):
+  return np.where(mask_NxL.astype(bool), x_NxL, 0.0)
+
+
+def test_squad_packed_logits_and_answers_equal_unpacked(tmp_path):
+  """Windows (doc-stride ones among them) packed several to a row give each window's start and
+  end logits of its own tokens, in the input's order, and the same answers."""
+  from bertjax.tasks.squad import data, features as squad_features, train
+
+  _squad_file(tmp_path / "dev.json", 24, 0, max_words=70)
+  examples, _ = data.read(str(tmp_path / "dev.json"), "1.1", training=False)
+  tok = _tokenizer()
+  feats = squad_features.build(tok, examples, 64, 16, 12, training=False)
+  assert len(feats) > len(examples)  # long contexts took several windows
+  enc = _small_encoder(tok.vocab_size)
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8)
+  opts = train.Options(max_seq_len=64, doc_stride=16, max_query_length=12)
+  trainers = {
+      p: finetuning.Trainer(
+          train.make_model(p), enc, recipe, 10, train.squad_loss, "squad", packing=p
+      )
+      for p in (0, 3)
+  }
+  params = trainers[0].init_state(1, 0.0).params
+  got = {}
+  for p, trainer in trainers.items():
+    logits = trainer.predict(params, feats.arrays, 8)
+    scores, dec = train.predict_and_score(trainer, params, tok, examples, feats, recipe, opts)
+    got[p] = (logits, scores, dec.predictions)
+  mask = feats.arrays["attention_mask"]
+  for want, have in zip(got[0][0], got[3][0]):
+    assert have.shape == want.shape == mask.shape
+    np.testing.assert_allclose(_real(have, mask), _real(want, mask), atol=1e-5, rtol=0)
+  assert got[3][1:] == got[0][1:]
+  lengths = batching.example_lengths(mask)
+  assert sum(len(r) > 1 for r in batching.pack_examples(lengths, 64, 3)) >= 3  # rows shared
+  assert trainers[3].compiled_shapes() == (0, 1)
+
+
+def test_squad_packed_loss_reads_each_window_alone():
+  """The packed loss of a window is the cross-entropy of its own start and end logits (the
+  softmax over its own tokens): as the window alone in a row of its length."""
+  import jax.numpy as jnp
+
+  from bertjax.tasks.squad import train
+
+  rng = np.random.default_rng(0)
+  lengths = [5, 9, 3]
+  start_E, end_E = np.array([2, 0, 1]), np.array([3, 8, 2])
+  logits = [rng.normal(size=(n,)).astype(np.float32) for n in lengths]
+  row_L = np.concatenate(logits + [np.full(3, 7.0, np.float32)])  # padding after them
+  seg_L = np.concatenate([np.full(n, e + 1) for e, n in enumerate(lengths)] + [np.zeros(3)])
+  batch = dict(
+      segment_ids=jnp.asarray(seg_L[None], jnp.int32),
+      cls_positions=jnp.asarray([[0, 5, 14, -1]], jnp.int32),
+      start_positions=jnp.asarray(np.append(start_E, 0)[None], jnp.int32),
+      end_positions=jnp.asarray(np.append(end_E, 0)[None], jnp.int32),
+      weights=jnp.asarray([[1.0, 1.0, 1.0, 0.0]]),
+  )
+  got = train.squad_loss((jnp.asarray(row_L[None]), jnp.asarray(row_L[None])), batch)
+  alone = [
+      train.squad_loss(
+          (jnp.asarray(x[None]), jnp.asarray(x[None])),
+          dict(
+              start_positions=jnp.asarray([s]), end_positions=jnp.asarray([t]), weights=jnp.ones(1)
+          ),
+      )
+      for x, s, t in zip(logits, start_E, end_E)
+  ]
+  np.testing.assert_allclose(got, np.mean(alone), rtol=1e-6)
+
+
+def test_ner_packed_logits_and_tags_equal_unpacked(tmp_path):
+  """Sentences packed several to a row are tagged from their own tokens: the same logits at
+  every real token and the same tags, in the input's order."""
+  from bertjax.tasks.ner import conll, features as ner_features, train
+
+  _tagged_file(tmp_path / "dev.txt", 40, 0)
+  sents = conll.read(str(tmp_path / "dev.txt"))
+  labels = conll.label_list(sents)
+  tok = _tokenizer()
+  feats = ner_features.build(tok, sents, labels, 32)
+  enc = _small_encoder(tok.vocab_size)
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8)
+  trainers = {
+      p: finetuning.Trainer(
+          train.make_model(len(labels), p), enc, recipe, 10, train.ner_loss, "ner", packing=p
+      )
+      for p in (0, 4)
+  }
+  params = trainers[0].init_state(2, 0.0).params
+  mask = feats.arrays["attention_mask"]
+  logits = {p: t.predict(params, feats.arrays, 8) for p, t in trainers.items()}
+  assert logits[4].shape == logits[0].shape == mask.shape + (len(labels),)
+  np.testing.assert_allclose(
+      _real(logits[4], mask[..., None]), _real(logits[0], mask[..., None]), atol=1e-5, rtol=0
+  )
+  tags = {p: train.tag(t, params, sents, feats, labels, 8) for p, t in trainers.items()}
+  assert tags[4] == tags[0]
+  lengths = batching.example_lengths(mask)
+  assert len(batching.pack_examples(lengths, 32, 4)) < 0.6 * len(feats)
+  assert trainers[4].compiled_shapes() == (0, 1)
+
+
+def test_ner_packed_loss_and_gradients_equal_unpacked(tmp_path):
+  """NER's loss is the mean over scored pieces: packed rows give the unpacked value and
+  gradients."""
+  import jax
+  import jax.numpy as jnp
+
+  from bertjax.tasks.ner import conll, features as ner_features, train
+
+  _tagged_file(tmp_path / "t.txt", 12, 3)
+  sents = conll.read(str(tmp_path / "t.txt"))
+  labels = conll.label_list(sents)
+  feats = ner_features.build(_tokenizer(), sents, labels, 32)
+  enc = _small_encoder(_tokenizer().vocab_size)
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8)
+  plain = finetuning.Trainer(train.make_model(len(labels)), enc, recipe, 10, train.ner_loss, "ner")
+  packed = finetuning.Trainer(
+      train.make_model(len(labels), 4), enc, recipe, 10, train.ner_loss, "ner", packing=4
+  )
+  params = plain.init_state(3, 0.0).params
+  arrays = feats.arrays
+  n = len(feats)
+  lengths = batching.example_lengths(arrays["attention_mask"])
+  rows = batching.pack_examples(lengths, 32, 4)
+  batches = (
+      batching.train_batch(arrays, np.arange(n), 32, n + 2),  # + two rows of weight 0
+      batching.packed_batch(arrays, lengths, rows, 4, len(rows) + 1)[0],  # + an empty row
+  )
+
+  def loss_and_grads(trainer, batch):
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    loss = lambda p: train.ner_loss(finetuning._apply(trainer.model, p, batch), batch)
+    return jax.value_and_grad(loss)(params)
+
+  (want_loss, want), (got_loss, got) = (
+      loss_and_grads(t, b) for t, b in zip((plain, packed), batches)
+  )
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(g, w, atol=1e-5 * float(np.abs(w).max()) + 1e-9)

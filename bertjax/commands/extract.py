@@ -40,6 +40,9 @@ from bertjax import errors
 from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
+# --packing's default, by measurement (docs/tasks.md, "Packing").
+PACKING_DEFAULT = False
+
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
@@ -77,8 +80,12 @@ def _parser() -> argparse.ArgumentParser:
       "(default: none, per token)",
   )
   p.add_argument(
-      "--batch-size", type=args_lib.positive_int, default=32, help="examples per forward pass"
+      "--batch-size",
+      type=args_lib.positive_int,
+      default=32,
+      help="examples per forward pass (with --packing: rows of --max-seq-len)",
   )
+  finetune_args.add_packing_arg(p, PACKING_DEFAULT, "lines", 'docs/tasks.md, "Packing"')
   p.add_argument(
       "--max-seq-len",
       type=args_lib.int_at_least(4, "[CLS] a [SEP] b [SEP]"),
@@ -219,8 +226,9 @@ def _write(args, enc, lines: list[str], layers, paths: list[Path]) -> None:
       file=sys.stderr,
       flush=True,
   )
+  packing = finetune_args.packed_examples(args.max_seq_len) if args.packing else 0
   stream = features.extract(
-      enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh
+      enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh, packing
   )
   out = paths[0]
   out.parent.mkdir(parents=True, exist_ok=True)

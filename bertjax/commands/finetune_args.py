@@ -1,4 +1,5 @@
-"""Command-line options shared by `bertjax glue`, `squad` and `ner` (no heavy imports here).
+"""Command-line options shared by `bertjax glue`, `squad` and `ner` (no heavy imports here);
+`extract` shares `--packing`.
 
 Every numeric flag is range-checked by its argparse type; `check_recipe_args` checks what
 depends on the devices (the mesh, the batch sizes it must split) and `load_encoder` what depends
@@ -30,9 +31,37 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
   p.add_argument(
       "--tokenizer",
       default=None,
-      help="override the checkpoint's tokenizer: a SentencePiece .model or a WordPiece vocab.txt",
+      help="override the checkpoint's tokenizer: a SentencePiece .model, a WordPiece vocab.txt or a "
+      "Hugging Face tokenizer.json",
   )
   p.add_argument("--preset", default="tiny", help="model preset for --init random")
+
+
+# --length-bucket and --max-lengths when not given (`Recipe`'s defaults).
+LENGTH_BUCKET = 8
+MAX_LENGTHS = 8
+# Examples per packed row at most: a fixed count (shapes stay static); rows of fine-tuning
+# sentences average ~30 tokens.
+TOKENS_PER_PACKED_EXAMPLE = 16
+
+
+def packed_examples(max_seq_len: int) -> int:
+  """Examples per packed row of `max_seq_len` tokens at most (at least 1)."""
+  return max(1, max_seq_len // TOKENS_PER_PACKED_EXAMPLE)
+
+
+def add_packing_arg(g, default: bool, examples: str, where: str) -> None:
+  """--packing / --no-packing: several `examples` share each --max-seq-len row; `where` says
+  in which docs the default was measured."""
+  g.add_argument(
+      "--packing",
+      action=argparse.BooleanOptionalAction,
+      default=default,
+      help=f"pack several {examples} into each --max-seq-len row (up to --max-seq-len/"
+      f"{TOKENS_PER_PACKED_EXAMPLE} a row), attention kept within each; one compiled train "
+      f"and predict step, no length buckets (default: {'on' if default else 'off'}; "
+      f"measured in {where})",
+  )
 
 
 def add_recipe_args(
@@ -93,16 +122,18 @@ def add_recipe_args(
   g.add_argument(
       "--length-bucket",
       type=args_lib.nonneg_int,
-      default=8,
-      help="pad each batch to its longest row rounded up to a multiple of this (the "
-      "cost of the real tokens); 0: every row to --max-seq-len",
+      default=None,
+      help="with --no-packing: pad each batch to its longest row rounded up to a multiple of "
+      f"this (the cost of the real tokens); 0: every row to --max-seq-len (default "
+      f"{LENGTH_BUCKET})",
   )
   g.add_argument(
       "--max-lengths",
       type=args_lib.nonneg_int,
-      default=8,
-      help="at most this many batch lengths, i.e. compiled steps; a length is kept only "
-      "if the padding it saves over the run outweighs a compile; 0: no cap",
+      default=None,
+      help="with --no-packing: at most this many batch lengths, i.e. compiled steps; a length "
+      "is kept only if the padding it saves over the run outweighs a compile; 0: no cap "
+      f"(default {MAX_LENGTHS})",
   )
   g.add_argument(
       "--mesh",
@@ -130,6 +161,10 @@ def mesh_of(args: argparse.Namespace) -> tuple[tuple[int, int, int], str | None]
   return (axes["data"], axes["fsdp"], axes["tensor"]), None
 
 
+def _given(args: argparse.Namespace, flag: str) -> bool:
+  return getattr(args, flag[2:].replace("-", "_"), None) is not None
+
+
 def spell_mesh(mesh: tuple[int, int, int]) -> str:
   return ",".join(f"{a}={n}" for a, n in zip(args_lib.MESH_AXES, mesh))
 
@@ -148,6 +183,13 @@ def check_recipe_args(args: argparse.Namespace) -> None:
   except ValueError as e:
     detail = str(e).removeprefix("mesh: ").replace("; change config.mesh", "")
     raise errors.ConfigError(f"{where}: {detail} — e.g. --mesh data=-1 uses every device") from None
+  if getattr(args, "packing", False):
+    given = [f for f in ("--length-bucket", "--max-lengths") if _given(args, f)]
+    if given:
+      raise errors.ConfigError(
+          f"{' and '.join(given)}: length buckets are for unpacked batches; --packing fills "
+          "--max-seq-len rows instead — drop it or add --no-packing"
+      )
   shards = data * fsdp * jax.process_count()
   for flag in ("--batch-size", "--eval-batch-size"):
     value = getattr(args, flag[2:].replace("-", "_"))
@@ -206,8 +248,8 @@ def recipe_from_args(
       dropout=args.dropout,
       seed=args.seed,
       max_steps=args.max_steps,
-      length_bucket=args.length_bucket,
-      max_lengths=args.max_lengths,
+      length_bucket=LENGTH_BUCKET if args.length_bucket is None else args.length_bucket,
+      max_lengths=MAX_LENGTHS if args.max_lengths is None else args.max_lengths,
       mesh=mesh,
   )
 

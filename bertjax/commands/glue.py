@@ -29,8 +29,7 @@ TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnl
 _CUSTOM_FLAGS = ("train", "dev", "test", "text_columns", "label_column")
 # --packing's default, by measurement (docs/glue.md, "Packing").
 PACKING_DEFAULT = False
-# Examples per packed row: a fixed count (shapes stay static); GLUE examples average ~30 tokens.
-TOKENS_PER_PACKED_EXAMPLE = 16
+packed_examples = finetune_args.packed_examples  # examples a packed row holds at most
 
 
 def _learning_rates(text: str) -> list[float]:
@@ -84,14 +83,7 @@ def _parser() -> argparse.ArgumentParser:
       help="what the classifier reads: cls, BERT's pooled [CLS]; mean, the mean of the last "
       "layer's token states",
   )
-  g.add_argument(
-      "--packing",
-      action=argparse.BooleanOptionalAction,
-      default=PACKING_DEFAULT,
-      help="pack short examples into --max-seq-len rows (up to --max-seq-len/16 a row; one "
-      "compiled train and predict step, no length buckets); see docs/glue.md for when it is "
-      "faster",
-  )
+  finetune_args.add_packing_arg(g, PACKING_DEFAULT, "examples", 'docs/glue.md, "Packing"')
   g.add_argument(
       "--sweep",
       action="store_true",
@@ -180,11 +172,6 @@ def _task_list(args) -> list:
         f"--task {args.task!r} is not a task — valid: {', '.join(TASK_NAMES)}, all, custom"
     )
   return [tasks.get(args.task)]
-
-
-def packed_examples(max_seq_len: int) -> int:
-  """Examples per packed row of `max_seq_len` tokens (at least 1)."""
-  return max(1, max_seq_len // TOKENS_PER_PACKED_EXAMPLE)
 
 
 def main(argv: list[str]) -> int:

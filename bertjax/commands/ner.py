@@ -19,6 +19,9 @@ import os
 from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
+# --packing's default: off, as nothing measured it faster (docs/tasks.md, "Packing").
+PACKING_DEFAULT = False
+
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
@@ -34,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
   finetune_args.add_recipe_args(
       g, learning_rate=5e-5, epochs=3, max_seq_len=128, min_seq_len=(3, "[CLS] word [SEP]")
   )
+  finetune_args.add_packing_arg(g, PACKING_DEFAULT, "sentences", 'docs/tasks.md, "Packing"')
   return p
 
 
@@ -66,6 +70,7 @@ def main(argv: list[str]) -> int:
       args.workdir,
       args.eval_untrained,
       progress=not args.no_progress,
+      packing=finetune_args.packed_examples(args.max_seq_len) if args.packing else 0,
   )
   print(
       f"ner: best epoch {result.best_epoch}: dev precision {result.best['precision']:.4f} "

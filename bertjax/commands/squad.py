@@ -21,6 +21,9 @@ from bertjax import errors
 from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
 
+# --packing's default: off, as nothing measured it faster (docs/tasks.md, "Packing").
+PACKING_DEFAULT = False
+
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
@@ -51,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   g = p.add_argument_group("recipe")
   finetune_args.add_recipe_args(g, learning_rate=3e-5, epochs=2, max_seq_len=None)
+  finetune_args.add_packing_arg(g, PACKING_DEFAULT, "windows", 'docs/tasks.md, "Packing"')
   return p
 
 
@@ -104,8 +108,16 @@ def main(argv: list[str]) -> int:
       null_threshold=args.null_threshold,
       eval_untrained=args.eval_untrained,
   )
+  packing = finetune_args.packed_examples(args.max_seq_len) if args.packing else 0
   result = train.train_and_evaluate(
-      enc, train_ex, dev_ex, recipe, opts, args.workdir, progress=not args.no_progress
+      enc,
+      train_ex,
+      dev_ex,
+      recipe,
+      opts,
+      args.workdir,
+      progress=not args.no_progress,
+      packing=packing,
   )
   print(
       f"squad: best epoch {result.best_epoch}: "

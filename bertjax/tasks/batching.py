@@ -140,6 +140,8 @@ def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # point each example's classifier at its own [CLS]. "example" [R, E] (-1 absent) maps a slot
 # back to its row of the arrays; it stays on the host.
 
+PACKED_INPUTS = ("input_ids", "token_type_ids")  # laid into the rows (0 past the examples)
+
 
 def example_lengths(mask_NxL: np.ndarray) -> np.ndarray:
   """[N] one past each row's last real token (at least 1): what the row takes in a pack."""
@@ -206,11 +208,21 @@ def packed_batch(
     n_rows: int,
 ) -> tuple[dict, np.ndarray]:
   """(batch, example_RxE): `n_rows` packed rows holding the examples of `rows` (the rest
-  empty), with per-slot "labels" (if the arrays have them) and "weights" (1 a present
-  example, 0 an empty slot) [R, E], and each slot's example index (-1 empty)."""
+  empty), and each slot's example index (-1 empty). Every other array of `arrays` comes along:
+  one of [N, L, ...] (NER's token labels) is laid into the rows beside its example's tokens,
+  -1 elsewhere; one of [N, ...] (GLUE's labels, SQuAD's start and end positions, which count
+  from the example's own [CLS]) becomes [R, E, ...], a value per slot. "weights" [R, E] is 1
+  for a present example, 0 for an empty slot."""
   max_len = arrays["input_ids"].shape[1]
-  ids_RxL = np.zeros((n_rows, max_len), arrays["input_ids"].dtype)
-  types_RxL = np.zeros((n_rows, max_len), arrays["token_type_ids"].dtype)
+  token_keys = list(PACKED_INPUTS) + [
+      k
+      for k, v in arrays.items()
+      if k not in PACKED_INPUTS + ("attention_mask",) and v.ndim >= 2 and v.shape[1] == max_len
+  ]
+  out = {
+      k: np.full((n_rows,) + arrays[k].shape[1:], 0 if k in PACKED_INPUTS else -1, arrays[k].dtype)
+      for k in token_keys
+  }
   seg_RxL = np.zeros((n_rows, max_len), np.int32)
   cls_RxE = np.full((n_rows, max_per_row), -1, np.int32)
   example_RxE = np.full((n_rows, max_per_row), -1, np.int64)
@@ -218,18 +230,46 @@ def packed_batch(
     pos = 0
     for e, i in enumerate(row):
       n = int(lengths_N[i])
-      ids_RxL[r, pos : pos + n] = arrays["input_ids"][i, :n]
-      types_RxL[r, pos : pos + n] = arrays["token_type_ids"][i, :n]
+      for k in token_keys:
+        out[k][r, pos : pos + n] = arrays[k][i, :n]
       seg_RxL[r, pos : pos + n] = e + 1
       cls_RxE[r, e], example_RxE[r, e] = pos, i
       pos += n
-  batch = dict(
-      input_ids=ids_RxL,
-      token_type_ids=types_RxL,
-      segment_ids=seg_RxL,
-      cls_positions=cls_RxE,
-      weights=(example_RxE >= 0).astype(np.float32),
+  present_RxE = example_RxE >= 0
+  for k, v in arrays.items():
+    if k not in token_keys and k != "attention_mask":
+      out[k] = v[np.maximum(example_RxE, 0)]
+  return (
+      dict(
+          out,
+          segment_ids=seg_RxL,
+          cls_positions=cls_RxE,
+          weights=present_RxE.astype(np.float32),
+      ),
+      example_RxE,
   )
-  if "labels" in arrays:
-    batch["labels"] = arrays["labels"][np.maximum(example_RxE, 0)]
-  return batch, example_RxE
+
+
+def unpack_outputs(
+    x_RxS: np.ndarray,
+    example_RxE: np.ndarray,
+    cls_RxE: np.ndarray,
+    lengths_N: np.ndarray,
+    per_token: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+  """(examples [P], their outputs [P, ...]) of a packed batch's output: one per slot [R, E,
+  ...] (a classifier's logits), or per token [R, L, ...] (SQuAD's, NER's): each example's own
+  tokens moved to the front, [P, L, ...], and padded with the dtype's minimum (never an argmax
+  or top-n candidate) or 0, as `pad_length` pads an unpacked batch."""
+  r_P, e_P = np.nonzero(example_RxE >= 0)
+  example_P = example_RxE[r_P, e_P]
+  if not per_token:
+    return example_P, x_RxS[r_P, e_P]
+  length = x_RxS.shape[1]
+  j_L = np.arange(length)
+  pos_PxL = np.minimum(cls_RxE[r_P, e_P][:, None] + j_L, length - 1)
+  x_PxL = x_RxS[r_P[:, None], pos_PxL]
+  fill = np.finfo(x_RxS.dtype).min if np.issubdtype(x_RxS.dtype, np.floating) else 0
+  real_PxL = j_L < lengths_N[example_P][:, None]
+  real_PxL = real_PxL.reshape(real_PxL.shape + (1,) * (x_PxL.ndim - 2))
+  return example_P, np.where(real_PxL, x_PxL, fill)

@@ -26,7 +26,7 @@ import numpy as np
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data.tokenizer import Tokenizer
-from bertjax.tasks import inputs
+from bertjax.tasks import batching, inputs
 from bertjax.tasks.encoder import Encoder
 from bertjax.training import sharding
 
@@ -103,9 +103,12 @@ def make_extract_fn(
     layers: Sequence[int | str],
     pooling: str,
     mesh: jax.sharding.Mesh | None = None,
+    packed: bool = False,
 ):
   """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
-  for `layers` as `parse_layers` returns them."""
+  for `layers` as `parse_layers` returns them. `packed`: fn(bert_params, ids, types,
+  segment_ids, cls_positions) on packed rows (`batching.packed_batch`) -> [B, L, K, H] or,
+  pooled, one vector per slot [B, E, K, H], each example pooled over its own tokens."""
   if pooling not in POOLINGS:
     raise errors.ConfigError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
   model = model_lib.BertModel(cfg.replace(scan_layers=False))
@@ -128,10 +131,32 @@ def make_extract_fn(
       return (x_BxLxKxH * m_BxLx1x1).sum(1) / jnp.maximum(m_BxLx1x1.sum(1), 1.0)
     return x_BxLxKxH
 
+  def packed_fn(params, ids_BxL, types_BxL, segment_ids_BxL, cls_BxE):
+    out = model.apply(
+        {"params": params},
+        ids_BxL,
+        types_BxL,
+        segment_ids=segment_ids_BxL,
+        deterministic=True,
+        output_hidden_states=True,
+    )
+    x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
+    if pooling == "cls":
+      at_BxE = jnp.maximum(cls_BxE, 0)[:, :, None, None]
+      return jnp.take_along_axis(x_BxLxKxH, at_BxE, axis=1)
+    if pooling == "mean":
+      slots_E = jnp.arange(1, cls_BxE.shape[1] + 1)
+      m_BxLxE = (segment_ids_BxL[:, :, None] == slots_E).astype(jnp.float32)
+      sums_BxExKxH = jnp.einsum("ble,blkh->bekh", m_BxLxE, x_BxLxKxH)
+      return sums_BxExKxH / jnp.maximum(m_BxLxE.sum(1), 1.0)[:, :, None, None]
+    return x_BxLxKxH
+
+  step = packed_fn if packed else fn
   if mesh is None:
-    return jax.jit(fn)
+    return jax.jit(step)
   rows = sharding.batch_sharding(mesh)
-  return jax.jit(fn, in_shardings=(sharding.replicated(mesh), rows, rows, rows), out_shardings=rows)
+  row_args = (rows,) * (4 if packed else 3)
+  return jax.jit(step, in_shardings=(sharding.replicated(mesh),) + row_args, out_shardings=rows)
 
 
 def extract(
@@ -142,11 +167,14 @@ def extract(
     batch_size: int = 32,
     max_seq_len: int = 128,
     mesh: jax.sharding.Mesh | None = None,
+    packing: int = 0,
 ) -> Iterator[tuple[Example, np.ndarray]]:
   """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).
 
   Batches are padded to `batch_size` rows (a multiple of the mesh's batch shards) and to a
-  power-of-two length, so only a few shapes are compiled.
+  power-of-two length, so only a few shapes are compiled. `packing` > 0 packs up to that
+  many examples into each row of `max_seq_len` tokens instead (`_extract_packed`): one
+  compiled shape.
   """
   if mesh is not None:
     shards = sharding.num_batch_shards(mesh)
@@ -154,7 +182,10 @@ def extract(
     params = jax.device_put(encoder.bert_params, sharding.replicated(mesh))
   else:
     params = encoder.bert_params
-  fn = make_extract_fn(encoder.config, layers, pooling, mesh)
+  fn = make_extract_fn(encoder.config, layers, pooling, mesh, packed=packing > 0)
+  if packing:
+    yield from _extract_packed(fn, params, examples, pooling, batch_size, max_seq_len, packing)
+    return
   for start in range(0, len(examples), batch_size):
     chunk = examples[start : start + batch_size]
     length = _padded_len(max(len(e.input_ids) for e in chunk), max_seq_len)
@@ -167,3 +198,41 @@ def extract(
     feats = np.asarray(fn(params, ids_BxL, types_BxL, mask_BxL))
     for r, e in enumerate(chunk):
       yield e, (feats[r] if pooling != "none" else feats[r, : len(e.input_ids)])
+
+
+# Examples packed together at a time, in batches of packed rows: the features of one such
+# group wait on the host until all of it is done (so they come out in input order).
+PACKED_GROUP_BATCHES = 4
+
+
+def _extract_packed(fn, params, examples, pooling, batch_size, max_seq_len, packing):
+  """`extract` on packed rows: groups of examples (about PACKED_GROUP_BATCHES batches' worth)
+  packed first-fit-decreasing into `batch_size` rows of `max_seq_len`, each example's
+  features read from its own tokens (or slot) and yielded in input order."""
+  group = PACKED_GROUP_BATCHES * batch_size * packing
+  for start in range(0, len(examples), group):
+    part = examples[start : start + group]
+    lengths_N = np.array([len(e.input_ids) for e in part])
+    arrays = dict(
+        input_ids=np.zeros((len(part), max_seq_len), np.int32),
+        token_type_ids=np.zeros((len(part), max_seq_len), np.int32),
+    )
+    for i, e in enumerate(part):
+      arrays["input_ids"][i, : len(e.input_ids)] = e.input_ids
+      arrays["token_type_ids"][i, : len(e.input_ids)] = e.token_type_ids
+    rows = batching.pack_examples(lengths_N, max_seq_len, packing)
+    feats = [None] * len(part)
+    for i in range(0, len(rows), batch_size):
+      batch, example_RxE = batching.packed_batch(
+          arrays, lengths_N, rows[i : i + batch_size], packing, batch_size
+      )
+      cls_RxE = batch["cls_positions"]
+      out = np.asarray(
+          fn(params, batch["input_ids"], batch["token_type_ids"], batch["segment_ids"], cls_RxE)
+      )
+      idx_P, x_P = batching.unpack_outputs(
+          out, example_RxE, cls_RxE, lengths_N, per_token=pooling == "none"
+      )
+      for j, x in zip(idx_P, x_P):
+        feats[j] = x if pooling != "none" else x[: lengths_N[j]]
+    yield from zip(part, feats)

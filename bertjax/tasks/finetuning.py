@@ -54,6 +54,7 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from bertjax import errors, model as model_lib
+from bertjax.model import heads as model_heads, ops as model_ops
 from bertjax.data import prefetch
 from bertjax.tasks import batching
 from bertjax.tasks.batching import (  # noqa: F401  (callers import these from here)
@@ -177,6 +178,46 @@ def _apply(model, params, batch: dict, **kw):
         **kw,
     )
   return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), **kw)
+
+
+class PackedTokenHead(nn.Module):
+  """A per-token head on packed rows: `model.BertForQuestionAnswering` (`pairs`: start and
+  end logits, "qa_outputs") or `model.BertForTokenClassification` (`dropout`, "classifier"),
+  with `segment_ids` passed to the encoder so that attention stays within each example. The
+  parameter tree is the model head's, so the parameters of one serve the other; it goes
+  when the model's heads take `segment_ids` themselves."""
+
+  cfg: model_lib.BertConfig
+  num_outputs: int  # logits per token: 2 for SQuAD, the tags for NER
+  head: str  # the head's layer name in the model's parameters
+  dropout: bool = False  # dropout on the tokens' states before the head, as NER's
+  pairs: bool = False  # return (logits[..., 0], logits[..., 1]), as the SQuAD head
+
+  @nn.compact
+  def __call__(
+      self,
+      input_ids_BxL,
+      token_type_ids_BxL=None,
+      attention_mask_BxL=None,
+      *,
+      segment_ids=None,
+      cls_positions=None,  # unused: every token is scored
+      deterministic: bool = True,
+  ):
+    del cls_positions
+    enc = model_lib.BertModel(self.cfg, name="bert")(
+        input_ids_BxL,
+        token_type_ids_BxL,
+        attention_mask_BxL,
+        segment_ids=segment_ids,
+        deterministic=deterministic,
+    )
+    x_BxLxH = enc.sequence_output
+    if self.dropout:
+      x_BxLxH = model_ops.Dropout(self.cfg.hidden_dropout_rate)(x_BxLxH, deterministic)
+    logits_BxLxC = model_heads._head(self.cfg, self.num_outputs, self.head)(x_BxLxH)
+    logits_BxLxC = logits_BxLxC.astype(jnp.float32)
+    return (logits_BxLxC[..., 0], logits_BxLxC[..., 1]) if self.pairs else logits_BxLxC
 
 
 def _train_step(state: TrainState, batch: dict, *, model, tx, loss_fn: LossFn):
@@ -411,35 +452,41 @@ class Trainer:
 
   def _predict_packed(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress):
     """`predict` on packed rows: examples first-fit-decreasing into `batch_size`-row batches of
-    the arrays' length (one compiled shape), each slot's outputs put back at its example."""
+    the arrays' length (one compiled shape); each slot's outputs (or, for outputs with a
+    length axis, its own tokens' outputs) put back at its example."""
     lengths_N = batching.example_lengths(arrays["attention_mask"])
     rows = batching.pack_examples(lengths_N, arrays["input_ids"].shape[1], self.packing)
-    inputs = {k: arrays[k] for k in ("input_ids", "token_type_ids")}  # no labels to the step
+    inputs = {k: arrays[k] for k in batching.PACKED_INPUTS}  # no labels to the step
     build = functools.partial(
         batching.packed_batch, inputs, lengths_N, max_per_row=self.packing, n_rows=batch_size
     )
     self.compile_ahead([("predict", params, build(rows=rows[:1])[0])])
-    slots = collections.deque()  # each built batch's example_RxE, read in the same order
+    seq = self._sequence_leaves(params, arrays)
+    slots = collections.deque()  # each built batch's (example_RxE, cls_RxE), in order
 
     def host():
       for i in range(0, len(rows), batch_size):
         batch, example_RxE = build(rows=rows[i : i + batch_size])
-        slots.append(example_RxE)
+        slots.append((example_RxE, batch["cls_positions"]))
         yield batch
 
-    out, treedef = [], None
+    examples, out, treedef = [], [], None
     bar = progress_bar(-(-len(rows) // batch_size), f"{self.name} predict", progress)
     with _prefetch(self, host()) as batches:
       for batch in batches:
         step = self._executables.get(_shapes("predict", batch), self._predict)
         leaves, treedef = jax.tree.flatten(step(params, batch))
-        example_RxE = slots.popleft()
-        present = example_RxE >= 0
-        out.append((example_RxE[present], [np.asarray(x)[present] for x in leaves]))
+        example_RxE, cls_RxE = slots.popleft()
+        unpacked = [
+            batching.unpack_outputs(np.asarray(x), example_RxE, cls_RxE, lengths_N, s)
+            for x, s in zip(leaves, seq)
+        ]
+        examples.append(unpacked[0][0])
+        out.append([x for _, x in unpacked])
         bar.update(1)
     bar.close()
-    order_N = np.argsort(np.concatenate([idx for idx, _ in out]))  # back to the input's order
-    leaves = [np.concatenate(xs)[order_N] for xs in zip(*(ls for _, ls in out))]
+    order_N = np.argsort(np.concatenate(examples))  # back to the input's order
+    leaves = [np.concatenate(xs)[order_N] for xs in zip(*out)]
     return jax.tree.unflatten(treedef, leaves)
 
 
@@ -455,6 +502,16 @@ def packed_plan(train: dict[str, np.ndarray], recipe: Recipe, max_per_row: int, 
   per_batch = batching.packed_batch_rows(recipe.batch_size, len(lengths_N), n_rows, shards)
   steps = -(-n_rows // per_batch)
   return lengths_N, per_batch, min(steps, recipe.max_steps) if recipe.max_steps else steps
+
+
+def total_steps(train: dict[str, np.ndarray], recipe: Recipe, packing: int = 0) -> int:
+  """The run's optimizer steps, `recipe.epochs` x the steps of an epoch: packed (`packing`
+  examples a row at most, `packed_plan`) or one example a row (`steps_per_epoch`)."""
+  if packing:
+    steps = packed_plan(train, recipe, packing, batch_shards(recipe))[2]
+  else:
+    steps = steps_per_epoch(len(train["input_ids"]), recipe)
+  return recipe.epochs * steps
 
 
 @dataclasses.dataclass

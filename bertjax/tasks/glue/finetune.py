@@ -116,12 +116,8 @@ def train_and_evaluate(
           f"{task.name}: the {split} split has no usable rows; check its data (unreadable "
           "rows are reported before training)"
       )
-  if packing:
-    shards = finetuning.batch_shards(recipe)
-    steps = finetuning.packed_plan(arrays(data["train"]), recipe, packing, shards)[2]
-  else:
-    steps = finetuning.steps_per_epoch(len(data["train"]), recipe)
-  trainer = _trainer(task, enc, recipe, recipe.epochs * steps, packing)
+  steps = finetuning.total_steps(arrays(data["train"]), recipe, packing)
+  trainer = _trainer(task, enc, recipe, steps, packing)
   score_dev = lambda params: evaluate(trainer, task, params, data, recipe.eval_batch_size)
   run = finetuning.fit(
       trainer,

@@ -30,10 +30,24 @@ from bertjax.tasks.ner import conll, features as feats_lib, metrics
 
 
 def ner_loss(logits_BxLxC, batch: dict) -> jax.Array:
+  """The mean cross-entropy over the scored pieces (label >= 0) of the batch's rows (weight
+  1), or of its packed rows, whose empty slots hold no labels."""
   labels_BxL = batch["labels"]
-  scored_BxL = (labels_BxL >= 0).astype(jnp.float32) * batch["weights"][:, None]
+  scored_BxL = (labels_BxL >= 0).astype(jnp.float32)
+  if "segment_ids" not in batch:  # a row of weight 0 pads the last batch
+    scored_BxL = scored_BxL * batch["weights"][:, None]
   ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxC, jnp.maximum(labels_BxL, 0))
   return jnp.sum(ce_BxL * scored_BxL) / jnp.maximum(jnp.sum(scored_BxL), 1.0)
+
+
+def make_model(num_labels: int, packing: int = 0):
+  """The tagging head; on packed rows (`packing` > 0) the same head and parameters, taking
+  segment ids."""
+  if packing:
+    return functools.partial(
+        finetuning.PackedTokenHead, num_outputs=num_labels, head="classifier", dropout=True
+    )
+  return functools.partial(model_lib.BertForTokenClassification, num_labels=num_labels)
 
 
 def tag(
@@ -56,7 +70,12 @@ def train_and_evaluate(
     workdir: str,
     eval_untrained: bool = False,
     progress: bool = True,
+    packing: int = 0,
 ) -> finetuning.FitResult:
+  """Fine-tune on `splits["train"]`, score dev after each epoch, tag dev and test with the
+  best epoch. `packing` > 0 packs up to that many rows (sentences) into a row of
+  `max_seq_len` to train and predict (`finetuning.Trainer`), each tagged from its own tokens;
+  0 one a row."""
   labels = conll.label_list(splits["train"])
   unseen = sorted(set(conll.label_list(*splits.values())) - set(labels))
   if unseen:
@@ -72,14 +91,9 @@ def train_and_evaluate(
       + f"; {len(labels)} tags",
       flush=True,
   )
-  total = recipe.epochs * finetuning.steps_per_epoch(len(feats["train"]), recipe)
+  total = finetuning.total_steps(feats["train"].arrays, recipe, packing)
   trainer = finetuning.Trainer(
-      functools.partial(model_lib.BertForTokenClassification, num_labels=len(labels)),
-      enc,
-      recipe,
-      total,
-      ner_loss,
-      "ner",
+      make_model(len(labels), packing), enc, recipe, total, ner_loss, "ner", packing=packing
   )
   predict = lambda params, split: tag(
       trainer, params, splits[split], feats[split], labels, recipe.eval_batch_size
@@ -113,6 +127,7 @@ def train_and_evaluate(
           config=trainer.cfg.to_dict(),
           recipe=dataclasses.asdict(recipe),
           max_seq_len=max_seq_len,
+          packing=packing,
           tokenizer=str(enc.tokenizer.path),
       ),
   )

@@ -15,10 +15,12 @@ Shape letters: B batch, L sequence length.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from bertjax import errors
@@ -48,12 +50,42 @@ class Options:
 
 
 def squad_loss(outputs, batch: dict) -> jax.Array:
+  """The mean over the windows of the start and end cross-entropies: over the batch's
+  positions, or, on packed rows, over each window's own tokens (`packed_cross_entropy`)."""
   start_BxL, end_BxL = outputs
+  if "segment_ids" in batch:
+    ce = functools.partial(packed_cross_entropy, batch["segment_ids"], batch["cls_positions"])
+  else:
+    ce = optax.softmax_cross_entropy_with_integer_labels
   per_example_B = 0.5 * (
-      optax.softmax_cross_entropy_with_integer_labels(start_BxL, batch["start_positions"])
-      + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"])
+      ce(start_BxL, batch["start_positions"]) + ce(end_BxL, batch["end_positions"])
   )
   return finetuning.masked_mean(per_example_B, batch["weights"])
+
+
+def packed_cross_entropy(
+    segment_ids_BxL: jax.Array, cls_BxE: jax.Array, logits_BxL: jax.Array, target_BxE: jax.Array
+) -> jax.Array:
+  """[B, E] cross-entropy of each packed window's position `target` (counted from its own
+  [CLS], `cls_BxE`), the softmax over that window's tokens only (segment id e + 1). An empty
+  slot gives 0."""
+  slots_E = jnp.arange(1, cls_BxE.shape[1] + 1)
+  mine_BxExL = segment_ids_BxL[:, None, :] == slots_E[None, :, None]
+  masked_BxExL = jnp.where(mine_BxExL, logits_BxL[:, None, :], jnp.finfo(jnp.float32).min)
+  log_z_BxE = jax.nn.logsumexp(masked_BxExL, axis=-1)
+  at_BxE = jnp.clip(jnp.maximum(cls_BxE, 0) + target_BxE, 0, logits_BxL.shape[1] - 1)
+  ce_BxE = log_z_BxE - jnp.take_along_axis(logits_BxL, at_BxE, axis=1)
+  return jnp.where(mine_BxExL.any(-1), ce_BxE, 0.0)
+
+
+def make_model(packing: int = 0):
+  """The SQuAD head; on packed rows (`packing` > 0) the same head and parameters, taking
+  segment ids."""
+  if packing:
+    return functools.partial(
+        finetuning.PackedTokenHead, num_outputs=2, head="qa_outputs", pairs=True
+    )
+  return model_lib.BertForQuestionAnswering
 
 
 def predict_and_score(
@@ -96,7 +128,12 @@ def train_and_evaluate(
     opts: Options,
     workdir: str,
     progress: bool = True,
+    packing: int = 0,
 ) -> finetuning.FitResult:
+  """Fine-tune on the windows of `train`, score `dev` after each epoch, write the best
+  epoch's predictions. `packing` > 0 packs up to that many windows into a row of
+  `opts.max_seq_len` to train and predict (`finetuning.Trainer`), each window's start and end
+  logits read from its own tokens; 0 one window a row."""
   tok = enc.tokenizer
   if opts.max_seq_len > enc.config.max_position_embeddings:
     raise errors.ConfigError(
@@ -115,9 +152,9 @@ def train_and_evaluate(
   )
   if not len(train_feats) or not len(dev_feats):
     raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
-  total = recipe.epochs * finetuning.steps_per_epoch(len(train_feats), recipe)
+  total = finetuning.total_steps(train_feats.arrays, recipe, packing)
   trainer = finetuning.Trainer(
-      model_lib.BertForQuestionAnswering, enc, recipe, total, squad_loss, "squad"
+      make_model(packing), enc, recipe, total, squad_loss, "squad", packing=packing
   )
 
   def evaluate(params):
@@ -154,6 +191,7 @@ def train_and_evaluate(
           config=trainer.cfg.to_dict(),
           recipe=dataclasses.asdict(recipe),
           options=dataclasses.asdict(opts),
+          packing=packing,
           tokenizer=str(getattr(tok, "path", "")),
       ),
   )
