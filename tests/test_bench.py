@@ -363,7 +363,9 @@ def test_bench_finetune_packed_compiles_one_shape_each(tmp_path, capsys):
 
 def test_bench_finetune_errors_name_the_flag(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--compare", "hf-flax"]
-  assert _one_line_error(argv, capsys) == "--compare hf-flax: unknown peer — valid: hf-torch"
+  assert _one_line_error(argv, capsys) == (
+      "--compare hf-flax: unknown peer — valid: hf-torch, hf-torch-flat"
+  )
 
 
 def test_packing_needs_prepared_data():
@@ -391,3 +393,94 @@ def test_data_batches_report_the_real_token_share(austen_shards):
   r = {"step_ms": 100.0, **shares[True]}
   bench._add_rates(r, bench.BenchSpec(preset="tiny", batch_size=4), 1e9, 1e12)
   assert r["real_tokens_per_sec"] == pytest.approx(r["tokens_per_sec"] * r["real_token_fraction"])
+
+
+def test_packing_comparison_flags_name_the_flag(tmp_path, capsys):
+  assert "--compare-packing needs --data" in _one_line_error(["--compare-packing"], capsys)
+  both = ["--data", str(tmp_path), "--packing", "--compare-packing"]
+  assert "--compare-packing times the packed and the unpacked step both — drop --packing" in (
+      _one_line_error(both, capsys)
+  )
+  profiled = ["--data", str(tmp_path), "--compare-packing", "--profile", str(tmp_path / "p")]
+  assert _one_line_error(profiled, capsys) == (
+      "--profile traces one step: run it without --compare-packing"
+  )
+
+
+def test_interleaved_steps_alternate_their_order():
+  calls = []
+  steps = {name: (lambda name=name: calls.append(name) or 0) for name in ("unpacked", "packed")}
+  times = bench._interleaved(steps, rounds=4)
+  assert calls == ["unpacked", "packed", "packed", "unpacked"] * 2
+  assert {name: [len(t) for t in ts] for name, ts in times.items()} == {
+      "unpacked": [4, 4],
+      "packed": [4, 4],
+  }
+
+
+def test_packing_ratio_arithmetic():
+  spec = bench.BenchSpec(preset="tiny", batch_size=4, seq_len=128, vocab_size=512)
+  out = {"step_ms": 100.0, "cpu_ms": 180.0, "real_token_fraction": 0.5, "examples_per_row": 1.0}
+  packed = {
+      "step_ms": 125.0,
+      "cpu_ms": 200.0,
+      "real_token_fraction": 0.9,
+      "examples_per_row": 2.5,
+      "num_masked": 27,
+  }
+  bench._add_rates(out, spec, 1e9, 1e12)
+  bench._add_packed(out, packed, [1.2, 1.5, 1.4], spec.model_config(), spec, 1e12)
+  assert out["packed"]["real_tokens_per_sec"] == pytest.approx(4 * 128 * 0.9 * 1e3 / 125)
+  assert out["packing_ratio"] == pytest.approx((0.9 / 125) / (0.5 / 100))  # 1.44
+  assert out["packing_ratio_cpu"] == pytest.approx((0.9 / 200) / (0.5 / 180))  # 1.62
+  assert out["packing_ratio_rounds"] == 1.4
+  assert out["packed"]["model_flops_per_step"] > flops.pretraining_flops_per_step(
+      spec.model_config(), 4, 128, spec.masked()
+  )  # 27 masked slots a row against 20: more MLM head work
+
+
+@pytest.mark.slow
+def test_compare_packing_times_both_steps_in_one_run(austen_shards, capsys):
+  argv = ["--preset", "tiny", "--vocab-size", "8000", "--batch-size", "8", "--seq-len", "64"]
+  argv += ["--warmup", "1", "--steps", "3", "--peak-flops", "1e12", "--data", str(austen_shards)]
+  assert bench_cmd.main(argv + ["--compare-packing", "--json"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  p = r["packed"]
+  assert r["compare_packing"] and not r["packing"]
+  for row in (r, p):
+    assert row["steps_timed"] == 3 and len(row["round_ms"]) == 3
+    assert row["step_ms"] == pytest.approx(float(np.median(row["round_ms"])))
+    assert row["cpu_ms"] > 0 and row["compile_s"] > 0
+  assert r["real_token_fraction"] < p["real_token_fraction"] <= 1.0
+  assert r["examples_per_row"] == 1.0 <= p["examples_per_row"]
+  assert r["packing_ratio"] == pytest.approx(p["real_tokens_per_sec"] / r["real_tokens_per_sec"])
+  rounds = [
+      (p["real_token_fraction"] / tp) / (r["real_token_fraction"] / tu)
+      for tu, tp in zip(r["round_ms"], p["round_ms"])
+  ]
+  assert r["packing_ratio_rounds"] == pytest.approx(float(np.median(rounds)))
+  table = bench.format_report(r)
+  assert "bertjax packed" in table and "packing: real tokens/s packed / unpacked" in table
+
+
+def test_transformers_padding_free_bert_is_checked_not_assumed():
+  """The reason the padding-free peer is not timed is measured in the run that reports it."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  spec = dict(
+      vocab_size=64,
+      hidden_size=16,
+      num_layers=1,
+      num_heads=2,
+      intermediate_size=32,
+      max_position_embeddings=32,
+      seed=0,
+  )
+  r = bench_peers.run_torch_flat_finetune(spec)
+  assert r["name"] == "hf-torch-flat" and r["status"] == "unavailable", r
+  check = r["flattening_check"]
+  assert check["padded"] < bench_peers.FLAT_TOLERANCE  # the control: padding keeps them apart
+  # docs/performance.md: BERT's eager and sdpa attention let flattened examples see each other
+  assert check["diff"]["eager"] > 10 * bench_peers.FLAT_TOLERANCE
+  assert check["diff"]["sdpa"] > 10 * bench_peers.FLAT_TOLERANCE
+  assert "eager" in r["reason"] and "padded batch" in r["reason"]

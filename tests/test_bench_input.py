@@ -57,3 +57,33 @@ def test_corpus_copies(tmp_path):
   assert input_bench.make_corpus(src, 3, out) == 27
   assert out.read_bytes() == b"one\n\ntwo\n" * 3
   assert pathlib.Path(input_bench.InputBenchSpec().corpus).name == "austen.txt"
+
+
+def test_host_needs_follow_the_bound_of_the_slice():
+  from bertjax.commands import pretrain
+  from bertjax.training import flops
+
+  config = pretrain.load_config("base")
+  p1, p2 = input_bench.host_needs(config, "v4-32")
+  assert (p1["seq_len"], p2["seq_len"], p1["hosts"]) == (128, 512, 4)
+  assert p1["bound_ms"] == pytest.approx(4.07, abs=0.01)  # docs/performance.md: 4.1 ms
+  # 256 rows per bound step, shared by 4 hosts
+  assert p1["rows_per_s_per_host_at_bound"] == pytest.approx(256 / 4.07e-3 / 4, rel=1e-2)
+  v6e, _ = input_bench.host_needs(config, "v6e-16")  # 16 faster chips, 4 hosts
+  ratio = flops.PEAK_FLOPS["TPU v6e"] / flops.PEAK_FLOPS["TPU v4"]
+  assert v6e["rows_per_s_per_host_at_bound"] == pytest.approx(
+      p1["rows_per_s_per_host_at_bound"] * ratio, rel=1e-3
+  )
+  with pytest.raises(errors.ConfigError, match="--accelerator 'v9-3'"):
+    input_bench.host_needs(config, "v9-3")
+
+
+def test_host_check_flags_go_together(capsys):
+  from bertjax import cli
+
+  code = cli.main(["bench", "input", "--config", "base"])
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+      "bertjax bench: --config and --accelerator go together — add --accelerator TYPE (e.g. v4-32)"
+  ]

@@ -4,7 +4,8 @@
 (train.tsv, dev.tsv with `sentence` and `label` columns) for `spec.epochs` and evaluates on dev,
 compiles included, with bertjax (`bertjax.tasks.glue.finetune`, as `bertjax glue` runs it) and,
 in the same process, transformers' BertForSequenceClassification in PyTorch on the same token
-ids (`bertjax.bench.peers.run_torch_finetune`). With a persistent compile cache the bertjax run
+ids (`bertjax.bench.peers.run_torch_finetune`). "hf-torch-flat" checks transformers'
+padding-free path (`bench.peers.run_torch_flat_finetune`) and says why it is not timed. With a persistent compile cache the bertjax run
 is timed twice: cold (every step compiled) and warm (read back, as a rerun sees it).
 """
 
@@ -27,7 +28,9 @@ from bertjax.bench import peers as bench_peers
 from bertjax.tasks import encoder as encoder_lib, finetuning as finetuning_lib
 from bertjax.tasks.glue import features, finetune, tasks, tsv
 
-PEERS = ("hf-torch",)  # the fine-tuning peers (`bertjax bench` has more for pretraining)
+# the fine-tuning peers (`bertjax bench` has more for pretraining): PyTorch padding each batch
+# to its longest row, and transformers' padding-free path (checked, see peers.py)
+PEERS = ("hf-torch", "hf-torch-flat")
 MAX_POSITIONS = 512  # BERT's position embeddings
 
 
@@ -215,6 +218,11 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = PEERS) -> dict[s
       if "warm_wall_s" in out:
         out["warm_speedup_hf-torch"] = peer["wall_s"] / out["warm_wall_s"]
         out["warm_cpu_speedup_hf-torch"] = peer["cpu_s"] / out["warm_cpu_s"]
+  if "hf-torch-flat" in compare:
+    _progress("hf-torch-flat: does the padding-free path keep examples apart? ...")
+    peers["hf-torch-flat"] = bench_peers.run_torch_flat_finetune(
+        {**bench_peers.model_spec(enc.config), "seed": spec.seed}
+    )
   out["peers"] = peers
   return out
 

@@ -183,23 +183,39 @@ def bench_prepare(
   }
 
 
-def bench_stream(data_dir: pathlib.Path, seq_len: int, batch: int, steps: int, reader: str) -> dict:
+def bench_stream(
+    data_dir: pathlib.Path,
+    seq_len: int,
+    batch: int,
+    steps: int,
+    reader: str,
+    max_predictions: int | None = None,
+    packing: bool = False,
+    workers: int = 0,
+) -> dict:
   cfg = pretraining.InputConfig(
       source="prepared",
       path=str(data_dir),
       seq_len=seq_len,
-      max_predictions_per_seq=max(20, round(seq_len * 0.15)),
+      max_predictions_per_seq=max_predictions or max(20, round(seq_len * 0.15)),
       reader=reader,
+      packing=packing,
+      workers=workers,
   )
   stream = pretraining.make_stream(cfg, global_batch_size=batch, process_index=0, process_count=1)
-  for _ in range(3):  # TensorFlow start-up and the first block; the timed steps span several
-    next(stream)  # epochs, so they include building instances, not only masking
-  start = time.perf_counter()
-  for _ in itertools.islice(stream, steps):
-    pass
-  seconds = time.perf_counter() - start
+  try:
+    for _ in range(3):  # start-up (TensorFlow, the workers) and the first block; the timed
+      next(stream)  # steps span several epochs, so they include building instances
+    start = time.perf_counter()
+    for _ in itertools.islice(stream, steps):
+      pass
+    seconds = time.perf_counter() - start
+  finally:
+    stream.close()
   return {
       "reader": stream.reader,
+      "workers": workers,
+      "packing": packing,
       "seq_len": seq_len,
       "batch": batch,
       "steps": steps,
@@ -322,3 +338,69 @@ def run(spec: InputBenchSpec) -> dict:
     return _bench_all(spec, work)
   with tempfile.TemporaryDirectory() as tmp:
     return _bench_all(spec, pathlib.Path(tmp))
+
+
+# ------------------------------------------------------------- does the host keep up?
+
+BERT_VOCAB = 30_522  # the vocabulary when the recipe leaves it to the data (as the compile table)
+
+
+def host_needs(config, accelerator: str) -> list[dict]:
+  """Per phase of the recipe: rows per second each host must deliver if the step ran at the
+  bound (the model's FLOPs at the chips' peak, `bertjax.training.flops`; no step is faster)."""
+  from bertjax.training import flops, phases, tpu, train
+
+  target = tpu.parse_accelerator(accelerator, what="--accelerator")
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.model.vocab_size = config.model.vocab_size or BERT_VOCAB
+  model = train.model_config(config)
+  peak = flops.PEAK_FLOPS[f"TPU {target.generation.name}"]
+  out = []
+  for ph in phases.phases(config):
+    step_flops = flops.pretraining_flops_per_step(
+        model, ph.batch_size, ph.seq_len, ph.max_predictions
+    )
+    bound_s = step_flops / (target.chips * peak)
+    out.append(
+        {
+            "phase": ph.index + 1,
+            "seq_len": ph.seq_len,
+            "max_predictions": ph.max_predictions,
+            "global_batch": ph.batch_size,
+            "hosts": target.hosts,
+            "bound_ms": round(bound_s * 1e3, 2),
+            "rows_per_s_per_host_at_bound": round(ph.batch_size / bound_s / target.hosts),
+        }
+    )
+  return out
+
+
+def host_check(config, accelerator: str, data: pathlib.Path, steps: int, batch: int) -> dict:
+  """`host_needs`, the stream's measured rows/s on one worker (in this process) for each
+  phase, and the workers that makes."""
+  packing = bool(config.data.get("packing", False))
+  needs = host_needs(config, accelerator)
+  for need in needs:
+    rate = bench_stream(
+        data, need["seq_len"], batch, steps, "tf.data", need["max_predictions"], packing
+    )["examples_per_s"]
+    need["packing"] = packing
+    need["measured_rows_per_s_per_worker"] = rate
+    need["workers_needed"] = -(-need["rows_per_s_per_host_at_bound"] // rate)
+  return {"accelerator": accelerator, "cpu_cores": os.cpu_count() or 1, "phases": needs}
+
+
+def format_host_check(result: dict) -> str:
+  lines = [
+      f"{result['accelerator']}: rows/s each host must deliver for a step at the bound (model "
+      "FLOPs at peak), the stream's rows/s on one worker here, and the workers that needs"
+  ]
+  for p in result["phases"]:
+    lines.append(
+        f"  phase {p['phase']}: seq {p['seq_len']}{' packed' if p['packing'] else ''}, "
+        f"batch {p['global_batch']} over {p['hosts']} host(s), bound {p['bound_ms']} ms/step -> "
+        f"{p['rows_per_s_per_host_at_bound']:,} rows/s per host; measured "
+        f"{p['measured_rows_per_s_per_worker']:,} per worker -> {p['workers_needed']} workers"
+    )
+  return "\n".join(lines)

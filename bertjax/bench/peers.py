@@ -293,6 +293,100 @@ def run_torch_finetune(
   }
 
 
+# transformers' attention implementations a BertModel may be built with; the padding-free path
+# (DataCollatorWithFlattening) needs one that keeps the flattened examples apart.
+FLAT_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+FLAT_TOLERANCE = 1e-5  # float32: an example alone and in a padded batch agree to ~1e-7
+
+
+def torch_flattening_check(spec: dict) -> dict:
+  """Does transformers' padding-free path keep BERT's examples apart? Measured, not assumed.
+
+  Two examples are flattened as `DataCollatorWithFlattening` does (one row, position_ids
+  restarting at each example) and run through `BertModel` with each attention implementation;
+  the result is the largest |difference| of each example's hidden states from those of the
+  example run alone (None with the reason where the implementation cannot be built). The
+  same two examples in an ordinary padded batch give the `padded` control. The padding-free
+  peer is only worth running where some implementation stays within `FLAT_TOLERANCE`.
+  """
+  import torch
+  import transformers
+
+  torch.manual_seed(spec["seed"])
+  rng = np.random.default_rng(spec["seed"])
+  lengths = (9, 5)
+  ids = [[2, *rng.integers(FIRST_TOKEN_ID, spec["vocab_size"], n - 2).tolist(), 3] for n in lengths]
+  flat = transformers.DataCollatorWithFlattening(return_position_ids=True)(
+      [{"input_ids": x} for x in ids]
+  )
+  padded = torch.zeros((2, max(lengths)), dtype=torch.long)
+  for i, x in enumerate(ids):
+    padded[i, : len(x)] = torch.tensor(x)
+  out = {"transformers": transformers.__version__, "diff": {}, "reason": {}}
+  for impl in FLAT_ATTENTION:
+    cfg = _hf_config(
+        transformers, {**spec, "hidden_dropout_rate": 0.0, "attention_dropout_rate": 0.0}
+    )
+    try:
+      model = transformers.BertModel._from_config(cfg, attn_implementation=impl).eval()
+      with torch.inference_mode():
+        alone = [model(input_ids=torch.tensor([x])).last_hidden_state[0] for x in ids]
+        got = model(
+            input_ids=flat["input_ids"], position_ids=flat["position_ids"]
+        ).last_hidden_state[0]
+        out["diff"][impl] = float((got - torch.cat(alone)).abs().max())
+        if impl == "eager":
+          both = model(input_ids=padded, attention_mask=(padded > 0).long()).last_hidden_state
+          out["padded"] = max(
+              float((both[i, : len(x)] - alone[i]).abs().max()) for i, x in enumerate(ids)
+          )
+    except Exception as e:  # not installed / not on this device: said, not fatal
+      out["diff"][impl] = None
+      out["reason"][impl] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+  return out
+
+
+def run_torch_flat_finetune(spec: dict) -> dict:
+  """The padding-free Hugging Face peer, where the installed transformers keeps flattened BERT
+  examples apart; otherwise "unavailable" with the measured differences (`torch_flattening_check`).
+
+  No BERT attention implementation that runs here passes the check (transformers 5.x builds
+  BERT's bidirectional mask without position_ids; only flash_attention_2, CUDA, reads them),
+  and `BertForSequenceClassification` pools the row's first token, one prediction per
+  flattened row, so there is no padding-free fine-tuning of BERT to time on this machine."""
+  name = "hf-torch-flat"
+  try:
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+  except ImportError as e:
+    return {"name": name, "status": "unavailable", "reason": f"{e}; pip install torch transformers"}
+  try:
+    check = torch_flattening_check(spec)
+  except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
+    return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
+  said = ", ".join(
+      f"{impl} {d:.1e}" if d is not None else f"{impl} not available"
+      for impl, d in check["diff"].items()
+  )
+  passing = [i for i, d in check["diff"].items() if d is not None and d <= FLAT_TOLERANCE]
+  return {
+      "name": name,
+      "status": "unavailable",
+      "reason": (
+          f"transformers {check['transformers']}: DataCollatorWithFlattening rows of BERT "
+          f"differ from each example alone by max |diff| {said} (padded batch "
+          f"{check.get('padded', float('nan')):.1e}; tolerance {FLAT_TOLERANCE:g})"
+          + (
+              f"; {', '.join(passing)} keeps them apart but BertForSequenceClassification "
+              "pools one [CLS] per flattened row"
+              if passing
+              else "; no attention here keeps the examples apart"
+          )
+      ),
+      "flattening_check": check,
+  }
+
+
 def run_flax_inline(spec: dict) -> dict:
   """FlaxBertForPreTraining (transformers 4.x) + optax AdamW; runs inside the 4.x virtualenv."""
   import transformers  # the 4.x virtualenv's, only for this peer

@@ -62,6 +62,8 @@ class BenchSpec:
   # synthetic full rows; real tokens/s then counts the tokens that are not padding.
   data: str = ""
   packing: bool = False  # with `data`: several whole examples per row (bertjax.data.packing)
+  # with `data`: both steps, unpacked and packed, timed in turns in this one run
+  compare_packing: bool = False
 
   def __post_init__(self):
     for field, low, why in (
@@ -92,9 +94,15 @@ class BenchSpec:
       raise errors.ConfigError(
           f"BenchSpec.peak_flops={self.peak_flops} must be a FLOP/s figure > 0, or 0 to measure it"
       )
-    if self.packing and not self.data:
+    for field in ("packing", "compare_packing"):
+      if getattr(self, field) and not self.data:
+        raise errors.ConfigError(
+            f"BenchSpec.{field} needs BenchSpec.data: a prepared directory to pack examples from"
+        )
+    if self.packing and self.compare_packing:
       raise errors.ConfigError(
-          "BenchSpec.packing needs BenchSpec.data: a prepared directory to pack examples from"
+          "BenchSpec.compare_packing times the packed and the unpacked step both — drop "
+          "BenchSpec.packing"
       )
     if self.preset not in model_lib.PRESETS:
       raise errors.ConfigError(
@@ -295,6 +303,78 @@ def time_bertjax(
   return out
 
 
+PACKING_VARIANTS = ("unpacked", "packed")
+
+
+def time_packing_pair(
+    spec: BenchSpec, mesh: jax.sharding.Mesh | None = None
+) -> tuple[dict[str, dict[str, Any]], list[float]]:
+  """The unpacked and the packed step on `spec.data`, both compiled, then timed in turns.
+
+  On a machine shared with other jobs a step's time can double for seconds at a time (see
+  docs/performance.md), so two separate runs cannot say which is faster. Here each round runs
+  one step of each, the order alternating round by round, so a spell of load falls on both
+  alike. Returns ({variant: `time_bertjax`-like figures}, the per-round ratios of real tokens/s
+  packed / unpacked).
+  """
+  runs, rows = {}, {}
+  for name in PACKING_VARIANTS:
+    one = dataclasses.replace(spec, packing=name == "packed", compare_packing=False)
+    compiled, state, batch, mesh, compile_s, shares = _compiled_step(one, mesh)
+    runs[name] = _stepper(compiled, state, batch)
+    mem, mem_source = _memory_bytes(compiled, mesh.devices.flat[0])
+    rows[name] = {
+        "compile_s": compile_s,
+        "peak_memory_bytes": mem,
+        "memory_source": mem_source,
+        "num_masked": int(batch["masked_positions"].shape[1]),
+        "devices": mesh.devices.size,
+        **shares,
+    }
+  wall = _interleaved(runs, spec.warmup + spec.steps)
+  for name, row in rows.items():
+    times, cpu_times = (np.array(t[spec.warmup :]) for t in wall[name])
+    row.update(
+        first_step_s=wall[name][0][0],
+        step_ms=1e3 * float(np.median(times)),
+        step_ms_min=1e3 * float(times.min()),
+        steps_timed=len(times),
+        cpu_ms=1e3 * float(np.median(cpu_times)),
+        round_ms=(1e3 * times).tolist(),
+    )
+  u, p = rows["unpacked"], rows["packed"]
+  per_round = [
+      (p["real_token_fraction"] / tp) / (u["real_token_fraction"] / tu)
+      for tu, tp in zip(u["round_ms"], p["round_ms"])
+  ]
+  return rows, per_round
+
+
+def _stepper(compiled, state, batch):
+  """One train step on `batch` per call, the state carried from call to call."""
+  box = [state]
+
+  def one():
+    box[0], metrics = compiled(box[0], batch)
+    return metrics["loss"]
+
+  return one
+
+
+def _interleaved(steps: dict[str, Any], rounds: int) -> dict[str, tuple[list, list]]:
+  """{name: (wall s, CPU s) of each round}: every step once a round, synced, the order of
+  the names reversed on every other round."""
+  out = {name: ([], []) for name in steps}
+  names = list(steps)
+  for r in range(rounds):
+    for name in names if r % 2 == 0 else names[::-1]:
+      t0, c0 = time.perf_counter(), time.process_time()
+      jax.block_until_ready(steps[name]())
+      out[name][0].append(time.perf_counter() - t0)
+      out[name][1].append(time.process_time() - c0)
+  return out
+
+
 # ----------------------------------------------------------------------------------- profile
 
 
@@ -339,7 +419,13 @@ def run(
       f"bertjax: {spec.preset}, batch {spec.batch_size} x {spec.seq_len}, "
       f"peak {peak / 1e12:.3f} TFLOP/s"
   )
-  res = time_bertjax(spec, profile_dir=profile_dir)
+  if spec.compare_packing:
+    if profile_dir:
+      raise errors.ConfigError("profile_dir traces one step: run it without compare_packing")
+    rows, per_round = time_packing_pair(spec)
+    res = rows["unpacked"]
+  else:
+    res = time_bertjax(spec, profile_dir=profile_dir)
   peers = {}
   for name in compare:
     _progress(f"{name} ...")
@@ -370,6 +456,8 @@ def run(
       **res,
   }
   _add_rates(out, spec, flops, peak)
+  if spec.compare_packing:
+    _add_packed(out, rows["packed"], per_round, cfg, spec, peak)
   for name, peer in peers.items():
     if peer["status"] == "ok":
       _add_rates(peer, spec, flops, peak)
@@ -390,6 +478,25 @@ def _add_rates(r: dict, spec: BenchSpec, flops: float, peak: float) -> None:
   if "real_token_fraction" in r:  # batches of a prepared stream: what the padding leaves
     r["real_tokens_per_sec"] = r["tokens_per_sec"] * r["real_token_fraction"]
     r["examples_per_sec"] = r["seq_per_sec"] * r["examples_per_row"]
+
+
+def _add_packed(
+    out: dict, packed: dict, per_round: list[float], cfg, spec: BenchSpec, peak: float
+) -> None:
+  """The packed row under out["packed"] and how it compares: real tokens/s packed / unpacked
+  from the medians of wall time (`packing_ratio`), of CPU time (`packing_ratio_cpu`, steadier
+  when other jobs share the cores) and the median of the per-round ratios."""
+  flops = flops_lib.pretraining_flops_per_step(
+      cfg, spec.batch_size, spec.seq_len, packed["num_masked"]
+  )
+  packed["model_flops_per_step"] = flops
+  _add_rates(packed, spec, flops, peak)
+  out["packed"] = packed
+  out["packing_ratio"] = packed["real_tokens_per_sec"] / out["real_tokens_per_sec"]
+  out["packing_ratio_cpu"] = (packed["real_token_fraction"] / packed["cpu_ms"]) / (
+      out["real_token_fraction"] / out["cpu_ms"]
+  )
+  out["packing_ratio_rounds"] = float(np.median(per_round))
 
 
 def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: str | None) -> dict:
@@ -449,11 +556,26 @@ def format_report(r: dict[str, Any]) -> str:
         f"{row['seq_per_sec']:9.2f}{row['tokens_per_sec']:10.0f}{row['mfu']:7.3f}"
         f"{ratio:7.2f}x"
     )
-  if "real_tokens_per_sec" in r:
+  if "packed" in r:
+    p = r["packed"]
     lines.append(
-        f"data {r['data']}{' packed' if r['packing'] else ''}: {r['real_token_fraction']:.1%} of "
-        f"the slots real, {r['examples_per_row']:.2f} examples per row -> "
-        f"{r['real_tokens_per_sec']:.0f} real tokens/s, {r['examples_per_sec']:.2f} examples/s"
+        f"{'bertjax packed':18}{p['step_ms']:10.1f}{p['step_ms_min']:10.1f}"
+        f"{p['seq_per_sec']:9.2f}{p['tokens_per_sec']:10.0f}{p['mfu']:7.3f}"
+        f"{r['tokens_per_sec'] / p['tokens_per_sec']:7.2f}x"
+    )
+  for row, packed in ((r, r["packing"]), (r.get("packed"), True)):
+    if row and "real_tokens_per_sec" in row:
+      lines.append(
+          f"data {r['data']}{' packed' if packed else ''}: {row['real_token_fraction']:.1%} "
+          f"of the slots real, {row['examples_per_row']:.2f} examples per row, CPU "
+          f"{row['cpu_ms']:.1f} ms/step -> {row['real_tokens_per_sec']:.0f} real tokens/s, "
+          f"{row['examples_per_sec']:.2f} examples/s"
+      )
+  if "packed" in r:
+    lines.append(
+        f"packing: real tokens/s packed / unpacked {r['packing_ratio']:.2f}x (CPU time "
+        f"{r['packing_ratio_cpu']:.2f}x, median of the {r['steps']} rounds' ratios "
+        f"{r['packing_ratio_rounds']:.2f}x); the two steps timed in turns in this run"
     )
   lines.append(
       f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "

@@ -2,6 +2,7 @@
 
   bertjax bench --preset mini --batch-size 32 --seq-len 128 --compare hf-torch,hf-flax
   bertjax bench --preset base --batch-size 16 --seq-len 128 --json
+  bertjax bench --preset mini --seq-len 512 --batch-size 4 --data DIR --compare-packing
   bertjax bench input ...      the input pipeline's throughput (prepare, readers, stream)
   bertjax bench finetune ...   one fine-tuning epoch + dev eval beside Hugging Face PyTorch
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -108,6 +110,12 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument(
       "--packing", action="store_true", help="with --data: several whole examples per row"
   )
+  p.add_argument(
+      "--compare-packing",
+      action="store_true",
+      help="with --data: time the unpacked and the packed step in turns in this one run and "
+      "print real tokens/s packed / unpacked",
+  )
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -130,6 +138,17 @@ def _input_flags(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--workdir", help="where the prepared copies go (default: a temporary directory)")
   p.add_argument("--json", metavar="PATH", help="also write the results here")
+  p.add_argument(
+      "--config",
+      metavar="RECIPE",
+      help="with --accelerator: the pretraining recipe, as `bertjax compile --config`",
+  )
+  p.add_argument(
+      "--accelerator",
+      metavar="TYPE",
+      help="instead of the full benchmark: the rows/s per host the recipe needs on this TPU "
+      "slice (e.g. v4-32), the stream's rate per worker here, and the workers needed",
+  )
 
 
 def _finetune_flags(p: argparse.ArgumentParser) -> None:
@@ -162,7 +181,12 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
       help="bertjax packs short examples into --max-seq-len rows, as `glue --packing` does",
   )
   p.add_argument("--seed", type=nonneg_int, default=0)
-  p.add_argument("--compare", default="hf-torch", help="hf-torch, or '' for bertjax alone")
+  p.add_argument(
+      "--compare",
+      default="hf-torch",
+      help="comma-separated peers: hf-torch (padding each batch), hf-torch-flat (transformers' "
+      "padding-free path: checked, and why it is not timed); '' for bertjax alone",
+  )
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -243,7 +267,10 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
         peak_flops=args.peak_flops,
         data=args.data or "",
         packing=args.packing,
+        compare_packing=args.compare_packing,
     )
+    if args.profile and args.compare_packing:
+      raise errors.UsageError("--profile traces one step: run it without --compare-packing")
     result = bench.run(spec, _peers(args.compare), repo_root=_REPO_ROOT, profile_dir=args.profile)
   if args.profile:
     prof = result["profile"]
@@ -272,6 +299,8 @@ def _bench_input(args, p: argparse.ArgumentParser) -> int:
   from bertjax.bench import input as input_bench
 
   _check_output(args.json)
+  if args.accelerator or args.config:
+    return _bench_host_check(args)
   with args_lib.in_flag_words(_flag_names(p, "InputBenchSpec")):
     spec = input_bench.InputBenchSpec(
         corpus=args.corpus,
@@ -290,6 +319,36 @@ def _bench_input(args, p: argparse.ArgumentParser) -> int:
   if args.json:
     with open(args.json, "w") as f:
       f.write(json.dumps(results, indent=2) + "\n")
+  return 0
+
+
+def _bench_host_check(args) -> int:
+  """`bench input --config RECIPE --accelerator TYPE`: does one host's stream keep up?"""
+  from bertjax.bench import input as input_bench
+  from bertjax.commands import pretrain
+  from bertjax.data import bundled
+
+  if not (args.accelerator and args.config):
+    missing = "--accelerator TYPE (e.g. v4-32)" if args.config else "--config RECIPE (e.g. base)"
+    raise errors.UsageError(f"--config and --accelerator go together — add {missing}")
+  config = pretrain.load_config(args.config)
+  input_bench.host_needs(config, args.accelerator)  # a bad slice fails before any work
+  if args.data and not os.path.isfile(os.path.join(args.data, "metadata.json")):
+    raise errors.InputNotFoundError(
+        f"--data {args.data}: no metadata.json — name a directory written by `bertjax prepare`"
+    )
+  with tempfile.TemporaryDirectory() as tmp:
+    data = args.data
+    if not data:
+      data = os.path.join(tmp, "data")
+      bundled.prepare_into(pathlib.Path(data))
+    result = input_bench.host_check(
+        config, args.accelerator, pathlib.Path(data), args.steps, args.batch
+    )
+  print(input_bench.format_host_check(result))
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(json.dumps(result, indent=2) + "\n")
   return 0
 
 
