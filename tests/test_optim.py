@@ -61,11 +61,15 @@ def test_bert_adamw_has_no_bias_correction_and_adamw_has():
 
 def test_unknown_names_raise_naming_the_field():
   with pytest.raises(
-      ValueError, match=r"^config.train.optimizer='adam'; valid: 'bert_adamw', " r"'adamw', 'lamb'$"
+      ValueError,
+      match=r"^config.train.optimizer='adam'; valid: 'bert_adamw', 'adamw', 'lamb', "
+      r"'stable_adamw'$",
   ):
     optim.make_optimizer(tiny_config(optimizer="adam").train, lambda _: 1.0)
   with pytest.raises(
-      ValueError, match=r"^config.train.schedule='cosine'; valid: 'bert', " r"'warmup_linear'$"
+      ValueError,
+      match=r"^config.train.schedule='cosine'; valid: 'bert', 'warmup_linear', 'wsd', "
+      r"'one_cycle'$",
   ):
     optim.make_schedule(tiny_config(schedule="cosine").train)
 
@@ -317,3 +321,175 @@ def test_config_checks_accept_exactly_optims_names():
       else:
         with pytest.raises(ValueError, match=rf"config.train.{field}='sgd': valid: "):
           config_checks.validate(c)
+
+
+# ------------------------------------------------- the modern recipe's schedules and optimizer
+
+
+def _wsd_reference(t, peak, warmup, total, decay_fraction, final):
+  """Hagele et al. 2024's constant lr + (1-sqrt) cooldown after a linear warmup, with
+  ModernBERT's floor alpha_f: written from the papers' formula, one step at a time."""
+  n_decay = round(decay_fraction * total)
+  if warmup and t < warmup:
+    return peak * t / warmup
+  if t <= total - n_decay:
+    return peak
+  if t >= total:
+    return peak * final
+  return peak * (final + (1 - final) * (1 - ((t - (total - n_decay)) / n_decay) ** 0.5))
+
+
+@pytest.mark.parametrize("final", [0.0, 0.02])
+def test_wsd_is_the_trapezoid_with_a_one_minus_sqrt_decay(final):
+  f = optim.wsd_schedule(8e-4, 10, 200, decay_fraction=0.2, final_lr_fraction=final)
+  for t in (0, 3, 10, 11, 100, 160, 161, 170, 180, 199, 200, 250):
+    want = _wsd_reference(t, 8e-4, 10, 200, 0.2, final)
+    assert float(f(t)) == pytest.approx(want, rel=1e-5, abs=1e-12), t
+  # the decay's shape: a quarter of the way down the lr has lost half its height (1 - sqrt(1/4))
+  assert float(f(170)) == pytest.approx(8e-4 * (final + (1 - final) * 0.5), rel=1e-5)
+
+
+def test_one_cycle_is_crammings_triangle():
+  """Cramming's get_one_cycle: t / (T/2) before the middle, 2 - t / (T/2) after."""
+  f = optim.one_cycle_schedule(1e-3, 999, 100)  # warmup is not used: the rise is the warmup
+  for t in (0, 1, 25, 49, 50, 51, 75, 99, 100, 130):
+    want = t / 50 if t < 50 else max(0.0, 2 - t / 50)
+    assert float(f(t)) == pytest.approx(1e-3 * want, rel=1e-6, abs=1e-12), t
+  g = optim.one_cycle_schedule(1.0, 0, 100, peak_fraction=0.25)
+  assert [round(float(g(t)), 6) for t in (0, 25, 50, 100)] == [0.0, 1.0, round(50 / 75, 6), 0.0]
+
+
+def test_a_restarted_phase_two_has_its_own_decay():
+  """ModernBERT's shape: stable (no decay) through phase 1, then phase 2 at a lower lr whose
+  own last 50% decays with 1-sqrt."""
+  c = tiny_config(steps=100, learning_rate=8e-4, warmup_steps=10, schedule="wsd")
+  c.train.decay_fraction = 0.0
+  c.phase2.fraction, c.phase2.restart_schedule = 0.2, True
+  c.phase2.learning_rate, c.phase2.warmup_steps, c.phase2.decay_fraction = 3e-4, 0, 0.5
+  f = optim.make_schedule(c.train, c.phase2)
+  assert float(f(79)) == pytest.approx(8e-4)  # no decay at the end of phase 1
+  assert float(f(85)) == pytest.approx(3e-4)
+  assert float(f(95)) == pytest.approx(3e-4 * (1 - 0.5**0.5), rel=1e-5)
+
+
+def _stable_adamw_reference(params, grads_seq, lrs, b1, b2, eps, wd, decays):
+  """Wortsman et al. 2023, Algorithm 2, in numpy, one tensor at a time, with the paper's
+  debiased betas b(1 - b^(t-1)) / (1 - b^t) (not Adam's division by 1 - b^t); the RMS floor
+  max(u, eps^2) as optimi's StableAdamW. Returns the updates and the RMS of each step."""
+  v = {k: np.zeros_like(x) for k, x in params.items()}  # first moment (the paper's v)
+  u = {k: np.zeros_like(x) for k, x in params.items()}  # second moment (the paper's u)
+  theta = {k: np.array(x, np.float64) for k, x in params.items()}
+  out, rms_seen = [], []
+  for t, (g, lr) in enumerate(zip(grads_seq, lrs), start=1):
+    b1_hat = b1 * (1 - b1 ** (t - 1)) / (1 - b1**t)
+    b2_hat = b2 * (1 - b2 ** (t - 1)) / (1 - b2**t)
+    step = {}
+    for k in theta:
+      gk = np.asarray(g[k], np.float64)
+      v[k] = b1_hat * v[k] + (1 - b1_hat) * gk
+      u[k] = b2_hat * u[k] + (1 - b2_hat) * gk**2
+      slices = range(gk.shape[0]) if k == "layers" else [slice(None)]  # one tensor per layer
+      step[k] = np.zeros_like(gk)
+      for sl in slices:
+        rms = np.sqrt(np.mean(gk[sl] ** 2 / np.maximum(u[k][sl], eps**2)))
+        rms_seen.append(rms)
+        eta = lr / max(1.0, rms)
+        decay = eta * wd * theta[k][sl] if decays[k] else 0.0
+        step[k][sl] = -decay - eta * v[k][sl] / (np.sqrt(u[k][sl]) + eps)
+    for k in theta:
+      theta[k] = theta[k] + step[k]
+    out.append(step)
+  return out, rms_seen
+
+
+def test_stable_adamw_is_the_papers_algorithm_2():
+  rng = np.random.default_rng(0)
+  params = {
+      "kernel": rng.standard_normal((4, 3)).astype(np.float32),
+      "bias": rng.standard_normal((3,)).astype(np.float32),
+      "layers": rng.standard_normal((2, 5)).astype(np.float32),  # a scan_layers stack
+  }
+  grads_seq = [_normal_like(params, seed) for seed in range(6)]
+  # a spike in one layer of the stack: its RMS jumps above 1 and only that layer is clipped
+  grads_seq[3]["layers"][1] *= 50.0
+  grads_seq[4]["kernel"] *= 30.0
+  lrs = [1e-3, 2e-3, 3e-3, 3e-3, 3e-3, 1e-3]
+  b1, b2, eps, wd = 0.9, 0.98, 1e-6, 0.1
+  want, rms_seen = _stable_adamw_reference(
+      params, grads_seq, lrs, b1, b2, eps, wd, {"kernel": True, "bias": False, "layers": True}
+  )
+  assert max(rms_seen) > 1.5  # the clipping is exercised, not only the AdamW part
+
+  c = tiny_config(optimizer="stable_adamw", clip_norm=0.0, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+  tx = optim.make_optimizer(c.train, lambda count: jnp.asarray(lrs)[count])
+  p = jax.tree.map(jnp.asarray, params)
+  state = tx.init(p)
+  for t, grads in enumerate(grads_seq):
+    updates, state = jax.jit(tx.update)(jax.tree.map(jnp.asarray, grads), state, p)
+    p = optax.apply_updates(p, updates)
+    for k in params:
+      np.testing.assert_allclose(updates[k], want[t][k], rtol=2e-4, atol=1e-9, err_msg=(t, k))
+
+
+def test_stable_adamw_differs_from_adamw_only_when_clipping():
+  """Without spikes (RMS <= 1) StableAdamW is optax's AdamW with the same mask."""
+  params = {"kernel": jnp.ones((3, 3)), "bias": jnp.zeros((3,))}
+  g = {"kernel": jnp.full((3, 3), 0.5), "bias": jnp.full((3,), -0.2)}
+  outs = []
+  for name in ("adamw", "stable_adamw"):
+    c = tiny_config(optimizer=name, clip_norm=0.0, weight_decay=0.01)
+    tx = optim.make_optimizer(c.train, lambda _: 1e-3)
+    s = tx.init(params)
+    for _ in range(3):
+      u, s = tx.update(g, s, params)
+    outs.append(u)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), *outs)
+
+
+def test_batch_warmup_grows_the_accumulation_count():
+  counts = [int(optim.active_microbatches(t, 4, 100, 1)) for t in (0, 24, 25, 49, 50, 75, 99, 100)]
+  assert counts == [1, 1, 2, 2, 3, 4, 4, 4]  # 4 counts, 25 steps each
+  assert [int(optim.active_microbatches(t, 4, 90, 2)) for t in (0, 29, 30, 60, 500)] == [
+      2,
+      2,
+      3,
+      4,
+      4,
+  ]
+  assert int(optim.active_microbatches(0, 4, 0, 1)) == 4  # off
+
+
+@pytest.mark.slow
+def test_batch_warmup_trains_on_the_first_microbatches_without_recompiling():
+  """At step 0 with 1 of 4 microbatches active, the update is exactly that of a batch holding
+  only the first microbatch's rows (rows 0, 4, 8, ...); later steps, at other counts, reuse
+  the compiled step."""
+  mesh = sharding.make_mesh(2, 2, 2)
+  c = tiny_config(microbatches=4, warmup_steps=0, batch_size=32)
+  c.train.batch_warmup_steps, c.train.batch_warmup_start = 4, 1
+  c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
+  s = train.setup(c, mesh)
+  batch = _batch(c, mesh)
+  state, m = s.train_step(s.init_state(0), batch)
+  assert float(m["batch_fraction"]) == 0.25
+  rows = {k: np.asarray(v)[0::4] for k, v in jax.device_get(batch).items()}
+  c1 = tiny_config(microbatches=1, warmup_steps=0, batch_size=8)
+  c1.model.hidden_dropout_rate = c1.model.attention_dropout_rate = 0.0
+  s1 = train.setup(c1, mesh)
+  state1, m1 = s1.train_step(
+      s1.init_state(0), pretraining.global_batch(rows, sharding.batch_sharding(mesh))
+  )
+  for k in ("loss", "mlm_loss", "nsp_loss", "grad_norm"):
+    assert float(m[k]) == pytest.approx(float(m1[k]), rel=1e-5), k
+  assert float(m["real_token_fraction"]) == pytest.approx(float(m1["real_token_fraction"]) / 4)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+      jax.device_get(state.params),
+      jax.device_get(state1.params),
+  )
+  fractions = [0.25]
+  for _ in range(4):
+    state, m = s.train_step(state, batch)
+    fractions.append(float(m["batch_fraction"]))
+  assert fractions == [0.25, 0.5, 0.75, 1.0, 1.0]
+  assert s.train_step.jitted._cache_size() == 1

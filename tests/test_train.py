@@ -173,3 +173,36 @@ def test_bad_config_from_python_is_one_error_and_writes_nothing(tmp_path, field,
   with pytest.raises(ValueError, match=message):
     loop.train_and_evaluate(loop_config(4, **{field: value}), str(wd))
   assert not wd.exists()
+
+
+@pytest.mark.slow
+def test_a_context_extension_phase_computes_with_its_own_rope_theta(tmp_path):
+  """ModernBERT's context extension as phase 2: a longer sequence and a new global RoPE base.
+  Phase 1 trains exactly as without the change, phase 2 differs, the checkpoint records the
+  phase-2 model, and a resume inside phase 2 repeats the uninterrupted run."""
+  from bertjax.training import checkpoint
+
+  kw = {
+      "model.position_embedding": "rope",
+      "phase2.fraction": 0.5,
+      "phase2.seq_len": 64,
+      "phase2.max_predictions_per_seq": 8,
+      "phase2.batch_size": 8,
+      "eval.every_steps": 0,
+  }
+  base = tmp_path / "base"
+  assert loop.train_and_evaluate(loop_config(4, **kw), str(base)) == 0
+  kw["phase2.rope_theta"] = 160_000.0
+  ext = tmp_path / "ext"
+  assert loop.train_and_evaluate(loop_config(4, **kw), str(ext)) == 0
+  rows_base, _ = metrics_rows(base)
+  rows_ext, _ = metrics_rows(ext)
+  assert [rows_ext[s]["loss"] for s in (1, 2)] == [rows_base[s]["loss"] for s in (1, 2)]
+  assert all(rows_ext[s]["loss"] != rows_base[s]["loss"] for s in (3, 4))
+  assert checkpoint.read_config(str(ext)).rope_theta == 160_000.0
+  assert checkpoint.read_config(str(base)).rope_theta == 10_000.0
+  part = tmp_path / "part"
+  run_until(loop_config(4, **kw), part, 3)
+  assert loop.train_and_evaluate(loop_config(4, **kw), str(part)) == 0
+  rows_part, _ = metrics_rows(part)
+  assert rows_part[4]["loss"] == rows_ext[4]["loss"]

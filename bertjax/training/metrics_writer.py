@@ -85,11 +85,12 @@ class MetricsWriter:
             file=sys.stderr,
         )
 
-  def write(self, step: int, metrics: Mapping[str, float]) -> None:
-    """One JSON line {"step": ..., **metrics} and one TensorBoard scalar per key."""
+  def write(self, step: int, metrics: Mapping[str, float | Mapping | None]) -> None:
+    """One JSON line {"step": ..., **metrics} and one TensorBoard scalar per number (a
+    mapping, such as `time_to_target`, goes to the JSON line as it is)."""
     if not self.enabled:
       return
-    row = {"step": int(step), **{k: (None if v is None else float(v)) for k, v in metrics.items()}}
+    row = {"step": int(step), **{k: _json_value(v) for k, v in metrics.items()}}
     # JSON has no inf/nan: such values are written as null and named under "nonfinite".
     bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
     for k in bad:
@@ -102,7 +103,7 @@ class MetricsWriter:
     if self._tb is not None:
       with self._tb.as_default(step=int(step)):
         for k, v in metrics.items():
-          if v is not None and math.isfinite(float(v)):
+          if v is not None and not isinstance(v, Mapping) and math.isfinite(float(v)):
             self._tf.summary.scalar(k, float(v))
       self._tb.flush()
 
@@ -115,6 +116,12 @@ class MetricsWriter:
       self._jsonl.close()
       if self._tb is not None:
         self._tb.close()
+
+
+def _json_value(v):
+  if v is None or isinstance(v, Mapping):
+    return None if v is None else dict(v)
+  return float(v)
 
 
 def _truncate_after(path: epath.Path, step: int) -> None:
@@ -138,3 +145,14 @@ def _truncate_after(path: epath.Path, step: int) -> None:
         "run trains again)",
         flush=True,
     )
+
+
+def time_to_target_line(target: float, reached: Mapping | None) -> str:
+  """`time to target (held-out MLM accuracy >= 0.4): step 300, 1m12s, 1.23M tokens`."""
+  head = f"time to target (held-out MLM accuracy >= {target:g}):"
+  if reached is None:
+    return f"{head} not reached"
+  return (
+      f"{head} step {reached['step']}, {format_duration(reached['wall_s'])} "
+      f"({reached['wall_s']:.1f}s), {reached['tokens'] / 1e6:.2f}M tokens"
+  )

@@ -14,6 +14,10 @@ The loop that drives them lives in `bertjax.training.loop`. This module imports 
 Shape letters: B batch, M microbatches, L sequence length, P masked positions, E examples
 per packed row.
 
+Batch-size warmup (`config.train.batch_warmup_steps`, with `microbatches` > 1): the step
+trains on the first `optim.active_microbatches(step, ...)` microbatches of its batch and skips
+the others in a conditional; the batch's shape never changes, so the step compiles once.
+
 Packed batches (`config.data.packing`, bertjax.data.packing) carry `segment_ids`,
 `position_ids` [B, L], `cls_positions`, `nsp_weights` [B, E] besides the usual arrays; the steps
 hand the first three to the model and weight the per-example NSP loss by `nsp_weights`. An
@@ -124,6 +128,10 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       schedule=schedule,
       mesh=mesh,
       microbatches=config.train.microbatches,
+      batch_warmup=(
+          config.train.get("batch_warmup_steps", 0) or 0,
+          config.train.get("batch_warmup_start", 1) or 1,
+      ),
       pair_mode=config.data.pair_mode,
       inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
   )
@@ -197,10 +205,18 @@ def _train_step(
     schedule,
     mesh,
     microbatches: int,
+    batch_warmup: tuple[int, int],
     pair_mode: str,
     inject_nan_at_step: int,
 ):
   batch = {k: v for k, v in batch.items() if k in STEP_INPUTS}
+  # Batch-size warmup: only the first `active` microbatches train (the others weigh 0 and
+  # are skipped); the batch keeps its shape, so the step compiles once.
+  warming = microbatches > 1 and batch_warmup[0] > 0
+  if warming:
+    active = optim.active_microbatches(state.step, microbatches, *batch_warmup)
+    rows = batch["input_ids"].shape[0]
+    batch = _weigh_rows(batch, (jnp.arange(rows) % microbatches < active).astype(jnp.float32))
   # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
   mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
   nsp_count = losses.nsp_count(batch, pair_mode)
@@ -215,17 +231,26 @@ def _train_step(
     (_, sums), grads = grad_fn(state.params, batch, step_key)
   else:
 
-    def body(carry, xs):
-      grads_acc, sums_acc = carry
-      i, mb = xs
-      (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(step_key, i))
-      return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s)), None
-
     zeros_g = jax.tree.map(jnp.zeros_like, state.params)
     zeros_s = {
         k: jnp.zeros((), jnp.float32)
         for k in ("mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")
     }
+
+    def body(carry, xs):
+      grads_acc, sums_acc = carry
+      i, mb = xs
+
+      def run(mb):
+        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(step_key, i))
+        return g, s
+
+      if warming:  # a conditional, so a skipped microbatch costs no FLOPs
+        g, s = jax.lax.cond(i < active, run, lambda _: (zeros_g, zeros_s), mb)
+      else:
+        g, s = run(mb)
+      return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s)), None
+
     (grads, sums), _ = jax.lax.scan(
         body,
         (zeros_g, zeros_s),
@@ -259,7 +284,19 @@ def _train_step(
       param_norm=optax.tree.norm(new_params),
       **batch_shape_metrics(batch),
   )
+  if warming:
+    metrics["batch_fraction"] = active.astype(jnp.float32) / microbatches
   return new_state, metrics
+
+
+def _weigh_rows(batch: dict, row_B: Array) -> dict:
+  """The batch with rows where `row_B` is 0 left out of every loss and count (and of the
+  real-token and example shares `batch_shape_metrics` reports)."""
+  out = dict(batch, row_weights=row_B)
+  out["masked_weights"] = batch["masked_weights"].astype(jnp.float32) * row_B[:, None]
+  w = batch.get("nsp_weights")
+  out["nsp_weights"] = row_B if w is None else w.astype(jnp.float32) * row_B[:, None]
+  return out
 
 
 def batch_shape_metrics(batch: dict) -> dict:
@@ -269,8 +306,11 @@ def batch_shape_metrics(batch: dict) -> dict:
   examples = (
       jnp.sum(batch["nsp_weights"].astype(jnp.float32)) / rows if "nsp_weights" in batch else 1.0
   )
+  real_BxL = batch["attention_mask"].astype(jnp.float32)
+  if "row_weights" in batch:  # batch-size warmup: the rows trained on
+    real_BxL = real_BxL * batch["row_weights"][:, None]
   return dict(
-      real_token_fraction=jnp.mean(batch["attention_mask"].astype(jnp.float32)),
+      real_token_fraction=jnp.mean(real_BxL),
       examples_per_row=jnp.asarray(examples, jnp.float32),
   )
 
