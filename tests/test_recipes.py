@@ -210,7 +210,8 @@ def test_the_modern_recipes_build_and_pass_the_checks(elsewhere, variant):
   cfg = _bert_config(config)
   assert (cfg.norm_placement, cfg.mlp_type, cfg.position_embedding) == ("pre", "glu", "rope")
   assert (cfg.use_bias, cfg.type_vocab_size, cfg.global_every) == (False, 0, 3)
-  assert (cfg.rope_theta, cfg.local_rope_theta) == (160_000.0, 10_000.0)
+  last = phases_lib.phase_config(config, phases_lib.phases(config)[-1])  # after any extension
+  assert (last.model.rope_theta, last.model.local_rope_theta) == (160_000.0, 10_000.0)
   assert not cfg.scan_layers  # local and global layers differ
   assert (config.data.pair_mode, config.data.mask_prob) == ("none", 0.3)
   for ph in phases_lib.phases(config):  # room for 30% of every phase's tokens
@@ -222,6 +223,8 @@ def test_the_modern_recipes_build_and_pass_the_checks(elsewhere, variant):
 def test_modern_base_is_modernbert_base_as_transformers_configures_it():
   hf = pytest.importorskip("transformers").ModernBertConfig()  # ModernBERT-base's defaults
   config = recipes.get_config("modern_base")
+  # ModernBERT-base as released: after the context extension (phase 2's RoPE theta)
+  config = phases_lib.phase_config(config, phases_lib.phases(config)[-1])
   cfg = _bert_config(config, vocab=hf.vocab_size)
   for ours, theirs in MODERN_FROM_HF.items():
     assert getattr(cfg, ours) == getattr(hf, theirs), (ours, theirs)
@@ -230,14 +233,25 @@ def test_modern_base_is_modernbert_base_as_transformers_configures_it():
   every = [i for i, t in enumerate(hf.layer_types) if t == "full_attention"]
   assert every == list(range(0, cfg.num_layers, cfg.global_every))
   assert not (hf.norm_bias or hf.mlp_bias or hf.attention_bias) and not cfg.use_bias
-  assert (config.data.seq_len, config.phase2.seq_len) == (1024, hf.max_position_embeddings)
-  # BERT-base's optimizer and schedule until ModernBERT's own arrive
-  base = recipes.get_config("base")
-  assert config.train.to_dict() == base.train.to_dict()
+  assert config.data.seq_len == hf.max_position_embeddings  # the extension's 8,192
+  first = recipes.get_config("modern_base")
+  assert (first.data.seq_len, first.model.rope_theta) == (1024, 10_000.0)  # before it
+  # ModernBERT's training (paper 2.2.3): StableAdamW at 8e-4, trapezoid, extension at 3e-4
+  t = first.train
+  assert (t.optimizer, t.schedule, t.learning_rate, t.weight_decay) == (
+      "stable_adamw",
+      "wsd",
+      8e-4,
+      1e-5,
+  )
+  assert first.phase2.restart_schedule and first.phase2.learning_rate == 3e-4
 
 
 def test_modern_tiny_is_modern_base_at_tiny_scale():
-  base, tiny = (_bert_config(recipes.get_config(v)) for v in ("modern_base", "modern_tiny"))
+  # against the released ModernBERT-base: modern_base after its context extension (phase 2)
+  released = recipes.get_config("modern_base")
+  base = _bert_config(phases_lib.phase_config(released, phases_lib.phases(released)[-1]))
+  tiny = _bert_config(recipes.get_config("modern_tiny"))
   scale = {"num_layers", "hidden_size", "num_heads", "intermediate_size", "local_attention"}
   scale |= {"max_position_embeddings", "dtype", "scan_layers"}
   differ = {f for f in base.to_dict() if getattr(base, f) != getattr(tiny, f)}
