@@ -183,16 +183,13 @@ def test_pack_refuses_a_row_that_overflows():
 
 def test_a_blocks_instances_are_each_in_exactly_one_row(data_dir):
   packed, plain = _stream(_cfg(data_dir)), _stream(_cfg(data_dir, packing=False))
-  for _ in range(2):  # two blocks
-    packed._load_block()
-    plain._load_block()
-    rows = packed._block_rows
+  for t in range(2):  # two blocks
+    rows = packed.builder.rows(t)
     flat = [_identity(x) for row in rows for x in row]
-    assert sorted(flat) == sorted(_identity(row[0]) for row in plain._block_rows)
+    assert sorted(flat) == sorted(_identity(row[0]) for row in plain.builder.rows(t))
     assert len(flat) == len(set(flat))
     assert all(sum(x[3].length for x in row) <= L and len(row) <= E for row in rows)
     assert len(rows) < len(flat)  # some rows hold several examples
-    packed.block, plain.block = packed.block + 1, plain.block + 1
 
 
 @pytest.mark.parametrize("pair_mode", ["nsp", "sop", "none"])
@@ -211,14 +208,13 @@ def test_packed_masks_equal_the_unpacked_masks(data_dir):
   """Each example of a packed row is masked exactly as the unpacked stream masks it."""
   cfg = _cfg(data_dir, whole_word_mask=True, short_seq_prob=0.3)
   packed, plain = _stream(cfg, batch=48), _stream(dataclasses.replace(cfg, packing=False), 48)
-  packed._load_block()
-  rows = packed._block_rows[:48]
+  rows = packed.builder.rows(0)[:48]
   b = next(_stream(cfg, batch=48))  # the stream's own first batch is these rows
-  for k, v in packed._features(rows).items():
+  for k, v in packed.builder._features(rows).items():
     np.testing.assert_array_equal(b[k], v, err_msg=k)
   flat = [x for row in rows for x in row]
   assert len(flat) > len(rows)
-  want = plain._features([[x] for x in flat])
+  want = plain.builder._features([[x] for x in flat])
   got = [e for examples in packing.unpack(b, P, PAD_ID) for e in examples]
   assert len(got) == len(flat)
   for i, e in enumerate(got):
@@ -234,7 +230,7 @@ def test_exact_resume_of_a_packed_stream(data_dir, skip):
     next(stream)
   state = json.loads(json.dumps(stream.get_state()))
   assert state["packing"] is True and state["max_examples_per_row"] == E
-  assert 0 < state["offset"] < len(stream._block_rows)  # rows of the block, not instances
+  assert 0 < state["offset"] < len(stream._current["input_ids"])  # rows, not instances
   expected = [next(stream) for _ in range(3)]
   resumed = _stream(cfg, batch=24, state=state)
   for want in expected:

@@ -95,12 +95,14 @@ def test_resume_is_identical_and_crosses_readers(data_dir, skip):
 
 
 @pytest.mark.slow
-def test_hosts_read_disjoint_files(data_dir):
+def test_hosts_read_disjoint_blocks(data_dir):
   seen = []
   for index in range(2):
     stream = _stream(_cfg(data_dir), batch=4, index=index, count=2)
-    seen.append({s for s, _, _ in stream._read_from(0, 0)})
-  assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(5))
+    blocks = range(index, stream.builder.blocks_per_epoch, 2)  # the hosts take turns
+    seen.append({(s, r) for t in blocks for s, r, _ in stream.builder.documents(t)})
+  assert not seen[0] & seen[1]
+  assert {s for s, _ in seen[0] | seen[1]} == set(range(5))
 
 
 def test_unknown_reader_is_a_clear_error(data_dir):

@@ -10,10 +10,12 @@ built ahead: what a checkpoint stores to resume exactly.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import sys
 import threading
 import time
+from typing import Callable, Iterator
 
 import jax
 import numpy as np
@@ -103,6 +105,8 @@ class Prefetcher:
       except queue.Empty:
         pass
       self._thread.join(timeout=0.1)
+    if not self._thread.is_alive():
+      close(self._it)  # the stream's worker processes, if any
     if self._thread.is_alive():
       print(
           f"warning: the input prefetch thread did not stop within {timeout:.0f} s", file=sys.stderr
@@ -112,3 +116,39 @@ class Prefetcher:
 def prefetch_to_device(iterator, sharding, size: int = 2) -> Prefetcher:
   """Global jax.Array batches from a host-batch iterator, overlapping host and device."""
   return Prefetcher(iterator, sharding, size)
+
+
+# ------------------------------------------------------------------ blocks on worker processes
+
+# Blocks a worker builds ahead of the consumer. Grain's mp_prefetch hands out the elements in
+# order (worker w computes elements w, w + k, ...), so k workers hold k * (this + 1) blocks.
+BLOCKS_AHEAD_PER_WORKER = 1
+_ENDLESS = 1 << 62  # blocks of an endless stream: Grain's ranges are lazy
+
+
+def map_blocks(build: Callable[[int], dict], first: int, workers: int) -> Iterator[dict]:
+  """build(first), build(first + 1), ... in order: here when `workers` <= 1, else on that many
+  Grain worker processes. `build` must be a picklable pure function of its argument, so the
+  results do not depend on `workers`."""
+  if workers <= 1:
+    return map(build, itertools.count(first))
+  import grain  # here: only a stream with workers needs it
+  from absl import flags
+
+  # Grain reads this absl flag when its workers start, which fails in a program that has not
+  # parsed absl flags (a library caller, a test): take its default, as an unparsed flag has.
+  flag = flags.FLAGS["grain_enable_multiprocess_worker_profiling"]
+  flag.present = flag.present or not flags.FLAGS.is_parsed()
+
+  ds = grain.MapDataset.range(first, _ENDLESS).map(build).to_iter_dataset()
+  options = grain.MultiprocessingOptions(
+      num_workers=workers, per_worker_buffer_size=BLOCKS_AHEAD_PER_WORKER
+  )
+  return iter(ds.mp_prefetch(options))
+
+
+def close(blocks: Iterator | None) -> None:
+  """Stops the worker processes of a `map_blocks` iterator (nothing to do for the in-process one)."""
+  stop = getattr(blocks, "close", None)
+  if stop is not None:
+    stop()

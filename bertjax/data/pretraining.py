@@ -18,10 +18,11 @@ nsp_labels becomes [B,E] and the masked arrays [B,R] (R = packing.prediction_bud
 block's instances are packed into rows (best-fit decreasing), the rows shuffled, and batches
 take rows; the offset of the state then counts rows of the block.
 
-Prepared source. Hosts take whole shard files (`shards[process_index::process_count]`), so in
-each epoch every document is used exactly once across hosts. An epoch visits the host's shards
-in a seeded order; every `shuffle_buffer` consecutive documents form a block whose instances
-are built (instances.py), shuffled together and masked (masking.py) as batches are drawn.
+Prepared source. An epoch visits all the shards in a seeded order; every `shuffle_buffer`
+consecutive documents form a block whose instances are built (instances.py), shuffled together
+and masked (masking.py) as batches are drawn. The hosts take the epoch's blocks in turns (host h
+of H: blocks h, h+H, ...; `HostPlan`), each reading only the blocks it builds, so in each epoch
+every document is used exactly once across hosts; with one host, block after block.
 `prepare` shuffled the documents across the whole corpus, so a block is a random sample of it
 (not neighbouring chapters or titles) and a NotNext segment, taken from another document of the
 block, comes from a random other document of the corpus, as in google-research/bert. The
@@ -29,11 +30,18 @@ shards are read by a tf.data pipeline (tf_reader.py: TFRecordDataset -> blocks -
 parse_example -> prefetch), so reading and parsing the next blocks run in tf.data's threads
 while Python builds and masks the current one; without TensorFlow (or with
 `reader="python"`) records.py reads them in plain Python. Both give the same documents in the
-same order, hence bit-identical batches. The state is (epoch, block, offset in block):
-resuming re-reads that block's documents, skipping the records before it in one shard (no
-replay of the stream), and rebuilds the same instances; a state saved with one reader resumes
-with the other. Instance building and masking stay in numpy: every random choice is a hash of
+same order, hence bit-identical batches. The state is (position in the hosts' schedule of
+blocks, offset in that block): resuming re-reads that block's documents, skipping the records
+before it in one shard (no replay of the stream), and rebuilds the same instances; a state saved
+with one reader resumes with the other. States saved by H hosts resume on H' others through
+`resume_states`: the blocks the old hosts left partly used (finished from their offsets) and
+those nobody touched become the schedule the new hosts share out (docs/data.md). Instance building and masking stay in numpy: every random choice is a hash of
 the example's identity, which is what makes the stream deterministic and the resume exact.
+
+Worker processes (`workers`, docs/data.md): a block's rows are a pure function of its number
+t across epochs (`BlockBuilder`), so blocks are built, masked and packed on Grain worker
+processes (`prefetch.map_blocks`), handed back in order, and the stream only cuts their rows
+into batches: the same batches and states for any number of workers.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from bertjax.data import (
     records,
     synthetic,
     tf_reader,
+    prefetch,
     wordpiece,
 )
 
@@ -72,6 +81,8 @@ FEATURES = (
 )
 PACKED_FEATURES = FEATURES + packing_lib.EXTRA_FEATURES  # what a packed stream yields
 _FILE_ORDER, _BLOCK_ORDER, _DOC_RNG, _ROW_ORDER = 21, 22, 23, 24  # purposes of the hashes
+# What must agree between the states of the hosts of one run to carry them to another host count.
+_SHARED = ("source", "split", "seed", "seq_len", "pair_mode", "global_batch_size", "packing")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +109,9 @@ class InputConfig:
   # Wikipedia at L=512 with at most 3; the bundled corpus averages 1.04 per row at L=128 and
   # 1.12 at 512, so 8 only binds on corpora of many short documents.
   max_examples_per_row: int = 8
+  # Processes that build blocks (prefetch.map_blocks, on Grain); 0 or 1: in this process.
+  # The batches are the same for any number.
+  workers: int = 0
 
 
 def _check(
@@ -135,6 +149,8 @@ def _check(
     )
   if cfg.shuffle_buffer < 1:
     raise errors.ConfigError(f"InputConfig.shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
+  if cfg.workers < 0:
+    raise errors.ConfigError(f"InputConfig.workers={cfg.workers} must be >= 0 (0: in-process)")
   if cfg.max_examples_per_row < 1:
     raise errors.ConfigError(
         f"InputConfig.max_examples_per_row={cfg.max_examples_per_row} must be >= 1"
@@ -225,31 +241,36 @@ class SyntheticStream:
     return {**self.fingerprint, "step": self.step}
 
 
-class PreparedStream:
-  """Batches built on the fly from this host's shards; see the module docstring."""
+class BlockBuilder:
+  """Block t of the stream -> the features of its rows: a pure function of t, the same for
+  every host count (the blocks are those of all the shards; hosts only choose which to build).
+
+  t counts blocks across epochs (epoch t // blocks_per_epoch, block t % blocks_per_epoch).
+  The worker processes (prefetch.map_blocks) get a pickled copy each; a copy keeps its reader open
+  while the blocks it is asked for follow one another (the in-process case).
+  """
 
   def __init__(
       self,
       cfg: InputConfig,
       spec: masking.MaskSpec,
       shards: list[dict],
-      rows: int,
-      fingerprint: dict,
-      state: dict,
       reader: str,
+      one_block_reads: bool = False,
   ):
-    self.cfg, self.spec, self.shards, self.rows = cfg, spec, shards, rows
-    self.fingerprint, self.reader = fingerprint, reader
+    self.cfg, self.spec, self.shards, self.reader = cfg, spec, shards, reader
+    # Several hosts take blocks in turns: a reader opened at a block reads that block only.
+    self.one_block_reads = one_block_reads
     self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
-    self.epoch, self.block = state.get("epoch", 0), state.get("block", 0)
-    self.offset, self.step = state.get("offset", 0), state.get("step", 0)
-    self._blocks: Iterator | None = None  # (epoch, block) from the current block on
-    # The current block's rows, each a list of (epoch, shard, record, instance); one
-    # instance per row unless packing.
-    self._block_rows: list[list] | None = None
+    documents = sum(s["documents"] for s in shards)
+    self.blocks_per_epoch = -(-documents // cfg.shuffle_buffer)
+    self._open: tuple[int, Iterator] | None = None  # (next block t, its reader)
 
-  def _epoch_order(self, epoch: int) -> list[int]:
-    """Indices of this host's shards in the order epoch `epoch` reads them."""
+  def __getstate__(self) -> dict:
+    return {**self.__dict__, "_open": None}  # a reader does not cross processes
+
+  def epoch_order(self, epoch: int) -> list[int]:
+    """Indices of the shards in the order epoch `epoch` reads them."""
     order = list(range(len(self.shards)))
     random.Random(int(masking.key(self.cfg.seed, _FILE_ORDER, epoch))).shuffle(order)
     return order
@@ -257,7 +278,7 @@ class PreparedStream:
   def _python_blocks(self, epoch: int, first_doc: int) -> Iterator[tuple[int, list]]:
     while True:
       block = []
-      for shard in (self.shards[i] for i in self._epoch_order(epoch)):
+      for shard in (self.shards[i] for i in self.epoch_order(epoch)):
         if first_doc >= shard["documents"]:
           first_doc -= shard["documents"]
           continue
@@ -273,52 +294,64 @@ class PreparedStream:
         yield epoch, block
       epoch, first_doc = epoch + 1, 0
 
-  def _read_blocks(
-      self, epoch: int, first_doc: int, num_epochs: int | None = None
+  def read_blocks(
+      self,
+      epoch: int,
+      first_doc: int,
+      num_epochs: int | None = None,
+      num_blocks: int | None = None,
   ) -> Iterator[tuple[int, list]]:
     """(epoch, block of (shard id, record, sentences)) from document `first_doc` of
-    `epoch` on, endlessly unless `num_epochs`; a block never spans two epochs."""
+    `epoch` on, endlessly unless `num_epochs`; a block never spans two epochs. The Python
+    reader reads lazily; `num_blocks` keeps tf.data from reading ahead past those blocks."""
     if self.reader == "tf.data":
       return tf_reader.read_blocks(
-          self.shards, self._epoch_order, epoch, first_doc, self.cfg.shuffle_buffer, num_epochs
+          self.shards,
+          self.epoch_order,
+          epoch,
+          first_doc,
+          self.cfg.shuffle_buffer,
+          num_epochs,
+          num_blocks,
       )
     return self._python_blocks(epoch, first_doc)
 
-  def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
-    """(shard id, record, sentences) of epoch `epoch` from document `first_doc` on."""
-    for e, block in self._read_blocks(epoch, first_doc, num_epochs=1):
-      if e != epoch:
-        return
-      yield from block
+  def documents(self, t: int) -> list:
+    """Block t's documents; reads on from the previous call's block when t follows it."""
+    if self._open is None or self._open[0] != t:
+      epoch, block = divmod(t, self.blocks_per_epoch)
+      num_blocks = 1 if self.one_block_reads else None
+      self._open = (t, self.read_blocks(epoch, block * self.cfg.shuffle_buffer, None, num_blocks))
+    _, docs = next(self._open[1])
+    self._open = None if self.one_block_reads else (t + 1, self._open[1])
+    return docs
 
-  def _load_block(self) -> None:
-    """Builds and shuffles the instances of (epoch, block); moves on at an epoch's end."""
-    if self._blocks is None:
-      self._blocks = self._read_blocks(self.epoch, self.block * self.cfg.shuffle_buffer)
-    epoch, docs = next(self._blocks)
-    if epoch != self.epoch:  # the epoch is over
-      self.epoch, self.block = epoch, 0
+  def __call__(self, t: int) -> dict[str, np.ndarray]:
+    """The rows of block t, in stream order, as arrays of the batch's features."""
+    return self._features(self.rows(t))
+
+  def rows(self, t: int) -> list[list]:
+    """Block t's rows, each a list of (epoch, shard, record, instance): one instance per row
+    unless packing."""
+    epoch, block = divmod(t, self.blocks_per_epoch)
+    docs = self.documents(t)
     sentences = [d[2] for d in docs]
-    if len(docs) == 1 and self.block > 0:
+    if len(docs) == 1 and block > 0:
       # The epoch's last block holds one document: its NotNext segments come from the
       # block before, never from the document itself.
-      _, previous = next(
-          self._read_blocks(self.epoch, (self.block - 1) * self.cfg.shuffle_buffer, 1)
-      )
+      _, previous = next(self.read_blocks(epoch, (block - 1) * self.cfg.shuffle_buffer, 1, 1))
       sentences += [d[2] for d in previous]
     items = []
     for j, (shard_id, record, _) in enumerate(docs):
-      rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, self.epoch, shard_id, record)))
+      rng = random.Random(int(masking.key(self.cfg.seed, _DOC_RNG, epoch, shard_id, record)))
       items.extend(
-          (self.epoch, shard_id, record, inst)
+          (epoch, shard_id, record, inst)
           for inst in instances_lib.create_instances(sentences, j, self.pairs, rng)
       )
-    random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, self.epoch, self.block))).shuffle(
-        items
-    )
-    self._block_rows = self._rows(items)
+    random.Random(int(masking.key(self.cfg.seed, _BLOCK_ORDER, epoch, block))).shuffle(items)
+    return self._rows(items, epoch, block)
 
-  def _rows(self, items: list) -> list[list]:
+  def _rows(self, items: list, epoch: int, block: int) -> list[list]:
     """The block's rows: one instance each, or packed (packing.py) and put in a seeded order."""
     if not self.cfg.packing:
       return [[item] for item in items]
@@ -327,27 +360,11 @@ class PreparedStream:
     )
     rows = [[items[i] for i in row] for row in plan]
     # Best-fit decreasing made the rows longest examples first: shuffle them again.
-    random.Random(int(masking.key(self.cfg.seed, _ROW_ORDER, self.epoch, self.block))).shuffle(rows)
+    random.Random(int(masking.key(self.cfg.seed, _ROW_ORDER, epoch, block))).shuffle(rows)
     return rows
 
-  def __iter__(self) -> "PreparedStream":
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    picked = []
-    while len(picked) < self.rows:
-      if self._block_rows is None:
-        self._load_block()
-      take = self._block_rows[self.offset : self.offset + self.rows - len(picked)]
-      picked.extend(take)
-      self.offset += len(take)
-      if self.offset >= len(self._block_rows):
-        self.block, self.offset, self._block_rows = self.block + 1, 0, None
-    self.step += 1
-    return self._features(picked)
-
   def _features(self, rows: list[list]) -> dict[str, np.ndarray]:
-    """The batch of these rows: every example masked as in a row of its own, then packed."""
+    """The features of these rows: every example masked as in a row of its own, then packed."""
     examples = [item for row in rows for item in row]
     batch = self._example_features(examples)
     if not self.cfg.packing:
@@ -371,7 +388,8 @@ class PreparedStream:
         self.spec.pad_id,
     )
     epoch_B, shard_B, record_B, index_B = (
-        np.array(x, np.int64) for x in zip(*[(e, s, r, inst.index) for e, s, r, inst in picked])
+        np.array(x, np.int64).reshape(-1)
+        for x in zip(*[(e, s, r, inst.index) for e, s, r, inst in picked])
     )
     # The masking key: (seed, epoch, document identity, instance number) and nothing else.
     keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
@@ -383,14 +401,197 @@ class PreparedStream:
         "nsp_labels": labels,
     }
 
+
+@dataclasses.dataclass(frozen=True)
+class HostPlan:
+  """The blocks one host takes, in order, from a saved position on: a pure function of i.
+
+  The schedule is the `leftover` items, then blocks t = `untouched_from`, +1, ... counted across
+  epochs, endlessly; an item is (epoch, block, first row): a block that other hosts left partly
+  used (first row > 0) or untouched. Host h of H takes positions h, h+H, ... of it in turn,
+  from `position` on. A fresh stream's schedule is blocks 0, 1, 2, ...: with one host, the
+  blocks in order; with H, block t is host t mod H's.
+  """
+
+  blocks_per_epoch: int  # B
+  hosts: int  # H: hosts sharing the schedule
+  leftover: tuple[tuple[int, int, int], ...]
+  untouched_from: int  # t of the first block after `leftover`
+  position: int  # the host's current position in the schedule
+
+  def item(self, q: int) -> tuple[int, int, int]:
+    """Item q of the schedule: (epoch, block, first row)."""
+    if q < len(self.leftover):
+      return tuple(self.leftover[q])
+    return divmod(self.untouched_from + q - len(self.leftover), self.blocks_per_epoch) + (0,)
+
+  def __call__(self, i: int) -> tuple[int, tuple[int, int, int]]:
+    """The host's i-th item from `position` on: (position in the schedule, item)."""
+    q = self.position + i * self.hosts
+    return q, self.item(q)
+
+
+class _HostBlocks:
+  """i -> the rows of the host's i-th block (picklable, for the worker processes)."""
+
+  def __init__(self, builder: BlockBuilder, plan: HostPlan):
+    self.builder, self.plan = builder, plan
+
+  def __call__(self, i: int) -> dict[str, np.ndarray]:
+    _, (epoch, block, _) = self.plan(i)
+    return self.builder(epoch * self.builder.blocks_per_epoch + block)
+
+
+class PreparedStream:
+  """Batches built on the fly from the blocks this host takes; see the module docstring.
+
+  Blocks are built by `BlockBuilder` in the order of `plan`, in this process or on `workers`
+  processes (prefetch.map_blocks); this object only cuts their rows into batches.
+  """
+
+  def __init__(
+      self,
+      cfg: InputConfig,
+      builder: BlockBuilder,
+      rows: int,
+      fingerprint: dict,
+      state: dict,
+  ):
+    self.cfg, self.builder, self.rows, self.fingerprint = cfg, builder, rows, fingerprint
+    self.spec, self.shards, self.reader = builder.spec, builder.shards, builder.reader
+    B = builder.blocks_per_epoch
+    # A state saved before the schedules (one host) holds the epoch and block of its position.
+    position = state.get("epoch", 0) * B + state.get("block", 0)
+    self.plan = HostPlan(
+        blocks_per_epoch=B,
+        hosts=fingerprint["process_count"],
+        leftover=tuple(tuple(x) for x in state.get("leftover", ())),
+        untouched_from=state.get("untouched_from", 0),
+        position=state.get("position", position + fingerprint["process_index"]),
+    )
+    self.item = 0  # items of `plan` used up
+    self.offset = state.get("offset", self.plan(0)[1][2])  # rows of the current block used
+    self.step = state.get("step", 0)
+    self._blocks: Iterator | None = None  # block features from the current block on
+    self._current: dict[str, np.ndarray] | None = None  # the current block's rows
+
+  def _read_from(self, epoch: int, first_doc: int) -> Iterator[tuple[int, int, list]]:
+    """(shard id, record, sentences) of epoch `epoch` from document `first_doc` on."""
+    for e, block in self.builder.read_blocks(epoch, first_doc, num_epochs=1):
+      if e != epoch:
+        return
+      yield from block
+
+  def _load_block(self) -> None:
+    if self._blocks is None:
+      self._blocks = prefetch.map_blocks(
+          _HostBlocks(self.builder, self.plan), self.item, self.cfg.workers
+      )
+    self._current = next(self._blocks)
+
+  def __iter__(self) -> "PreparedStream":
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    parts, need = [], self.rows
+    while need:
+      if self._current is None:
+        self._load_block()
+      n = len(self._current["input_ids"])
+      take = min(need, n - self.offset)
+      parts.append({k: v[self.offset : self.offset + take] for k, v in self._current.items()})
+      self.offset, need = self.offset + take, need - take
+      if self.offset >= n:  # the block is used up: on to the host's next one
+        self.item, self._current = self.item + 1, None
+        self.offset = self.plan(self.item)[1][2]
+    self.step += 1
+    if len(parts) == 1:
+      return {k: np.ascontiguousarray(v) for k, v in parts[0].items()}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+  def close(self) -> None:
+    """Stops the worker processes, if any (the stream cannot go on after this)."""
+    blocks, self._blocks = self._blocks, None
+    prefetch.close(blocks)
+
   def get_state(self) -> dict:
+    position, (epoch, block, _) = self.plan(self.item)
     return {
         **self.fingerprint,
-        "epoch": self.epoch,
-        "block": self.block,
+        "epoch": epoch,
+        "block": block,
         "offset": self.offset,
+        "position": position,
+        "leftover": [list(x) for x in self.plan.leftover],
+        "untouched_from": self.plan.untouched_from,
+        "blocks_per_epoch": self.builder.blocks_per_epoch,
         "step": self.step,
     }
+
+
+def resume_states(saved: list[dict], process_count: int) -> tuple[list[dict], str]:
+  """The states of a run's H hosts -> those of `process_count` hosts, and what was done.
+
+  What the old hosts left of their shared schedule (`HostPlan`) -- the blocks they had partly
+  used, to be finished from their offsets, the blocks some of them had not reached yet, then
+  every block after those -- becomes the schedule the new hosts take in turns: within an epoch
+  no document is used twice or skipped, across any number of such changes.
+  """
+  first = saved[0]
+  agree = _SHARED + ("step", "blocks_per_epoch", "leftover", "untouched_from")
+  differ = {k for s in saved for k in agree if s.get(k) != first.get(k)}
+  if differ:
+    raise errors.ConfigError(f"the saved input states of the hosts disagree on {sorted(differ)}")
+  hosts = len(saved)
+  common = {k: first[k] for k in _SHARED + ("max_examples_per_row", "step") if k in first}
+  new = [
+      {**common, "process_index": i, "process_count": process_count} for i in range(process_count)
+  ]
+  if first.get("source") == "synthetic":  # batch s is f(seed, s) for any host count
+    return new, f"the synthetic stream goes on at step {first['step']}"
+  if "blocks_per_epoch" not in first:
+    raise errors.ConfigError(
+        f"the input position of {hosts} host(s) was saved by an earlier version of the stream "
+        "(which gave each host whole shard files) and cannot be shared out"
+    )
+  # All the hosts share one schedule; host h is at position p_h, offset o_h rows into it.
+  B = first["blocks_per_epoch"]
+  plan = HostPlan(
+      blocks_per_epoch=B,
+      hosts=hosts,
+      leftover=tuple(tuple(x) for x in first["leftover"]),
+      untouched_from=first["untouched_from"],
+      position=0,
+  )
+  positions = [(s["position"], s["offset"]) for s in saved]
+  # From `tail` on, every position is left and plain; before it, host h's positions from p_h.
+  tail = max([len(plan.leftover)] + [p + 1 for p, _ in positions])
+  items = []
+  for q in range(min(p for p, _ in positions), tail):
+    p, offset = positions[q % hosts]
+    if q >= p:
+      e, b, row = plan.item(q)
+      items.append((e, b, offset if q == p else row))
+  items = sorted(x for x in items if x[2] > 0) + sorted(x for x in items if x[2] == 0)
+  untouched_from = plan.untouched_from + tail - len(plan.leftover)
+  for s in new:
+    h = s["process_index"]
+    e, b, row = items[h] if h < len(items) else divmod(untouched_from + h - len(items), B) + (0,)
+    s.update(
+        epoch=e,
+        block=b,
+        offset=row,
+        position=h,
+        leftover=[list(x) for x in items],
+        untouched_from=untouched_from,
+        blocks_per_epoch=B,
+    )
+  partly = sum(x[2] > 0 for x in items)
+  e, b = divmod(untouched_from, B)
+  return new, (
+      f"{partly} partly used and {len(items) - partly} skipped-over block(s) are shared out "
+      f"among {process_count} host(s), then every block from block {b} of epoch {e} on"
+  )
 
 
 def _mask_spec(
@@ -428,10 +629,10 @@ def _reader(cfg: InputConfig) -> str:
   return cfg.reader
 
 
-def host_shards(
-    cfg: InputConfig, process_index: int, process_count: int, split: str = "train"
+def split_shards(
+    cfg: InputConfig, process_count: int, split: str = "train"
 ) -> tuple[dict, list[dict]]:
-  """(metadata, this host's shards): whole files, `shards[process_index::process_count]`."""
+  """(metadata, the split's shards), each with its `id`; the hosts share out their blocks."""
   meta = records.load_metadata(cfg.path)
   shards = records.split_shards(meta, cfg.path, split)
   for i, shard in enumerate(shards):
@@ -454,7 +655,7 @@ def host_shards(
             else f"with `--eval-shards {process_count}` or more"
         )
     )
-  return meta, shards[process_index::process_count]
+  return meta, shards
 
 
 def make_stream(
@@ -466,7 +667,8 @@ def make_stream(
     state: dict | None = None,
     split: str = "train",
 ) -> SyntheticStream | PreparedStream:
-  """This host's endless stream of batches; `state` from `get_state()` resumes exactly."""
+  """This host's endless stream of batches; `state` from `get_state()` resumes exactly
+  (a state saved with another host count: through `resume_states` first)."""
   _check(cfg, global_batch_size, process_index, process_count, split)
   rows = global_batch_size // process_count
   fingerprint = _fingerprint(cfg, global_batch_size, process_index, process_count, split)
@@ -490,7 +692,12 @@ def make_stream(
         fingerprint,
         state.get("step", 0),
     )
-  meta, shards = host_shards(cfg, process_index, process_count, split)
+  if process_count > 1 and "source" in state and "untouched_from" not in state:
+    raise errors.ConfigError(
+        f"the input state of host {process_index} was saved by an earlier version of the stream "
+        "(which gave each host whole shard files); it cannot resume"
+    )
+  meta, shards = split_shards(cfg, process_count, split)
   vocab_size = meta["tokenizer"]["vocab_size"]
   # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
   if cfg.vocab_size and cfg.vocab_size < vocab_size:
@@ -504,4 +711,5 @@ def make_stream(
     word_start = np.array(tok.word_start_table(), bool)
 
   spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
-  return PreparedStream(cfg, spec, shards, rows, fingerprint, state, _reader(cfg))
+  builder = BlockBuilder(cfg, spec, shards, _reader(cfg), one_block_reads=process_count > 1)
+  return PreparedStream(cfg, builder, rows, fingerprint, state)

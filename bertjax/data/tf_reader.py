@@ -74,8 +74,10 @@ def block_dataset(
     orders: np.ndarray,
     first_records: np.ndarray,
     block_size: int,
+    num_blocks: int | None = None,
 ):
-  """A tf.data.Dataset of blocks of `block_size` documents of the given epochs.
+  """A tf.data.Dataset of blocks of `block_size` documents of the given epochs (the first
+  `num_blocks` of them when given, so that nothing after them is read ahead).
 
   orders [E, F]: the shards' indices in each epoch's order; first_records [E, F]: records to
   skip in each (the shard's document count skips it whole, without opening it). The last
@@ -109,6 +111,8 @@ def block_dataset(
           tf.constant(first_records, tf.int64),
       )
   ).flat_map(blocks_of)
+  if num_blocks is not None:
+    ds = ds.take(num_blocks)
   ds = ds.map(_parse_block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   options = tf.data.Options()
   options.deterministic = True
@@ -143,8 +147,10 @@ def read_blocks(
     first_doc: int,
     block_size: int,
     num_epochs: int | None = None,
+    num_blocks: int | None = None,
 ) -> Iterator[tuple[int, list[Document]]]:
-  """(epoch, block of documents) from document `first_doc` of `epoch` on.
+  """(epoch, block of documents) from document `first_doc` of `epoch` on; at most
+  `num_blocks` blocks when given.
 
   `shards` are records.split_shards entries with `id`, `path` and `documents`;
   `epoch_order(e)` gives the indices of `shards` in epoch e's order. Endless unless
@@ -162,7 +168,7 @@ def read_blocks(
     orders = np.array([epoch_order(e) for e in epochs], np.int64)
     firsts = np.zeros_like(orders)
     firsts[0] = _first_records(shards, list(orders[0]), first_doc)
-    it = block_dataset(shards, epochs, orders, firsts, block_size).as_numpy_iterator()
+    it = block_dataset(shards, epochs, orders, firsts, block_size, num_blocks).as_numpy_iterator()
     while True:
       try:
         block = next(it)
@@ -176,4 +182,8 @@ def read_blocks(
             "InputConfig(reader='python') names the file and record"
         ) from None
       yield int(block["epoch"]), _documents(block)
+      if num_blocks is not None:
+        num_blocks -= 1
+        if not num_blocks:
+          return
     epoch, first_doc = epochs[-1] + 1, 0

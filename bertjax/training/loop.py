@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -61,6 +62,21 @@ def resolve_config(config, workdir: str):
   return c
 
 
+@functools.lru_cache(maxsize=None)  # said once per run
+def input_workers(workers: int | None) -> int:
+  """config.data.workers, or by default half the host's cores (the rest run the loop, tf.data's
+  reader and XLA's host work), at most 32; 0 or 1 builds the examples in this process."""
+  if workers is None:
+    cores = os.cpu_count() or 1
+    workers = min(32, cores // 2)
+    print(
+        f"data: {workers} input worker process(es) (half of {cores} cores; "
+        "config.data.workers sets it)",
+        flush=True,
+    )
+  return workers
+
+
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
   d = config.data
   seed = config.seed + (1000 if split == "eval" and d.source == "synthetic" else 0)
@@ -75,6 +91,8 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       vocab_size=config.model.vocab_size,
       packing=d.get("packing", False),
       max_examples_per_row=d.get("max_examples_per_row", 8),
+      # Evaluation streams are short: worker processes would cost more to start than they save.
+      workers=input_workers(d.get("workers")) if split == "train" else 0,
   )
   stream = pretraining.make_stream(
       cfg,
@@ -91,7 +109,12 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
 
 
 def _meta(
-    config, setup: train.Setup, step: int, tokenizer_rel: str | None, metrics_partial: dict
+    config,
+    setup: train.Setup,
+    step: int,
+    tokenizer_rel: str | None,
+    metrics_partial: dict,
+    progress: dict | None = None,
 ) -> dict:
   return dict(
       bert_config=setup.bert_config.to_dict(),
@@ -100,6 +123,7 @@ def _meta(
       optimizer=config.train.optimizer,
       config=json.loads(config.to_json_best_effort()),
       metrics_partial=metrics_partial,
+      progress=progress,
   )
 
 
@@ -135,16 +159,26 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   """This process's saved input position; adapted when the number of processes changed."""
   if not saved:
     return None
-  if len(saved) == jax.process_count():
-    return saved[jax.process_index()]
   first = saved[0]
+  # States of several processes saved before the hosts shared blocks out go to resume_states,
+  # which says why they cannot carry over.
+  if len(saved) == jax.process_count() and (len(saved) == 1 or "untouched_from" in first["stream"]):
+    return saved[jax.process_index()]
   if config.data.source == "synthetic":  # batch s is f(seed, s) for any host count
     return {"phase": first["phase"], "stream": {"step": first["stream"]["step"]}}
+  try:
+    states, what = pretraining.resume_states([s["stream"] for s in saved], jax.process_count())
+  except errors.ConfigError as e:
+    writer.log(
+        f"warning: the checkpoint's input position was saved by {len(saved)} processes "
+        f"and cannot carry over to {jax.process_count()} ({e}); the input stream restarts"
+    )
+    return None
   writer.log(
-      f"warning: the checkpoint's input position was saved by {len(saved)} processes "
-      f"and cannot carry over to {jax.process_count()}; the input stream restarts"
+      f"input: the position saved by {len(saved)} process(es) carries over to "
+      f"{jax.process_count()}: {what}"
   )
-  return None
+  return {"phase": first["phase"], "stream": states[jax.process_index()]}
 
 
 def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, float]:
@@ -251,6 +285,56 @@ class _Meter:
     return out
 
 
+class _TimeToTarget:
+  """Tokens trained and wall time so far (summed over resumes), and the first evaluation whose
+  held-out MLM accuracy reaches `config.eval.target_mlm_accuracy`: MLPerf's time to train.
+
+  Tokens are real (not padding) tokens of the steps applied; wall time runs from the start of
+  the loop (the first step's compilation and the evaluations included) to the end of the
+  evaluation that reached the target. Both travel in the checkpoint (`progress`).
+  """
+
+  def __init__(self, config, plan: list[Phase], saved: dict | None):
+    self.target = config.eval.get("target_mlm_accuracy")
+    self.stop = bool(config.eval.get("stop_at_target", False)) and self.target is not None
+    self.plan = plan
+    saved = saved or {}
+    self.tokens = float(saved.get("tokens", 0.0))
+    self.wall0 = float(saved.get("wall_s", 0.0))
+    self.reached = saved.get("time_to_target")
+    self.t0 = time.perf_counter()
+
+  def start(self) -> None:
+    self.t0 = time.perf_counter()
+
+  def wall_s(self) -> float:
+    return self.wall0 + time.perf_counter() - self.t0
+
+  def add(self, at: int, m: dict) -> None:
+    """Step `at` (1-based) was applied: count its real tokens at its phase's shape."""
+    ph = next((ph for ph in self.plan if ph.start < at <= ph.end), self.plan[-1])
+    self.tokens += ph.batch_size * ph.seq_len * m.get("real_token_fraction", 1.0)
+
+  def state(self) -> dict:
+    return {"tokens": self.tokens, "wall_s": self.wall_s(), "time_to_target": self.reached}
+
+  def check(self, step: int, ev: dict) -> bool:
+    """True the first time an evaluation reaches the target."""
+    if self.target is None or self.reached is not None:
+      return False
+    if ev.get("eval_mlm_accuracy", -1.0) < self.target:
+      return False
+    self.reached = {
+        "step": int(step),
+        "wall_s": round(self.wall_s(), 3),
+        "tokens": int(self.tokens),
+    }
+    return True
+
+  def line(self) -> str:
+    return metrics_writer.time_to_target_line(self.target, self.reached)
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -354,6 +438,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
       restored.meta.get("metrics_partial") if restored else None,
   )
   eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config, writer)
+  clock = _TimeToTarget(config, plan, restored.meta.get("progress") if restored else None)
   watcher = distributed.PreemptionWatcher()
   bad_steps, pending, last_saved, start_step = 0, None, step, step
   log_at = {1, total} | {ph.end for ph in plan}  # besides every log_every_steps
@@ -368,7 +453,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
         at,
         state,
         data,
-        _meta(config, setups[phase.index], at, tokenizer_rel, meter.partial()),
+        _meta(config, setups[phase.index], at, tokenizer_rel, meter.partial(), clock.state()),
         force=force,
     )
 
@@ -391,6 +476,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
         return False
       return True
     meter.add(m)
+    clock.add(at, m)
     if at % config.log_every_steps == 0 or at in log_at:
       s = meter.summary(at, total)
       if s:
@@ -404,12 +490,25 @@ def _train_and_evaluate(config, workdir: str) -> int:
     writer.close()
     return status
 
+  def run_eval() -> bool:  # held-out metrics now; True when they first reach the target
+    ev = evaluate(config, setups[phase.index], state.params, phase)
+    writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
+    reached = clock.check(step, ev)
+    if reached:
+      writer.log(clock.line())
+      ev = dict(ev, time_to_target=clock.reached)
+    writer.write(step, ev)
+    return reached
+
   # --- the loop ---------------------------------------------------------------------------
   writer.log(
       f"training steps {step}..{total} | phase {phase.index}: seq {phase.seq_len}, "
       f"batch {phase.batch_size}"
   )
-  while step < total:
+  if clock.stop and clock.reached is not None:
+    writer.log(f"{clock.line()}; config.eval.stop_at_target: nothing left to train")
+  clock.start()
+  while step < total and not (clock.stop and clock.reached is not None):
     if step >= phase.end:  # phase switch: new length and batch, same state
       batches.close()
       phase = plan[phase.index + 1]
@@ -425,11 +524,15 @@ def _train_and_evaluate(config, workdir: str) -> int:
       return stop(1)
     pending = (step, metrics)
     if eval_on and step % config.eval.every_steps == 0:
+      if clock.target is not None:  # this step's tokens count toward the target: read it now
+        ok, pending = read(pending), None
+        if not ok:
+          return stop(1)
       t_eval = time.perf_counter()
-      ev = evaluate(config, setups[phase.index], state.params, phase)
+      if run_eval() and clock.stop:
+        writer.log(f"stopping at step {step}: config.eval.stop_at_target")
+        break
       meter.exclude(time.perf_counter() - t_eval)
-      writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
-      writer.write(step, ev)
     checkpoint_now = step % ck.every_steps == 0 and step < total
     preempted = watcher.should_stop(step)
     if checkpoint_now or preempted:
@@ -449,12 +552,13 @@ def _train_and_evaluate(config, workdir: str) -> int:
     save(step, force=True)
   mngr.wait()
   if ok and eval_on and step % config.eval.every_steps and step > start_step:
-    ev = evaluate(config, setups[phase.index], state.params, phase)
-    writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
-    writer.write(step, ev)
+    run_eval()
+  if clock.target is not None and step > start_step:
+    writer.write(step, {"time_to_target": clock.reached})  # null: not reached
   writer.log(
       f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
       f"{epath.Path(workdir) / 'tensorboard'}, metrics in "
       f"{epath.Path(workdir) / 'metrics.jsonl'}"
+      + (f" | {clock.line()}" if clock.target is not None else "")
   )
   return stop(0 if ok else 1)
