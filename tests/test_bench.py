@@ -355,7 +355,9 @@ def test_bench_finetune_packed_compiles_one_shape_each(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--preset", "tiny"]
   argv += ["--max-seq-len", "32", "--packing", "--compare", "", "--json"]
   assert bench_cmd.main(argv) == 0
-  r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  out = capsys.readouterr()
+  r = json.loads(out.out)  # --json: stdout is one JSON object, the epoch lines go to stderr
+  assert "epoch 1" in out.err
   assert r["packing"] == 2  # 32 // 16 examples a row at most, as `glue --packing`
   assert r["compiled_train_shapes"] == 1 and r["compiled_predict_shapes"] == 1
   assert 0 <= r["accuracy"] <= 1 and np.isfinite(r["train_loss"])

@@ -11,6 +11,7 @@ is timed twice: cold (every step compiled) and warm (read back, as a rerun sees 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -144,9 +145,18 @@ def _bertjax_runs(task, enc, feats, recipe, packing) -> dict[str, tuple[float, f
     finetune.clear_trainer_cache()
     with tempfile.TemporaryDirectory() as workdir:
       t0, c0 = time.perf_counter(), time.process_time()
-      run = finetune.train_and_evaluate(
-          task, enc, feats, recipe, workdir, progress=False, save_checkpoint=False, packing=packing
-      )
+      # the trainer's epoch lines go with the benchmark's progress: stdout is the result (--json)
+      with contextlib.redirect_stdout(sys.stderr):
+        run = finetune.train_and_evaluate(
+            task,
+            enc,
+            feats,
+            recipe,
+            workdir,
+            progress=False,
+            save_checkpoint=False,
+            packing=packing,
+        )
       runs[name] = (time.perf_counter() - t0, time.process_time() - c0, run)
     _progress(f"bertjax ({name} compile cache): {runs[name][0]:.1f} s")
   return runs
