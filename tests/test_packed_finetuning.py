@@ -7,7 +7,8 @@ one compiled shape per step; a short training run packed scores as unpacked, wit
 import numpy as np
 import pytest
 
-from bertjax import model as model_lib
+from bertjax import errors, model as model_lib
+from bertjax.commands import finetune_args
 from bertjax.tasks import batching, encoder as encoder_lib, finetuning
 from bertjax.tasks.glue import features, finetune, tasks
 
@@ -116,9 +117,16 @@ def test_glue_packing_flag():
   from bertjax.commands import glue
 
   base = ["--task", "sst2", "--workdir", "out", "--init", "random"]
-  assert glue._parser().parse_args(base).packing is glue.PACKING_DEFAULT
-  assert glue._parser().parse_args(base + ["--no-packing"]).packing is False
-  assert glue._parser().parse_args(base + ["--packing"]).packing is True
+
+  def packing(*flags):
+    return finetune_args.resolve_packing(glue._parser().parse_args(base + list(flags)))
+
+  assert glue.PACKING_DEFAULT is True and packing() is True  # measured faster (docs/glue.md)
+  assert packing("--no-packing") is False and packing("--packing") is True
+  # asking for length buckets asks for unpacked batches; with --packing it is a mistake
+  assert packing("--length-bucket", "16") is False and packing("--max-lengths", "2") is False
+  with pytest.raises(errors.ConfigError, match="--length-bucket.*--no-packing"):
+    packing("--packing", "--length-bucket", "16")
   assert [glue.packed_examples(n) for n in (8, 64, 128, 512)] == [1, 4, 8, 32]
 
 

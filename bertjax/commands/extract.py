@@ -226,7 +226,9 @@ def _write(args, enc, lines: list[str], layers, paths: list[Path]) -> None:
       file=sys.stderr,
       flush=True,
   )
-  packing = finetune_args.packed_examples(args.max_seq_len) if args.packing else 0
+  packing = (
+      finetune_args.packed_examples(args.max_seq_len) if finetune_args.resolve_packing(args) else 0
+  )
   stream = features.extract(
       enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh, packing
   )

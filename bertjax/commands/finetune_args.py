@@ -56,12 +56,27 @@ def add_packing_arg(g, default: bool, examples: str, where: str) -> None:
   g.add_argument(
       "--packing",
       action=argparse.BooleanOptionalAction,
-      default=default,
+      default=None,  # None: the command's default, or off when length buckets are asked for
       help=f"pack several {examples} into each --max-seq-len row (up to --max-seq-len/"
       f"{TOKENS_PER_PACKED_EXAMPLE} a row), attention kept within each; one compiled train "
-      f"and predict step, no length buckets (default: {'on' if default else 'off'}; "
-      f"measured in {where})",
+      f"and predict step, no length buckets (default: {'on' if default else 'off'}, "
+      f"measured in {where}{'; --length-bucket or --max-lengths turn it off' if default else ''})",
   )
+  g.set_defaults(packing_default=default)
+
+
+def resolve_packing(args: argparse.Namespace) -> bool:
+  """`args.packing` as True/False: as given, else the command's default -- unless
+  --length-bucket or --max-lengths were given, which ask for unpacked, bucketed batches."""
+  given = [f for f in ("--length-bucket", "--max-lengths") if _given(args, f)]
+  if args.packing is None:
+    args.packing = bool(getattr(args, "packing_default", False)) and not given
+  elif args.packing and given:
+    raise errors.ConfigError(
+        f"{' and '.join(given)}: length buckets are for unpacked batches; --packing fills "
+        "--max-seq-len rows instead — drop it or add --no-packing"
+    )
+  return args.packing
 
 
 def add_recipe_args(
@@ -183,13 +198,8 @@ def check_recipe_args(args: argparse.Namespace) -> None:
   except ValueError as e:
     detail = str(e).removeprefix("mesh: ").replace("; change config.mesh", "")
     raise errors.ConfigError(f"{where}: {detail} — e.g. --mesh data=-1 uses every device") from None
-  if getattr(args, "packing", False):
-    given = [f for f in ("--length-bucket", "--max-lengths") if _given(args, f)]
-    if given:
-      raise errors.ConfigError(
-          f"{' and '.join(given)}: length buckets are for unpacked batches; --packing fills "
-          "--max-seq-len rows instead — drop it or add --no-packing"
-      )
+  if hasattr(args, "packing"):
+    resolve_packing(args)
   shards = data * fsdp * jax.process_count()
   for flag in ("--batch-size", "--eval-batch-size"):
     value = getattr(args, flag[2:].replace("-", "_"))

@@ -28,7 +28,7 @@ from bertjax.commands import finetune_args
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
 _CUSTOM_FLAGS = ("train", "dev", "test", "text_columns", "label_column")
 # --packing's default, by measurement (docs/glue.md, "Packing").
-PACKING_DEFAULT = False
+PACKING_DEFAULT = True
 packed_examples = finetune_args.packed_examples  # examples a packed row holds at most
 
 
