@@ -1,12 +1,16 @@
 r"""Ablation runner: pretrain every variant of a sweep, fine-tune each on GLUE, tabulate and plot.
 
-  python -m experiments.ablate --sweep nsp|layers|size --scale demo|tiny|mini|base --steps N \
-      [--seeds 0,1] [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,mrpc,...] --out DIR
+  python -m experiments.ablate --sweep nsp|layers|size|modern --scale demo|tiny|mini|base \
+      --steps N [--seeds 0,1] [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,...] --out DIR
 
-Sweeps (the BERT paper's ablations):
+Sweeps (the BERT paper's ablations, and the modern ladder):
   nsp     MLM + NSP vs MLM only (Table 5) and SOP: experiments/pretrain.py, no_nsp.py, sop.py
   layers  L in {1, 2, 4, 6, 12} at the scale's width: experiments/layers.py
   size    the (L, H, A) grid of Table 6, shrunk for tiny/mini: experiments/size.py
+  modern  BERT -> ModernBERT one change at a time, cumulative (experiments/modern.py; scale
+          demo or tiny, default demo): held-out MLM accuracy at 15% masking on the same
+          examples for every rung, after the last step (matched steps x batch x seq), at
+          matched real tokens and at matched wall time, and the time to --target accuracy
 
 Every variant gets the same data (one prepared copy; the bundled corpus when --data is not
 given), the same seeds, batch, steps and sequence length, so the data order is the same and
@@ -41,9 +45,10 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # `python experiments/ablate.py` as well as `python -m`
 from experiments import layers as layers_exp  # noqa: E402
+from experiments import modern as modern_exp  # noqa: E402
 from experiments import size as size_exp  # noqa: E402
 
-SWEEPS = ("nsp", "layers", "size")
+SWEEPS = ("nsp", "layers", "size", "modern")
 SCALES = ("demo", "tiny", "mini", "base")
 
 
@@ -78,6 +83,11 @@ def variants(sweep: str, scale: str) -> list[Variant]:
             f"{l}/{h}/{a}",
         )
         for l, h, a in size_exp.GRID[scale]
+    ]
+  if sweep == "modern":
+    return [
+        Variant(name, f"{exp}/modern.py:{scale},rung={name}", {"rung": i, "change": change}, change)
+        for i, (name, (change, _)) in enumerate(modern_exp.RUNGS.items())
     ]
   raise ValueError(f"--sweep {sweep!r}; valid: {', '.join(SWEEPS)}")
 
@@ -145,6 +155,74 @@ def final_eval(workdir: str, steps: int) -> dict | None:
   }
 
 
+MODERN_EVALS = 10  # held-out evaluations per run of the modern sweep
+
+
+def eval_curve(workdir: str, batch: int, seq_len: int) -> list[dict]:
+  """The run's held-out evaluations in step order, each with the real (not padding) training
+  tokens up to it, from the progress rows' real_token_fraction (logged at every evaluation),
+  and elapsed_sec: wall time since the loop started, compilation and evaluations included."""
+  # A step's progress row before its evaluation's (the file has them the other way round).
+  rows = sorted(
+      read_jsonl(os.path.join(workdir, "metrics.jsonl")),
+      key=lambda r: (r["step"], "eval_mlm_accuracy" in r),
+  )
+  curve, tokens, last = [], 0.0, 0
+  for r in rows:
+    if "real_token_fraction" in r and r["step"] > last:
+      tokens += batch * seq_len * r["real_token_fraction"] * (r["step"] - last)
+      last = r["step"]
+    if "eval_mlm_accuracy" in r:
+      curve.append(
+          {
+              "step": r["step"],
+              "tokens": tokens,
+              "wall_s": r["elapsed_sec"],
+              "mlm_accuracy": r["eval_mlm_accuracy"],
+          }
+      )
+  return curve
+
+
+def modern_results(workdir: str, scale: str) -> dict:
+  """The modern sweep's per-run figures beside final_eval's: the curve (for matched tokens and
+  wall time, filled in by `matched`) and the time to target as the loop reported it."""
+  seq_len, batch = modern_exp.SCALES[scale]
+  curve = eval_curve(workdir, batch, seq_len)
+  reached = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if "time_to_target" in r]
+  hit = reached[-1]["time_to_target"] if reached else None
+  out = {
+      "_curve": curve,
+      "batch_size": batch,
+      "seq_len": seq_len,
+      "real_mtokens": curve[-1]["tokens"] / 1e6,
+      "wall_s": curve[-1]["wall_s"],
+  }
+  if hit:
+    out.update(target_step=hit["step"], target_wall_s=hit["wall_s"])
+  return out
+
+
+def _closest(curve: list[dict], key: str, value: float) -> dict:
+  return min(curve, key=lambda p: abs(p[key] - value))
+
+
+def matched(rows: list[dict]) -> dict:
+  """Each modern row's held-out accuracy at the evaluation closest to a common number of real
+  training tokens and to a common wall time: the smallest final of all runs (every run has
+  been there). Returns those two common points."""
+  curves = [r["_curve"] for r in rows if r.get("_curve")]
+  if not curves:
+    return {}
+  tokens = min(c[-1]["tokens"] for c in curves)
+  wall = min(c[-1]["wall_s"] for c in curves)
+  for r in rows:
+    if r.get("_curve"):
+      r["acc_at_tokens"] = _closest(r["_curve"], "tokens", tokens)["mlm_accuracy"]
+      r["acc_at_wall"] = _closest(r["_curve"], "wall_s", wall)["mlm_accuracy"]
+  return {"tokens": tokens, "wall_s": wall}
+
+
 def task_results(glue_dir: str, task: str) -> dict | None:
   path = os.path.join(glue_dir, task, "results.json")
   if not os.path.exists(path):
@@ -167,11 +245,23 @@ def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[
       f"--config.train.steps={args.steps}",
       f"--config.seed={seed}",
       f"--config.data.path={data}",
-      f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
       # resumable mid-variant, without saving every few steps of a short run
       f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
-      f"--config.log_every_steps={max(1, min(50, args.steps // 4))}",
   ]
+  if args.sweep == "modern":
+    every = max(1, args.steps // MODERN_EVALS)
+    argv += [
+        # a curve of held-out evaluations: matched tokens and wall time pick points on it
+        f"--config.eval.every_steps={every}",
+        f"--config.log_every_steps={every}",  # real tokens counted up to each evaluation
+        f"--config.train.warmup_steps={max(1, args.steps // 10)}",  # 10% of any --steps
+        f"--config.eval.target_mlm_accuracy={args.target}",
+    ]
+  else:
+    argv += [
+        f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
+        f"--config.log_every_steps={max(1, min(50, args.steps // 4))}",
+    ]
   if args.seq_len:
     # The config's masking rate (BERT's 15%; the demo's 30%), rounded up: 0.15 * 128 -> 20.
     from experiments import pretrain as pretrain_exp
@@ -240,6 +330,9 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
   }
   if v.settings.get("pair_task") == "none":
     row.pop("nsp_accuracy", None)  # no pair task: its "accuracy" is a placeholder
+  if args.sweep == "modern":
+    row.pop("nsp_accuracy", None)  # the held-out rows are single segments for every rung
+    row.update(modern_results(workdir, args.scale))
   # The final checkpoint, by its step: what fine-tuning starts from is unambiguous.
   final_ckpt = os.path.join(workdir, "checkpoints", str(args.steps))
   init = final_ckpt if os.path.isdir(final_ckpt) else workdir
@@ -270,7 +363,18 @@ def prepare_bundled(out: str) -> str:
 
 # ----------------------------------------------------------------------------- reporting
 
-METRIC_NAMES = {"mlm_perplexity": "MLM ppl", "mlm_accuracy": "MLM acc", "nsp_accuracy": "pair acc"}
+METRIC_NAMES = {
+    "mlm_perplexity": "MLM ppl",
+    "mlm_accuracy": "MLM acc",
+    "nsp_accuracy": "pair acc",
+    # the modern sweep's
+    "acc_at_tokens": "MLM acc @ tokens",
+    "acc_at_wall": "MLM acc @ wall",
+    "real_mtokens": "real tokens (M)",
+    "wall_s": "wall s",
+    "target_step": "target step",
+    "target_wall_s": "target s",
+}
 SETTING_NAMES = {"pair_task": "Pair task", "layers": "#L", "L": "#L", "H": "#H", "A": "#A"}
 
 
@@ -279,7 +383,7 @@ def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[st
   settings = list(v_list[0].settings)
   fixed = {"variant", *settings, "scale", "steps", "batch_size", "seq_len", "seed", *METRIC_NAMES}
   metrics = [m for m in METRIC_NAMES if any(m in r for r in rows)]
-  tasks = sorted({k for r in rows for k in r if k not in fixed})
+  tasks = sorted({k for r in rows for k in r if k not in fixed and not k.startswith("_")})
   return settings, metrics, tasks
 
 
@@ -335,21 +439,51 @@ def _fmt_spread(sp) -> str:
   return f"{_fmt(mean)} ± {_fmt(std)}" if n > 1 else _fmt(mean)
 
 
-def write_md(path: str, rows: list[dict], v_list: list[Variant], args, command: str) -> None:
+def _modern_intro(args, points: dict) -> str:
+  seq_len, batch = modern_exp.SCALES[args.scale]
+  return (
+      f"{args.steps} steps of {batch} x {seq_len} per rung (every rung the same steps x "
+      f"batch x seq), seeds {','.join(map(str, args.seeds))}; each rung adds one change to "
+      "the one above. Every rung is scored on the same held-out examples at 15% masking "
+      "(single unpacked segments), mean ± std over seeds. MLM acc / ppl: after the last step. "
+      f"@ tokens: at the evaluation closest to {points.get('tokens', 0) / 1e6:.3f}M real "
+      "(not padding) training tokens, the fewest any run trained on (packing puts more real "
+      "tokens in the same steps). @ wall: at the evaluation closest to "
+      f"{points.get('wall_s', 0):.0f} s of wall time (from the loop's start, compilation and "
+      "evaluations included), the shortest run. Target: the first evaluation at held-out MLM "
+      f"accuracy >= {args.target} (step and wall s, over the seeds that reached it)."
+  )
+
+
+def write_md(
+    path: str,
+    rows: list[dict],
+    v_list: list[Variant],
+    args,
+    command: str,
+    points: dict | None = None,
+) -> None:
   settings, metrics, tasks = columns(rows, v_list)
+  modern = args.sweep == "modern"
   head = (
       [SETTING_NAMES.get(s, s) for s in settings]
       + ["seeds"]
       + [METRIC_NAMES[m] for m in metrics]
       + tasks
+      + (["reached target"] if modern else [])
+  )
+  intro = (
+      _modern_intro(args, points or {})
+      if modern
+      else f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
+      f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
+      "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
+      "std over seeds; task columns: dev metrics after fine-tuning."
   )
   lines = [
       f"# Ablation `{args.sweep}` at scale `{args.scale}`",
       "",
-      f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
-      f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
-      "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
-      "std over seeds; task columns: dev metrics after fine-tuning.",
+      intro,
       "",
       f"Command: `{command}`",
       "",
@@ -362,9 +496,72 @@ def write_md(path: str, rows: list[dict], v_list: list[Variant], args, command: 
         + [str(len(rs))]
         + [_fmt_spread(spread(rs, k)) for k in metrics + tasks]
     )
+    if modern:
+      cells.append(f"{sum(r.get('target_step') not in (None, '') for r in rs)}/{len(rs)}")
     lines.append("| " + " | ".join(cells) + " |")
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
+
+
+def _dots(ax, groups, key, dx, label):
+  """Mean ± std over seeds at x + dx, every seed a dot; the top of the highest bar."""
+  sps = [(i, spread(rs, key)) for i, (_, rs) in enumerate(groups)]
+  sps = [(i, sp) for i, sp in sps if sp]
+  if not sps:
+    return 0.0
+  bars = ax.errorbar(
+      [i + dx for i, _ in sps],
+      [sp[0] for _, sp in sps],
+      yerr=[sp[1] for _, sp in sps],
+      marker="o",
+      linestyle="none",
+      capsize=3,
+      label=label,
+  )
+  for i, (_, rs) in enumerate(groups):
+    vals = [float(r[key]) for r in rs if r.get(key) not in (None, "")]
+    ax.plot([i + dx] * len(vals), vals, ".", color=bars[0].get_color(), alpha=0.6)
+  return max(
+      max(sp[0] + sp[1] for _, sp in sps),
+      *(float(r[key]) for _, rs in groups for r in rs if r.get(key) not in (None, "")),
+  )
+
+
+def plot_modern(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
+  """Held-out MLM accuracy per rung at matched steps, real tokens and wall time (left) and the
+  wall time to the target (right): mean ± std over seeds, every seed a dot, y axes from 0."""
+  import matplotlib
+
+  matplotlib.use("Agg")  # files only; no display on servers
+  import matplotlib.pyplot as plt
+
+  groups = by_variant(rows, v_list)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+  top = 0.0
+  for key, dx, label in (
+      ("mlm_accuracy", -0.2, "matched steps (last step)"),
+      ("acc_at_tokens", 0.0, "matched real tokens"),
+      ("acc_at_wall", 0.2, "matched wall time"),
+  ):
+    top = max(top, _dots(ax1, groups, key, dx, label))
+  ax1.set_ylim(0, top * 1.15 if top else 1)
+  ax1.set_ylabel("held-out MLM accuracy at 15% masking")
+  ax1.legend(fontsize=8)
+  top = _dots(ax2, groups, "target_wall_s", 0.0, None)
+  ax2.set_ylim(0, top * 1.15 if top else 1)
+  ax2.set_ylabel(f"wall s to held-out MLM acc >= {args.target} (seeds that reached it)")
+  for ax in (ax1, ax2):
+    ax.set_xticks(range(len(groups)), [v.label for v, _ in groups], rotation=35, ha="right")
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.grid(alpha=0.3)
+  seeds = ",".join(map(str, args.seeds))
+  fig.suptitle(
+      f"BERT -> ModernBERT, one change at a time (cumulative), {args.scale} scale, "
+      f"{args.steps} steps, seeds {seeds} (mean ± std)"
+  )
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
 
 
 def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
@@ -434,7 +631,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   p.add_argument("--sweep", required=True, choices=SWEEPS)
-  p.add_argument("--scale", default="tiny", choices=SCALES, help="experiments/pretrain.py variant")
+  p.add_argument(
+      "--scale",
+      default=None,
+      choices=SCALES,
+      help="experiments/pretrain.py variant (default tiny; modern: demo, or tiny)",
+  )
   p.add_argument("--steps", type=int, required=True, help="pretraining steps per variant")
   p.add_argument("--out", required=True, help="output directory; rerun to resume")
   p.add_argument("--data", default=None, help="prepared shards (default: the bundled corpus)")
@@ -459,6 +661,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       help="config override for every variant, e.g. train.learning_rate=1e-3",
   )
   p.add_argument(
+      "--target",
+      type=float,
+      default=None,
+      help="modern: held-out MLM accuracy timed to (default experiments/modern.py's "
+      f"TARGET_MLM_ACCURACY, {modern_exp.TARGET_MLM_ACCURACY})",
+  )
+  p.add_argument(
       "--isolate",
       action="store_true",
       help="run each pretrain/glue in its own process (logs in DIR/VARIANT/*.log)",
@@ -475,6 +684,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.error(f"--glue-data {args.glue_data}: not a directory (GLUE_DIR with SST-2/, MRPC/, ...)")
   if args.steps < 1:
     p.error("--steps must be >= 1")
+  if args.sweep == "modern":
+    args.scale = args.scale or "demo"
+    if args.scale not in modern_exp.SCALES:
+      p.error(f"--scale {args.scale}: the modern sweep runs at {', '.join(modern_exp.SCALES)}")
+    if args.seq_len or args.batch_size:
+      p.error("--seq-len/--batch-size: the modern sweep's scale fixes them (experiments/modern.py)")
+    if args.target is None:
+      args.target = modern_exp.TARGET_MLM_ACCURACY
+  elif args.target is not None:
+    p.error("--target: only the modern sweep times to a target")
+  args.scale = args.scale or "tiny"
   if "://" not in args.out:
     args.out = os.path.abspath(args.out)  # orbax wants absolute checkpoint paths
   return args
@@ -494,6 +714,7 @@ def check_resume(args, data: str) -> None:
           "set",
           "glue_data",
           "glue_flags",
+          "target",
       )
   }
   settings["data"] = data
@@ -539,9 +760,11 @@ def main(argv: list[str] | None = None) -> int:
       print(e, file=sys.stderr)
       return 1
     rows.sort(key=lambda r: ([v.name for v in v_list].index(r["variant"]), r["seed"]))
+    points = matched(rows) if args.sweep == "modern" else {}  # before the CSV: its columns
     write_csv(os.path.join(args.out, "results.csv"), rows, v_list)
-    write_md(os.path.join(args.out, "results.md"), rows, v_list, args, command)
-    plot(os.path.join(args.out, f"{args.sweep}.png"), rows, v_list, args)
+    write_md(os.path.join(args.out, "results.md"), rows, v_list, args, command, points)
+    draw = plot_modern if args.sweep == "modern" else plot
+    draw(os.path.join(args.out, f"{args.sweep}.png"), rows, v_list, args)
   print(
       f"ablate: {len(rows)} runs ({len(v_list)} variants x {len(args.seeds)} seeds); results in {args.out}/results.csv, results.md and "
       f"{args.sweep}.png"

@@ -198,6 +198,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # accuracy reaches this (None: not timed); stop_at_target ends the run there.
   c.eval.target_mlm_accuracy = ml_collections.FieldReference(None, field_type=float)
   c.eval.stop_at_target = False
+  # The held-out stream's own data settings (None: config.data's / config.seed). A sweep whose
+  # runs train on different data sets them so that every run is scored on the same masked
+  # examples: experiments/modern.py evaluates each rung at 15% masking on single unpacked
+  # segments from seed 0, whatever its training masking, pair task, packing or seed.
+  c.eval.mask_prob = ml_collections.FieldReference(None, field_type=float)  # share masked
+  c.eval.pair_mode = ml_collections.FieldReference(None, field_type=str)  # nsp | sop | none
+  c.eval.packing = ml_collections.FieldReference(None, field_type=bool)  # several per row
+  c.eval.seed = ml_collections.FieldReference(None, field_type=int)  # held-out order, masks
 
   c.log_every_steps = 50 if not paper else 100  # progress line / metrics.jsonl interval
   c.tensorboard = True  # also write TensorBoard event files (needs TensorFlow)

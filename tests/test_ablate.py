@@ -350,3 +350,151 @@ def test_isolated_run_keeps_its_log(tmp_path, capsys):
   assert log.read_text().startswith("bertjax ") and "bertjax " in capsys.readouterr().out
   assert ablate.run_bertjax(["nonesuch"], str(log), isolate=True) == 2
   assert "unknown command 'nonesuch'" in log.read_text()
+
+
+# --------------------------------------------------------------------------- the modern ladder
+
+
+def modern_args(out, *extra):
+  return ablate.parse_args(["--sweep", "modern", "--steps", "100", "--out", str(out), *extra])
+
+
+def test_modern_variants_and_argv(tmp_path):
+  from experiments import modern
+
+  args = modern_args(tmp_path, "--seeds", "0,1")
+  assert (args.scale, args.target) == ("demo", modern.TARGET_MLM_ACCURACY)
+  vs = ablate.variants("modern", "demo")
+  assert [v.name for v in vs] == list(modern.RUNGS)
+  assert [v.settings["rung"] for v in vs] == list(range(len(vs)))
+  argvs = [ablate.pretrain_argv(v, args, "WD", "DATA", 1) for v in vs]
+  assert [a[2] for a in argvs] == [
+      str(REPO / "experiments" / f"modern.py:demo,rung={v.name}") for v in vs
+  ]
+  assert all(a[3:] == argvs[0][3:] for a in argvs)  # only the rung differs
+  for flag in (
+      "--config.train.steps=100",
+      "--config.eval.every_steps=10",  # a curve of evaluations
+      "--config.log_every_steps=10",
+      "--config.train.warmup_steps=10",
+      f"--config.eval.target_mlm_accuracy={modern.TARGET_MLM_ACCURACY}",
+  ):
+    assert flag in argvs[0]
+  assert "--config.train.warmup_steps=10" in argvs[0]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--scale", "base"], "the modern sweep runs at demo, tiny"),
+        (["--seq-len", "64"], "the modern sweep's scale fixes them"),
+    ],
+)
+def test_modern_refuses_what_the_ladder_fixes(tmp_path, capsys, extra, message):
+  with pytest.raises(SystemExit):
+    modern_args(tmp_path, *extra)
+  assert message in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    args_for(tmp_path, "--target", "0.3")
+  assert "only the modern sweep" in capsys.readouterr().err
+
+
+def fake_modern_run(workdir, fraction, seconds_per_eval, accs, reached=None):
+  """metrics.jsonl as the loop writes it (eval rows before the same step's progress row)."""
+  rows = [{"step": 1, "real_token_fraction": fraction, "elapsed_sec": 1.0}]
+  for i, acc in enumerate(accs, 1):
+    step = 10 * i
+    ev = {
+        "step": step,
+        "eval_mlm_loss": 5.0,
+        "eval_mlm_accuracy": acc,
+        "elapsed_sec": seconds_per_eval * i,
+    }
+    if reached and reached["step"] == step:
+      ev["time_to_target"] = reached
+    rows += [ev, {"step": step, "real_token_fraction": fraction, "elapsed_sec": 1.0}]
+  rows.append({"step": 10 * len(accs), "time_to_target": reached})
+  write_jsonl(workdir / "metrics.jsonl", rows)
+
+
+def test_modern_matched_tokens_wall_time_and_target(tmp_path):
+  """Unpacked rows half real, packed rows all real: at matched real tokens the packed run is
+  read half way; at matched wall time the slower run's last evaluation is the common point."""
+  slow, packed = tmp_path / "slow", tmp_path / "packed"
+  fake_modern_run(slow, 0.5, 20.0, [0.1, 0.2, 0.3, 0.4])
+  hit = {"step": 20, "wall_s": 20.0, "tokens": 1000}
+  fake_modern_run(packed, 1.0, 10.0, [0.15, 0.25, 0.35, 0.45], reached=hit)
+  a = ablate.modern_results(str(slow), "demo")
+  b = ablate.modern_results(str(packed), "demo")
+  tokens = 40 * 128 * 32  # 40 steps of 128 x 32
+  assert [p["tokens"] for p in a["_curve"]] == [tokens / 4 * k * 0.5 for k in (1, 2, 3, 4)]
+  assert a["real_mtokens"] == pytest.approx(tokens * 0.5 / 1e6) and "target_step" not in a
+  assert (b["target_step"], b["target_wall_s"]) == (20, 20.0)
+  rows = [
+      dict(a, variant="bert", rung=0, change="BERT", seed=0),
+      dict(b, variant="packing", rung=7, change="packing", seed=0),
+  ]
+  points = ablate.matched(rows)
+  assert points == {"tokens": tokens * 0.5, "wall_s": 40.0}
+  assert rows[0]["acc_at_tokens"] == 0.4 and rows[1]["acc_at_tokens"] == 0.25
+  assert rows[0]["acc_at_wall"] == 0.2 and rows[1]["acc_at_wall"] == 0.45
+  # Table, CSV (without the curve) and plot.
+  vs = ablate.variants("modern", "demo")
+  args = modern_args(tmp_path)
+  for r in rows:
+    r.update(mlm_accuracy=r["_curve"][-1]["mlm_accuracy"], mlm_perplexity=100.0)
+  ablate.write_csv(str(tmp_path / "results.csv"), rows, vs)
+  with open(tmp_path / "results.csv") as f:
+    head = next(csv.reader(f))
+  assert head[:3] == ["variant", "rung", "change"] and "_curve" not in head
+  assert {"acc_at_tokens", "acc_at_wall", "target_step", "target_wall_s"} <= set(head)
+  ablate.write_md(str(tmp_path / "results.md"), rows, vs, args, "CMD", points)
+  md = (tmp_path / "results.md").read_text()
+  assert "0.082M real (not padding) training tokens" in md and "40 s of wall time" in md
+  assert "| 0 | BERT | 1 | 100.00 | 0.4000 | 0.4000 | 0.2000 |" in md
+  assert md.count("| 0/1 |") == 1 and md.count("| 1/1 |") == 1
+  ablate.plot_modern(str(tmp_path / "modern.png"), rows, vs, args)
+  assert (tmp_path / "modern.png").stat().st_size > 5000
+
+
+@pytest.mark.slow
+def test_two_rung_modern_sweep_end_to_end(tmp_path):
+  """Real `bertjax pretrain` of rung 0 (BERT) and rung 7 (packing: every change before it
+  too) on the bundled corpus, a few steps: the curve, the matched points and the table."""
+  argv = [
+      "--sweep",
+      "modern",
+      "--only",
+      "bert,packing",
+      "--steps",
+      "4",
+      "--set",
+      "eval.steps=1",
+      "--target",
+      "0.0",  # reached at the first evaluation
+      "--out",
+      str(tmp_path / "out"),
+  ]
+  assert ablate.main(argv) == 0
+  out = tmp_path / "out"
+  with open(out / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["variant"], r["rung"], r["steps"]) for r in rows] == [
+      ("bert", "0", "4"),
+      ("packing", "7", "4"),
+  ]
+  for r in rows:
+    assert 0 <= float(r["acc_at_tokens"]) <= 1 and 0 <= float(r["acc_at_wall"]) <= 1
+    assert r["target_step"] == "1" and "nsp_accuracy" not in r  # single-segment eval
+  # Packing puts more real tokens into the same 4 steps of 128 x 32.
+  assert float(rows[1]["real_mtokens"]) > float(rows[0]["real_mtokens"])
+  assert float(rows[0]["real_mtokens"]) <= 4 * 128 * 32 / 1e6
+  for v in ("bert", "packing"):
+    cfg = json.loads((out / v / "seed0" / "pretrain" / "config.json").read_text())
+    assert (cfg["eval"]["mask_prob"], cfg["eval"]["pair_mode"], cfg["eval"]["packing"]) == (
+        0.15,
+        "none",
+        False,
+    )
+  assert (out / "modern.png").stat().st_size > 5000
+  assert "| 7 | packing | 1 |" in (out / "results.md").read_text()

@@ -168,6 +168,36 @@ def test_data_prepared_from_an_empty_corpus_stops_before_the_workdir(tmp_path):
   assert not wd.exists()
 
 
+def test_one_file_serves_any_number_of_processes_and_no_held_out_split_warns(tmp_path):
+  """Every process reads blocks of all the shard files, so one train file is enough for any
+  number of processes (tests/test_multihost.py trains on 2 from one); a run evaluates when the
+  data holds any held-out file, and says so once when it holds none."""
+  from bertjax.training import loop
+
+  shard = lambda split, n: {
+      "file": f"{split}-00000-of-00001.tfrecord",
+      "split": split,
+      "documents": n,
+  }
+  meta = {
+      "shards": [shard("train", 3), shard("eval", 0)],
+      "tokenizer": {"file": "tokenizer.model", "type": "sentencepiece", "vocab_size": 1000},
+  }
+  (tmp_path / "metadata.json").write_text(json.dumps(meta))
+  c = _synthetic(**{"data.source": "prepared", "data.path": str(tmp_path)})
+  config_checks.check_data(c, meta)
+  said = []
+  writer = type("Writer", (), {"log": lambda self, line: said.append(line)})()
+  assert not loop._has_eval_data(c, writer)
+  assert said == [
+      f"warning: {tmp_path} holds no held-out documents: training without held-out evaluation. "
+      "`bertjax prepare --eval-fraction F` writes them; --config.eval.every_steps=0 silences this"
+  ]
+  meta["shards"][1]["documents"] = 1
+  (tmp_path / "metadata.json").write_text(json.dumps(meta))
+  assert loop._has_eval_data(c, writer) and len(said) == 1
+
+
 def test_a_missing_tokenizer_or_init_from_is_named(tmp_path):
   c = _synthetic(**{"data.tokenizer": str(tmp_path / "t.model")})
   with pytest.raises(errors.InputNotFoundError, match=r"config.data.tokenizer=.*t.model: no such"):

@@ -1,5 +1,5 @@
-"""The ablation configs (experiments/no_nsp.py, sop.py, layers.py, size.py) build, lock and mean
-what their docstrings say; every config string the ablation runner uses loads."""
+"""The ablation configs (experiments/no_nsp.py, sop.py, layers.py, size.py, modern.py) build,
+lock and mean what their docstrings say; every config string the ablation runner uses loads."""
 
 import os
 import pathlib
@@ -11,7 +11,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ablate, layers, no_nsp, pretrain, size, sop  # noqa: E402
+from experiments import ablate, layers, modern, no_nsp, pretrain, size, sop  # noqa: E402
 from bertjax import model as model_lib
 from bertjax.training import train  # noqa: E402
 
@@ -22,6 +22,7 @@ MODULES = {
     "sop.py": sop,
     "layers.py": layers,
     "size.py": size,
+    "modern.py": modern,
 }
 
 
@@ -104,6 +105,8 @@ def test_bad_args_name_the_file_and_fix(mod, arg, message):
 @pytest.mark.parametrize("scale", ablate.SCALES)
 def test_runner_config_strings_load(sweep, scale):
   """Every `--config FILE:ARG` the runner passes to `bertjax pretrain` builds."""
+  if sweep == "modern" and scale not in modern.SCALES:
+    pytest.skip("the modern sweep runs at modern.SCALES (ablate refuses the others)")
   vs = ablate.variants(sweep, scale)
   assert len({v.name for v in vs}) == len(vs)
   for v in vs:
@@ -136,7 +139,7 @@ def test_config_files_load_by_path_from_anywhere(tmp_path):
 
 
 def test_every_experiment_file_has_the_docstring_sections():
-  for mod in (no_nsp, sop, layers, size):
+  for mod in (no_nsp, sop, layers, size, modern):
     doc = mod.__doc__
     for section in ("Purpose", "Command", "Hardware", "Expected result"):
       assert section in doc, (mod.__name__, section)
@@ -150,3 +153,109 @@ def test_every_pretrain_variant_has_a_one_line_description():
     assert pretrain.get_config(name).variant == name
   with pytest.raises(ValueError, match=r"unknown variant 'huge'; valid: demo, tiny"):
     pretrain.get_config("huge")
+
+
+# --------------------------------------------------------------------------- the modern ladder
+
+# What each rung changes, written out here independently of experiments/modern.py.
+LADDER = {
+    "bert": set(),
+    "no_nsp": {"data.pair_mode"},
+    "mask30": {"data.mask_prob", "data.max_predictions_per_seq"},
+    "pre_ln": {"model.norm_placement"},
+    "geglu": {"model.mlp_type", "model.intermediate_size"},
+    "rope": {"model.position_embedding"},
+    "no_bias": {"model.use_bias", "model.type_vocab_size"},
+    "packing": {"data.packing"},
+    "schedule": {
+        "train.optimizer",
+        "train.schedule",
+        "train.b2",
+        "train.weight_decay",
+        "train.clip_norm",
+    },
+    "local_global": {"model.local_attention", "model.global_every"},
+}
+
+
+def flat(c) -> dict:
+  return {
+      f"{section}.{k}": v
+      for section, d in c.to_dict().items()
+      if isinstance(d, dict)
+      for k, v in d.items()
+  }
+
+
+@pytest.mark.parametrize("scale", sorted(modern.SCALES))
+def test_modern_ladder_adds_exactly_one_change_per_rung(scale):
+  assert list(modern.RUNGS) == list(LADDER)
+  prev = None
+  for name, changed in LADDER.items():
+    c = modern.get_config(f"{scale},rung={name}")
+    c.lock()
+    assert c.variant == f"modern/{scale},rung={name}"
+    bert_config(c)  # every rung's network builds
+    if prev is not None:
+      cur = flat(c)
+      diff = {k for k in {*cur, *prev} if cur.get(k, "absent") != prev.get(k, "absent")}
+      assert diff == changed, name
+    prev = flat(c)
+  # The top rung is ModernBERT's block and recipe, as modern_tiny has it (size aside).
+  top, ref = prev, flat(pretrain.get_config("modern_tiny"))
+  for k in ("norm_placement", "mlp_type", "position_embedding", "use_bias", "type_vocab_size"):
+    assert top[f"model.{k}"] == ref[f"model.{k}"], k
+  assert (top["data.pair_mode"], top["data.mask_prob"]) == ("none", 0.3)
+  assert (top["train.optimizer"], top["train.schedule"], top["data.packing"]) == (
+      "stable_adamw",
+      "wsd",
+      True,
+  )
+  seq_len, batch = modern.SCALES[scale]
+  assert (top["data.seq_len"], top["train.batch_size"], top["phase2.fraction"]) == (
+      seq_len,
+      batch,
+      0.0,
+  )
+  assert top["model.local_attention"] == seq_len // 4
+
+
+def test_modern_rungs_are_scored_on_the_same_examples_at_15_percent():
+  """The held-out stream each rung builds (loop.make_stream, split eval): 15% masking on the
+  same single-segment unpacked rows whatever the rung trains with, and whatever its seed."""
+  from bertjax.training import loop, phases
+
+  batches = {}
+  for name in LADDER:
+    for seed in (0, 3):
+      c = modern.get_config(f"demo,rung={name}")
+      c.data.source = "synthetic"  # no prepared data needed; same held-out logic
+      c.model.vocab_size = 1000
+      c.seed = seed
+      assert c.eval.mask_prob == 0.15
+      stream = loop.make_stream(c, phases.phases(c)[0], None, split="eval")
+      batches[name, seed] = next(stream)
+  ref = batches["bert", 0]
+  tokens_B = (ref["input_ids"] != 0).sum(axis=1)
+  # google's rule: round(tokens * 0.15) predictions per row ([CLS]/[SEP] counted).
+  assert (ref["masked_weights"].sum(axis=1) == (tokens_B * 0.15).round()).all()
+  assert "segment_ids" not in ref or not ref["segment_ids"].any()  # single segments
+  for (name, seed), b in batches.items():
+    for k in ("input_ids", "masked_positions", "masked_ids"):
+      n = min(ref[k].shape[1], b[k].shape[1])  # 30% rungs leave room for more predictions
+      assert (b[k][:, :n] == ref[k][:, :n]).all(), (name, seed, k)
+    assert b["masked_weights"].sum() == ref["masked_weights"].sum(), (name, seed)
+  # The training stream still follows the rung's own masking.
+  c = modern.get_config("demo,rung=mask30")
+  c.data.source, c.model.vocab_size = "synthetic", 1000
+  train_batch = next(loop.make_stream(c, phases.phases(c)[0], None, split="train"))
+  assert train_batch["masked_weights"].sum() > 1.5 * ref["masked_weights"].sum() * (
+      train_batch["input_ids"].shape[0] / ref["input_ids"].shape[0]
+  )
+
+
+def test_modern_bad_args():
+  with pytest.raises(ValueError, match="NAME one of bert, no_nsp"):
+    modern.get_config("demo,rung=nope")
+  with pytest.raises(ValueError, match="SCALE one of demo, tiny"):
+    modern.get_config("base,rung=bert")

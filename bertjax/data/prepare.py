@@ -53,7 +53,7 @@ class PrepareConfig:
   tfds: str | None = None  # NAME[:SPLIT] of a TFDS text dataset, instead of `inputs`
   tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
   tfds_text_key: str = "text"  # feature holding the document text
-  num_shards: int = 8  # train shards per worker; >= the number of training hosts
+  num_shards: int = 8  # train shards per worker (every host reads them all: any count works)
   # Share of documents held out for pretrain's evaluation (eval-*.tfrecord); 0 holds none.
   eval_fraction: float = DEFAULT_EVAL_FRACTION
   eval_shards: int = 1  # eval shards per worker (when eval_fraction > 0)

@@ -629,10 +629,9 @@ def _reader(cfg: InputConfig) -> str:
   return cfg.reader
 
 
-def split_shards(
-    cfg: InputConfig, process_count: int, split: str = "train"
-) -> tuple[dict, list[dict]]:
-  """(metadata, the split's shards), each with its `id`; the hosts share out their blocks."""
+def split_shards(cfg: InputConfig, split: str = "train") -> tuple[dict, list[dict]]:
+  """(metadata, the split's shards), each with its `id`. Every host reads blocks of all of them
+  (`HostPlan`), so any number of files serves any number of hosts."""
   meta = records.load_metadata(cfg.path)
   shards = records.split_shards(meta, cfg.path, split)
   for i, shard in enumerate(shards):
@@ -645,16 +644,6 @@ def split_shards(
         " — read the train split, or prepare it again with a larger `--eval-fraction`"
     )
     raise errors.ConfigError(f"{cfg.path}: no {split} shard — {fix}")
-  if len(shards) < process_count:
-    raise errors.ConfigError(
-        f"{cfg.path}: {len(shards)} non-empty {split} shard(s) for "
-        f"{process_count} hosts; every host needs at least one file — prepare it again "
-        + (
-            f"with `--num-shards {process_count}` or more"
-            if split == "train"
-            else f"with `--eval-shards {process_count}` or more"
-        )
-    )
   return meta, shards
 
 
@@ -697,7 +686,7 @@ def make_stream(
         f"the input state of host {process_index} was saved by an earlier version of the stream "
         "(which gave each host whole shard files); it cannot resume"
     )
-  meta, shards = split_shards(cfg, process_count, split)
+  meta, shards = split_shards(cfg, split)
   vocab_size = meta["tokenizer"]["vocab_size"]
   # A model vocab padded past the tokenizer's (for speed) is fine; a smaller one is not.
   if cfg.vocab_size and cfg.vocab_size < vocab_size:

@@ -137,6 +137,10 @@ RANGES: dict[str, Range] = {
     "eval.target_mlm_accuracy": Range(
         float, 0.0, 1.0, none_ok=True, why="held-out MLM accuracy to time; None = not timed"
     ),
+    "eval.mask_prob": Range(
+        float, 0.0, 1.0, low_open=True, none_ok=True, why="held-out masking; None: data's"
+    ),
+    "eval.seed": _at_least(0, "held-out order and masks; None: the run's seed", none_ok=True),
     "log_every_steps": _at_least(1, "progress line interval"),
     "peak_flops_per_device": Range(float, **_POSITIVE, none_ok=True, why="None: from the device"),
 }
@@ -157,6 +161,7 @@ PHASE2_RANGES: dict[str, Range] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("prepared", "synthetic"),
     "data.pair_mode": ("nsp", "sop", "none"),
+    "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
     # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
     "train.optimizer": ("bert_adamw", "adamw", "lamb", "stable_adamw"),
     "train.schedule": ("bert", "warmup_linear", "wsd", "one_cycle"),
@@ -167,6 +172,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.position_embedding": ("learned", "rope"),
 }
 _MISSING = object()
+_NONE_OK = ("eval.pair_mode",)  # choices that may be None (meaning: as another field)
 
 
 def _get(config, path: str):
@@ -189,7 +195,7 @@ def check_range(config, path: str, rule: Range) -> None:
 
 def _check_choice(config, path: str, valid: tuple[str, ...]) -> None:
   value = _get(config, path)
-  if value is not _MISSING and value not in valid:
+  if value is not _MISSING and value not in valid and not (path in _NONE_OK and value is None):
     raise errors.ConfigError(f"config.{path}={value!r}: valid: {', '.join(valid)}")
 
 
@@ -303,9 +309,10 @@ def _strip(e: BaseException, prefix: str) -> str:
   return str(e).removeprefix(f"{prefix}: ")
 
 
-def check_data(config, meta: dict, processes: int = 1) -> None:
-  """The prepared data holds training documents for every process and the vocabulary the
-  config asks for."""
+def check_data(config, meta: dict) -> None:
+  """The prepared data holds training documents and the vocabulary the config asks for. Any
+  number of shard files serves any number of processes: every process reads blocks of all of
+  them (docs/data.md, "Sharding across hosts")."""
   path = config.data.path
   train = [s for s in meta.get("shards", []) if s.get("split") == "train" and s.get("documents")]
   if not train:
@@ -315,11 +322,6 @@ def check_data(config, meta: dict, processes: int = 1) -> None:
         f"config.data.path={path}: the prepared data holds no training documents "
         f"(`bertjax prepare` found no text in {inputs}{': ' + problems if problems else ''}) — "
         "re-run `bertjax prepare` on a non-empty corpus"
-    )
-  if len(train) < processes:
-    raise errors.ConfigError(
-        f"config.data.path={path}: {len(train)} non-empty train shard(s) for {processes} "
-        f"processes; each needs one — re-run `bertjax prepare --num-shards {processes}` (or more)"
     )
   vocab = meta["tokenizer"]["vocab_size"]
   if config.model.vocab_size and config.model.vocab_size != vocab:
@@ -335,9 +337,7 @@ def _missing_local(path: str | None) -> bool:
 
 def check_inputs(config, workdir: str) -> None:
   """The files the run reads exist and fit the config: the prepared data (or the bundled
-  corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only; needs jax."""
-  import jax
-
+  corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only."""
   from bertjax.data import bundled
 
   if "://" not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -346,7 +346,7 @@ def check_inputs(config, workdir: str) -> None:
   if config.data.source == "prepared":
     if config.data.path:
       meta = read_metadata(config.data.path)
-      check_data(config, meta, jax.process_count())
+      check_data(config, meta)
       vocab = meta["tokenizer"]["vocab_size"]
     else:
       bundled.find()

@@ -50,7 +50,7 @@ def resolve_config(config, workdir: str):
       if not c.data.path:
         c.data.path = bundled.prepared_dir(workdir)
       meta = config_checks.read_metadata(c.data.path)
-      config_checks.check_data(c, meta, jax.process_count())
+      config_checks.check_data(c, meta)
       c.model.vocab_size = meta["tokenizer"]["vocab_size"]
       c.data.tokenizer = c.data.tokenizer or str(
           pathlib.Path(c.data.path) / meta["tokenizer"]["file"]
@@ -77,19 +77,28 @@ def input_workers(workers: int | None) -> int:
   return workers
 
 
+def _held_out(config, split: str, name: str, default):
+  """config.eval.NAME for the held-out stream when set, else the training data's value: runs
+  that train on different data (masking rate, pairs, packing, seed) can then be scored on the
+  same masked examples (experiments/modern.py)."""
+  value = config.eval.get(name) if split == "eval" else None
+  return default if value is None else value
+
+
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
   d = config.data
-  seed = config.seed + (1000 if split == "eval" and d.source == "synthetic" else 0)
+  seed = _held_out(config, split, "seed", config.seed)
+  seed += 1000 if split == "eval" and d.source == "synthetic" else 0
   cfg = pretraining.InputConfig(
       source=d.source,
       path=d.path or "",
       seq_len=phase.seq_len,
       max_predictions_per_seq=phase.max_predictions,
-      pair_mode=d.pair_mode,
-      mask_prob=d.mask_prob,
+      pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
+      mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
       seed=seed,
       vocab_size=config.model.vocab_size,
-      packing=d.get("packing", False),
+      packing=_held_out(config, split, "packing", d.get("packing", False)),
       max_examples_per_row=d.get("max_examples_per_row", 8),
       # Evaluation streams are short: worker processes would cost more to start than they save.
       workers=input_workers(d.get("workers")) if split == "train" else 0,
@@ -202,17 +211,16 @@ def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, floa
 
 
 def _has_eval_data(config, writer) -> bool:
-  """False (with one warning) when the prepared data holds too few held-out shards."""
+  """False (with one warning) when the prepared data holds no held-out documents. Any number
+  of held-out files serves any number of processes (each reads blocks of all of them)."""
   if config.data.source != "prepared":
     return True
 
-  shards = records.split_shards(records.load_metadata(config.data.path), config.data.path, "eval")
-  if len(shards) >= jax.process_count():
+  if records.split_shards(records.load_metadata(config.data.path), config.data.path, "eval"):
     return True
   writer.log(
-      f"warning: {config.data.path} has {len(shards)} non-empty held-out shard(s) for "
-      f"{jax.process_count()} process(es): training without held-out evaluation. "
-      "`bertjax prepare --eval-fraction F --eval-shards N` (N >= processes) writes them; "
+      f"warning: {config.data.path} holds no held-out documents: training without held-out "
+      "evaluation. `bertjax prepare --eval-fraction F` writes them; "
       "--config.eval.every_steps=0 silences this"
   )
   return False
