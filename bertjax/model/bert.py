@@ -102,6 +102,17 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, names)
 
 
+def _embedding(cfg: BertConfig, rows: int, axis: str) -> nn.Embed:
+  """A [rows, H] table whose rows are named `axis` ('vocab', 'pos' or 'type')."""
+  return nn.Embed(
+      rows,
+      cfg.hidden_size,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.params_dtype,
+      embedding_init=_init(cfg, (axis, "embed")),
+  )
+
+
 class Embeddings(nn.Module):
   """Word + learned position + segment embeddings, then LayerNorm and dropout.
 
@@ -113,29 +124,11 @@ class Embeddings(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.word_embeddings = nn.Embed(
-        cfg.vocab_size,
-        cfg.hidden_size,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.params_dtype,
-        embedding_init=_init(cfg, ("vocab", "embed")),
-    )
+    self.word_embeddings = _embedding(cfg, cfg.vocab_size, "vocab")
     if cfg.position_embedding == "learned":
-      self.position_embeddings = nn.Embed(
-          cfg.max_position_embeddings,
-          cfg.hidden_size,
-          dtype=cfg.compute_dtype,
-          param_dtype=cfg.params_dtype,
-          embedding_init=_init(cfg, ("pos", "embed")),
-      )
+      self.position_embeddings = _embedding(cfg, cfg.max_position_embeddings, "pos")
     if cfg.type_vocab_size:
-      self.token_type_embeddings = nn.Embed(
-          cfg.type_vocab_size,
-          cfg.hidden_size,
-          dtype=cfg.compute_dtype,
-          param_dtype=cfg.params_dtype,
-          embedding_init=_init(cfg, ("type", "embed")),
-      )
+      self.token_type_embeddings = _embedding(cfg, cfg.type_vocab_size, "type")
     self.layer_norm = _layer_norm(cfg, "layer_norm")
     self.dropout = ops.Dropout(cfg.hidden_dropout_rate)
 
