@@ -291,7 +291,7 @@ class Layer(nn.Module):
       return dropout(attn_BxLxH, deterministic=self.deterministic)
 
     def mlp(h_BxLxH):
-      h_BxLxH = self.mlp(h_BxLxH)
+      h_BxLxH = _mlp(cfg, h_BxLxH)
       return dropout(h_BxLxH, deterministic=self.deterministic)
 
     if cfg.norm_placement == "pre":  # ModernBERT: normalise each sublayer's input
@@ -305,23 +305,25 @@ class Layer(nn.Module):
     x_BxLxH = _constrain(x_BxLxH, ("batch", "length", "act_embed"))
     return x_BxLxH, (x_BxLxH if self.collect_hidden else None)
 
-  def mlp(self, x_BxLxH: Array) -> Array:
-    """BERT's act(x W1) W2, or ModernBERT's GLU act(x W_in) * (x W_gate), then W_out."""
-    cfg = self.cfg
-    act = ACTIVATIONS[cfg.hidden_act]
-    if cfg.mlp_type == "glu":
-      h_BxLx2xF = Projection(
-          cfg,
-          "blh,hgf->blgf",
-          (cfg.hidden_size, 2, cfg.intermediate_size),
-          ("embed", "glu", "mlp"),
-          name="intermediate",
-      )(x_BxLxH)
-      h_BxLxF = act(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
-    else:
-      h_BxLxF = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxH))
-    h_BxLxF = _constrain(h_BxLxF, ("batch", "length", "act_mlp"))
-    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
+
+def _mlp(cfg: BertConfig, x_BxLxH: Array) -> Array:
+  """BERT's act(x W1) W2, or ModernBERT's GLU act(x W_in) * (x W_gate), then W_out; called
+  inside `Layer.__call__`, so its layers are the layer's `intermediate` and `output` (a
+  function, not a method: the profile's op names stay `layer_N/intermediate/...`)."""
+  act = ACTIVATIONS[cfg.hidden_act]
+  if cfg.mlp_type == "glu":
+    h_BxLx2xF = Projection(
+        cfg,
+        "blh,hgf->blgf",
+        (cfg.hidden_size, 2, cfg.intermediate_size),
+        ("embed", "glu", "mlp"),
+        name="intermediate",
+    )(x_BxLxH)
+    h_BxLxF = act(h_BxLx2xF[:, :, 0]) * h_BxLx2xF[:, :, 1]
+  else:
+    h_BxLxF = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxH))
+  h_BxLxF = _constrain(h_BxLxF, ("batch", "length", "act_mlp"))
+  return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
 
 
 def _remat_policy(name: str):
