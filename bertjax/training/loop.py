@@ -488,9 +488,14 @@ def _train_and_evaluate(config, workdir: str) -> int:
     if at % config.log_every_steps == 0 or at in log_at:
       s = meter.summary(at, total)
       if s:
-        writer.log(metrics_writer.progress_line(at, total, s))
+        writer.log(metrics_writer.progress_line(at, total, _shown(s)))
         writer.write(at, s)
     return True
+
+  def _shown(m: dict) -> dict:  # the printed lines leave out a pair task the run does not train
+    if config.data.pair_mode != "none":
+      return m
+    return {k: v for k, v in m.items() if not k.removeprefix("eval_").startswith("nsp_")}
 
   def stop(status: int) -> int:
     batches.close()
@@ -500,7 +505,9 @@ def _train_and_evaluate(config, workdir: str) -> int:
 
   def run_eval() -> bool:  # held-out metrics now; True when they first reach the target
     ev = evaluate(config, setups[phase.index], state.params, phase)
-    writer.log(f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
+    writer.log(
+        f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in _shown(ev).items())
+    )
     reached = clock.check(step, ev)
     if reached:
       writer.log(clock.line())
