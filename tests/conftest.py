@@ -188,19 +188,26 @@ def run_until(c, workdir, stop_step):
   assert (workdir / "checkpoints" / str(stop_step)).exists()
 
 
-def pretrain_cmd(workdir, steps):
-  """`bertjax pretrain` of the tiny recipe on synthetic data, as a subprocess argv."""
+def tiny_pretrain_argv(workdir) -> list[str]:
+  """`bertjax pretrain` of the tiny recipe into `workdir`, as a subprocess argv to extend."""
   import sys
 
+  recipe = str(REPO / "experiments" / "pretrain.py") + ":tiny"
   return [
       sys.executable,
       "-m",
       "bertjax.cli",
       "pretrain",
       "--config",
-      str(REPO / "experiments" / "pretrain.py") + ":tiny",
+      recipe,
       "--workdir",
       str(workdir),
+  ]
+
+
+def pretrain_cmd(workdir, steps):
+  """`bertjax pretrain` of the tiny recipe on synthetic data, as a subprocess argv."""
+  return tiny_pretrain_argv(workdir) + [
       "--config.data.source=synthetic",
       "--config.model.vocab_size=1000",
       "--config.data.seq_len=32",

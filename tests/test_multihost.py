@@ -7,11 +7,10 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
-from conftest import metrics_rows, pretrain_cmd, REPO
+from conftest import metrics_rows, pretrain_cmd, REPO, tiny_pretrain_argv
 
 
 def _run(workdir, steps, processes: int, devices_per_process: int, port: int = 0, cmd=None) -> str:
@@ -113,15 +112,7 @@ def one_file_data(tmp_path_factory) -> pathlib.Path:
 
 
 def _prepared_cmd(workdir, data, steps: int) -> list[str]:
-  return [
-      sys.executable,
-      "-m",
-      "bertjax.cli",
-      "pretrain",
-      "--config",
-      str(REPO / "experiments" / "pretrain.py") + ":tiny",
-      "--workdir",
-      str(workdir),
+  return tiny_pretrain_argv(workdir) + [
       f"--config.data.path={data}",
       "--config.data.seq_len=32",
       "--config.data.max_predictions_per_seq=5",
