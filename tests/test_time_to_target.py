@@ -69,7 +69,11 @@ def test_a_run_stops_at_the_target_and_reports_it(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_target_not_reached_is_null_and_the_run_goes_on(tmp_path, capsys):
   kw = {"eval.target_mlm_accuracy": 1.0, "eval.stop_at_target": True}
-  assert loop.train_and_evaluate(loop_config(3, **kw), str(tmp_path)) == 0
+  # step 3 both evaluates (timed to the target) and checkpoints: the step's metrics are read once
+  assert loop.train_and_evaluate(loop_config(6, **kw), str(tmp_path)) == 0
   assert "time to target (held-out MLM accuracy >= 1): not reached" in capsys.readouterr().out
   last = _records(tmp_path)[-1]
-  assert last["step"] == 3 and last["time_to_target"] is None
+  assert last["step"] == 6 and last["time_to_target"] is None
+  assert (tmp_path / "checkpoints" / "3").exists()
+  rows, evals = metrics_rows(tmp_path)
+  assert sorted(rows) == [1, 2, 3, 4, 5, 6] and [e["step"] for e in evals] == [3, 6]

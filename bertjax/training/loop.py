@@ -540,7 +540,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
     pending = (step, metrics)
     if eval_on and step % config.eval.every_steps == 0:
       if clock.target is not None:  # this step's tokens count toward the target: read it now
-        ok, pending = read(pending), None
+        ok, pending = pending is None or read(pending), None
         if not ok:
           return stop(1)
       t_eval = time.perf_counter()
@@ -551,8 +551,9 @@ def _train_and_evaluate(config, workdir: str) -> int:
     checkpoint_now = step % ck.every_steps == 0 and step < total
     preempted = watcher.should_stop(step)
     if checkpoint_now or preempted:
-      # The checkpoint holds this step's metrics too: a resume neither repeats nor loses them.
-      ok, pending = read(pending), None
+      # The checkpoint holds this step's metrics too: a resume neither repeats nor loses them
+      # (already read when an evaluation timed to a target ran at this step).
+      ok, pending = pending is None or read(pending), None
       if not ok:
         return stop(1)
       save(step, force=True)
