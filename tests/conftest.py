@@ -23,6 +23,8 @@ import socket  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from gcs_fake import gcs  # noqa: E402,F401  (the local Cloud Storage fixture)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
