@@ -34,9 +34,12 @@ import tempfile
 import threading
 import time
 
+from etils import epath
+
 from bertjax import errors
 from bertjax.data import pretraining, records, tf_reader
 from bertjax.data.tokenizer import NUM_SPECIAL, SentencePieceTokenizer, SPECIAL_PIECES
+from bertjax.runtime import fs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 READERS = ("tf.data", "python")  # the shard readers of bertjax.data.pretraining
@@ -73,25 +76,25 @@ class InputBenchSpec:
   def check_inputs(self) -> None:
     """`InputNotFoundError` naming the field when a path the run reads is missing."""
     if self.data:
-      if not os.path.isfile(os.path.join(self.data, "metadata.json")):
+      if not (fs.path(self.data) / "metadata.json").is_file():
         raise errors.InputNotFoundError(
             f"InputBenchSpec.data={self.data}: no metadata.json — name a directory written by "
             "`bertjax prepare`"
         )
     else:
       for field in ("corpus", "tokenizer"):
-        if not os.path.isfile(getattr(self, field)):
+        if not fs.path(getattr(self, field)).is_file():
           raise errors.InputNotFoundError(
               f"InputBenchSpec.{field}={getattr(self, field)}: no such file — name an "
               "existing file"
           )
-    script = os.path.join(self.google_bert_dir, "bert", "create_pretraining_data.py")
-    if self.google_bert_dir and not os.path.isfile(script):
+    script = "bert/create_pretraining_data.py"
+    if self.google_bert_dir and not (fs.path(self.google_bert_dir) / script).is_file():
       raise errors.InputNotFoundError(
           f"InputBenchSpec.google_bert_dir={self.google_bert_dir}: no "
-          "bert/create_pretraining_data.py — unpack the bert-tensorflow==1.0.4 sdist there"
+          f"{script} — unpack the bert-tensorflow==1.0.4 sdist there"
       )
-    if self.workdir and os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+    if self.workdir and fs.path(self.workdir).exists() and not fs.path(self.workdir).is_dir():
       raise errors.ConfigError(
           f"InputBenchSpec.workdir={self.workdir}: exists and is not a directory"
       )
@@ -141,16 +144,22 @@ def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, float]
   return seconds, peak[0]
 
 
-def make_corpus(source: pathlib.Path, copies: int, out: pathlib.Path) -> int:
+def make_corpus(source: epath.Path, copies: int, out: epath.Path) -> int:
   data = source.read_bytes()
-  with open(out, "wb") as f:
+  with out.open("wb") as f:
     for _ in range(copies):
       f.write(data)
   return len(data) * copies
 
 
+def _arg(path: str | os.PathLike) -> str:
+  """A path for a command run in the repository (run_measured): a local one made absolute, so
+  that it still names what it named here."""
+  return str(fs.absolute(path))
+
+
 def bench_prepare(
-    corpus: pathlib.Path, nbytes: int, tokenizer: str, out: pathlib.Path, processes: int
+    corpus: epath.Path, nbytes: int, tokenizer: str, out: epath.Path, processes: int
 ) -> dict:
   cmd = [
       sys.executable,
@@ -158,11 +167,11 @@ def bench_prepare(
       "bertjax.cli",
       "prepare",
       "--input",
-      str(corpus),
+      _arg(corpus),
       "--tokenizer",
-      tokenizer,
+      _arg(tokenizer),
       "--output",
-      str(out),
+      _arg(out),
       "--num-shards",
       "8",
       "--processes",
@@ -171,7 +180,7 @@ def bench_prepare(
       "--overwrite",  # the benchmark's own scratch copies: a rerun in the same workdir
   ]
   seconds, peak = run_measured(cmd)
-  meta = json.loads((out / "metadata.json").read_text())
+  meta = json.loads((fs.path(out) / "metadata.json").read_text())
   return {
       "processes": processes,
       "input_mb": round(nbytes / 1e6, 1),
@@ -184,7 +193,7 @@ def bench_prepare(
 
 
 def bench_stream(
-    data_dir: pathlib.Path,
+    data_dir: str | os.PathLike,
     seq_len: int,
     batch: int,
     steps: int,
@@ -224,7 +233,7 @@ def bench_stream(
   }
 
 
-def bench_read(data_dir: pathlib.Path, reader: str, block: int = 1024) -> dict:
+def bench_read(data_dir: str | os.PathLike, reader: str, block: int = 1024) -> dict:
   """The reader alone: every train document once, in the stream's blocks, in tokens/s."""
   meta = records.load_metadata(data_dir)
   shards = [dict(s, id=i) for i, s in enumerate(records.split_shards(meta, data_dir, "train"))]
@@ -249,7 +258,7 @@ def bench_read(data_dir: pathlib.Path, reader: str, block: int = 1024) -> dict:
   }
 
 
-def _wordpiece_vocab(tokenizer: str, out: pathlib.Path) -> None:
+def _wordpiece_vocab(tokenizer: str, out: epath.Path) -> None:
   """A WordPiece vocab.txt with the same pieces: "▁word" -> "word", "ing" -> "##ing"."""
   tok = SentencePieceTokenizer(tokenizer)
   words = list(SPECIAL_PIECES)
@@ -263,22 +272,22 @@ def _wordpiece_vocab(tokenizer: str, out: pathlib.Path) -> None:
 
 def bench_google(
     bert_dir: str,
-    corpus: pathlib.Path,
+    corpus: epath.Path,
     nbytes: int,
     tokenizer: str,
-    work: pathlib.Path,
+    work: epath.Path,
     dupe_factor: int,
 ) -> dict:
   vocab = work / "vocab.txt"
   _wordpiece_vocab(tokenizer, vocab)
-  env = {**os.environ, "PYTHONPATH": bert_dir, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  env = {**os.environ, "PYTHONPATH": _arg(bert_dir), "TF_CPP_MIN_LOG_LEVEL": "3"}
   cmd = [
       sys.executable,
       "-m",
       "bert.create_pretraining_data",
-      f"--input_file={corpus}",
-      f"--output_file={work / 'google.tfrecord'}",
-      f"--vocab_file={vocab}",
+      f"--input_file={_arg(corpus)}",
+      f"--output_file={_arg(work / 'google.tfrecord')}",
+      f"--vocab_file={_arg(vocab)}",
       "--do_lower_case=False",
       "--max_seq_length=128",
       "--max_predictions_per_seq=20",
@@ -294,11 +303,11 @@ def bench_google(
   }
 
 
-def _bench_all(spec: InputBenchSpec, work: pathlib.Path) -> dict:
+def _bench_all(spec: InputBenchSpec, work: epath.Path) -> dict:
   """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
   small, large = work / "corpus1.txt", work / f"corpus{spec.copies}.txt"
-  n_small = make_corpus(pathlib.Path(spec.corpus), 1, small)
-  n_large = make_corpus(pathlib.Path(spec.corpus), spec.copies, large)
+  n_small = make_corpus(fs.path(spec.corpus), 1, small)
+  n_large = make_corpus(fs.path(spec.corpus), spec.copies, large)
   cores = os.cpu_count() or 1
   results = {
       "cpu_cores": cores,
@@ -311,14 +320,14 @@ def _bench_all(spec: InputBenchSpec, work: pathlib.Path) -> dict:
   results.update(_bench_data(work / "p_large_n", spec))
   if spec.google_bert_dir:
     g_corpus = work / "google.txt"
-    n_g = make_corpus(pathlib.Path(spec.corpus), spec.google_copies, g_corpus)
+    n_g = make_corpus(fs.path(spec.corpus), spec.google_copies, g_corpus)
     results["google_create_pretraining_data"] = bench_google(
         spec.google_bert_dir, g_corpus, n_g, spec.tokenizer, work, dupe_factor=1
     )
   return results
 
 
-def _bench_data(data: pathlib.Path, spec: InputBenchSpec) -> dict:
+def _bench_data(data: str | os.PathLike, spec: InputBenchSpec) -> dict:
   return {
       "read": [bench_read(data, r) for r in spec.readers],
       "stream": [
@@ -331,13 +340,13 @@ def run(spec: InputBenchSpec) -> dict:
   """Every measurement of `spec`, as one JSON-able dict (see the module docstring)."""
   spec.check_inputs()
   if spec.data:
-    return {"cpu_cores": os.cpu_count() or 1, **_bench_data(pathlib.Path(spec.data), spec)}
+    return {"cpu_cores": os.cpu_count() or 1, **_bench_data(fs.path(spec.data), spec)}
   if spec.workdir:
-    work = pathlib.Path(spec.workdir)
+    work = fs.path(spec.workdir)
     work.mkdir(parents=True, exist_ok=True)
     return _bench_all(spec, work)
   with tempfile.TemporaryDirectory() as tmp:
-    return _bench_all(spec, pathlib.Path(tmp))
+    return _bench_all(spec, epath.Path(tmp))
 
 
 # ------------------------------------------------------------- does the host keep up?
@@ -376,7 +385,7 @@ def host_needs(config, accelerator: str) -> list[dict]:
   return out
 
 
-def host_check(config, accelerator: str, data: pathlib.Path, steps: int, batch: int) -> dict:
+def host_check(config, accelerator: str, data: str | os.PathLike, steps: int, batch: int) -> dict:
   """`host_needs`, the stream's measured rows/s on one worker (in this process) for each
   phase, and the workers that makes."""
   packing = bool(config.data.get("packing", False))

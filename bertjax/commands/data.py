@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from bertjax import errors
 from bertjax.commands.args import ArgumentParser, fraction, nonneg_int, positive_int
 from bertjax.data import pretraining
+from bertjax.runtime import fs
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -73,11 +73,12 @@ def _check(args: argparse.Namespace) -> None:
         f"--seq-len {args.seq_len} is too short for --pair-mode {args.pair_mode}: it must be "
         f">= {need} ([CLS] and [SEP]s included)"
     )
-  if not os.path.exists(args.data) and "://" not in args.data:
+  data = fs.path(args.data)
+  if not data.exists():
     raise errors.InputNotFoundError(
         f"--data {args.data}: no such directory — give the --output of `bertjax prepare`"
     )
-  if os.path.isfile(args.data):
+  if data.is_file():
     raise errors.ConfigError(
         f"--data {args.data}: is a file — give the directory `bertjax prepare` wrote"
     )

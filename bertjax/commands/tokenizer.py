@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from bertjax import errors
 from bertjax.commands.args import ArgumentParser, fraction, positive_int
 from bertjax.commands.args import reword
 from bertjax.data import tokenizer as tokenizer_lib, wordpiece
+from bertjax.runtime import fs
 
 # The library's words for what this command's flags set (`reword`).
 _FLAGS = {
@@ -104,7 +104,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _load(path: str):
-  if not os.path.exists(path) and os.path.isfile(path + ".model"):
+  if not fs.path(path).exists() and fs.path(path + ".model").is_file():
     raise errors.InputNotFoundError(
         f"--tokenizer {path}: no such file — did you mean {path}.model?"
     )

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from etils import epath
+
 from bertjax import errors
+from bertjax.runtime import fs
 
 DATA_DIR = pathlib.Path(__file__).resolve().parents[2] / "data"
 CORPUS_PATH = DATA_DIR / "austen.txt"
@@ -43,15 +46,15 @@ def find(fix: str = _FIX) -> Corpus:
   return Corpus(CORPUS_PATH, TOKENIZER_PATH)
 
 
-def output_dir(workdir: str) -> pathlib.Path:
+def output_dir(workdir: str) -> epath.Path:
   """Where a run in `workdir` keeps the prepared corpus: WORKDIR/data/austen, or a local cache
-  for an object-store workdir (the preparation writes local files)."""
-  if "://" in str(workdir):
-    return pathlib.Path.home() / ".cache" / "bertjax" / "data" / "austen"
-  return pathlib.Path(workdir) / "data" / "austen"
+  for an object-store workdir."""
+  if not fs.is_local(workdir):
+    return epath.Path(pathlib.Path.home() / ".cache" / "bertjax" / "data" / "austen")
+  return fs.path(workdir) / "data" / "austen"
 
 
-def prepare_into(out: pathlib.Path, tokenizer: pathlib.Path | None = None) -> None:
+def prepare_into(out: str | epath.Path, tokenizer: str | epath.Path | None = None) -> None:
   """`bertjax prepare` of the bundled corpus into `out` (with `tokenizer`, or the bundled one)."""
   from bertjax.data import prepare  # TensorFlow: only when something is prepared
 

@@ -3,6 +3,8 @@
 `expand_inputs` turns the user's files and globs into files, with one-line errors for a
 pattern that matches nothing, a directory or an unreadable file. `open_input` decompresses
 gzip, bzip2 and xz by content, whatever the name; `is_binary` tells text from other bytes.
+Every file is read through `bertjax.runtime.fs` (etils.epath): local paths with Python's own
+file calls, `gs://` and other object stores through TensorFlow's file systems.
 `file_chunks` cuts a file into pieces of about `chunk_bytes` at document boundaries (a blank
 line), so a worker process can clean and tokenize each on its own; a document over `max_doc`
 bytes, even a single line, is cut into several, so no line is ever held whole. `Tasks` is
@@ -13,15 +15,17 @@ constructor checks the whole input before anything is written.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import dataclasses
 import glob
 import gzip
 import lzma
 import os
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Iterator, Sequence
 
 from bertjax import errors
 from bertjax.data import text
+from bertjax.runtime import fs
 
 if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
   from bertjax.data.prepare import PrepareConfig
@@ -30,30 +34,54 @@ if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this mod
 _GZIP, _BZIP2, _XZ = b"\x1f\x8b\x08", b"1AY&SY", b"\xfd7zXZ\x00"
 
 
+def _glob(pattern: str) -> list[str]:
+  """The paths matching `pattern` (local or `scheme://`), spelled as the pattern spells its
+  directories (`./a/*.txt` gives `./a/x.txt`, as `glob.glob` does). `**` matches one level, as in
+  `glob.glob` without `recursive`."""
+  parts = pattern.split("/")
+  first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+  head = "/".join(parts[:first])  # the directories before the first wildcard
+  head = head.rstrip("/") or head  # as glob spells them: "a//*" gives "a/x"
+  prefix = (head if head.endswith("/") else head + "/") if first else ""
+  base = fs.path(prefix or ".")
+  rest = "/".join(parts[first:]).replace("**", "*")
+  return [prefix + str(m.relative_to(base)) for m in base.glob(rest)]
+
+
 def expand_inputs(patterns: Sequence[str]) -> list[str]:
   """Files of `patterns` (globs expanded, sorted); a pattern that gives no readable file is an
   error naming it and why."""
   files = []
   for pattern in patterns:
-    matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-    found = [m for m in matched if os.path.isfile(m)]
+    magic = glob.has_magic(pattern)  # a test of the string only
+    matched = sorted(_glob(pattern)) if magic else [pattern]
+    found = [m for m in matched if fs.path(m).is_file()]
     if not found:
-      if not glob.has_magic(pattern) and os.path.isdir(pattern):
+      if not magic and fs.path(pattern).is_dir():
         raise errors.InputNotFoundError(
-            f"{pattern}: is a directory — name its files, e.g. '{os.path.join(pattern, '*.txt')}'"
+            f"{pattern}: is a directory — name its files, e.g. '{pattern.rstrip('/')}/*.txt'"
         )
-      what = "no file matches this pattern" if glob.has_magic(pattern) else "no such file"
+      what = "no file matches this pattern" if magic else "no such file"
       raise errors.InputNotFoundError(f"{pattern}: {what}")
     for path in found:
-      if not os.access(path, os.R_OK):
+      # Permissions are a local notion; an object store refuses at the first read instead.
+      if fs.is_local(path) and not os.access(fs.path(path), os.R_OK):
         raise errors.InputNotFoundError(f"{path}: not readable (permission denied)")
     files.extend(found)
   return files
 
 
+def file_size(path: str | os.PathLike) -> int:
+  """Bytes in a file, local or remote. Measured by seeking to its end: epath's local `stat()`
+  also looks up the owner's user name, which fails for a uid without one (containers)."""
+  with fs.path(path).open("rb") as f:
+    f.seek(0, os.SEEK_END)
+    return f.tell()
+
+
 def compression(path: str) -> str | None:
   """ "gzip", "bzip2" or "xz" when the file's content is compressed so, else None."""
-  with open(path, "rb") as f:
+  with fs.path(path).open("rb") as f:
     head = f.read(10)
   if head.startswith(_GZIP):
     return "gzip"
@@ -64,16 +92,32 @@ def compression(path: str) -> str | None:
   return None
 
 
-def open_input(path: str):
+# Readers of a compressed stream over an open file object.
+_DECOMPRESSORS = {
+    "gzip": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
+    "bzip2": bz2.BZ2File,
+    "xz": lzma.LZMAFile,
+}
+
+
+@contextlib.contextmanager
+def open_input(path: str) -> Iterator[IO[bytes]]:
   """An input file, decompressed when its content is gzip, bzip2 or xz, whatever its name."""
   kind = compression(path)
-  if kind == "gzip":
-    return gzip.open(path, "rb")
-  if kind == "bzip2":
-    return bz2.open(path, "rb")
-  if kind == "xz":
-    return lzma.open(path, "rb")
-  return open(path, "rb")
+  with fs.path(path).open("rb") as raw:
+    if kind is None:
+      yield raw
+      return
+    with _DECOMPRESSORS[kind](raw) as f:
+      yield f
+
+
+@contextlib.contextmanager
+def open_text(path: str | os.PathLike) -> Iterator[IO[str]]:
+  """A file as UTF-8 text, undecodable bytes as U+FFFD and newlines translated, as
+  `open(path, encoding="utf-8", errors="replace")` reads a local one."""
+  with fs.open_text(path) as f:
+    yield f
 
 
 def read(f, n: int, path: str, line: int = 0) -> bytes:
@@ -184,12 +228,13 @@ class Tasks:
       self._tfds = _open_tfds(cfg)
       return
     self.files = expand_inputs(cfg.inputs)
+    sizes = {path: file_size(path) for path in self.files}
     for path in self.files:
-      if os.path.getsize(path) == 0:
+      if sizes[path] == 0:
         self.empty_files.append(path)
       elif is_binary(path):
         self.binary_files.append(path)
-    self.total_bytes = sum(os.path.getsize(f) for f in self.files)
+    self.total_bytes = sum(sizes[f] for f in self.files)
     if len(self.empty_files) + len(self.binary_files) == len(self.files):
       raise no_documents(
           [(p, text.EMPTY_FILE) for p in self.empty_files]

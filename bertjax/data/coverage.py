@@ -14,7 +14,7 @@ import unicodedata
 from typing import Sequence
 
 from bertjax import errors
-from bertjax.data import wordpiece
+from bertjax.data import corpus, wordpiece
 
 NUM_SPECIAL = len(wordpiece.SPECIAL_PIECES)  # [PAD] [UNK] [CLS] [SEP] [MASK], in every vocabulary
 
@@ -32,7 +32,7 @@ def count_characters(files: Sequence[str], limit: int = _COUNT_CHARS) -> collect
   counts: collections.Counter = collections.Counter()
   seen = 0
   for path in files:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with corpus.open_text(path) as f:
       for line in f:
         line = unicodedata.normalize("NFKC", line)
         counts.update(line)

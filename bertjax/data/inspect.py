@@ -7,18 +7,18 @@ row, stats counts examples (not rows) and reports how full the rows are.
 from __future__ import annotations
 
 import itertools
-import pathlib
 
 import numpy as np
 
 from bertjax.data import packing, pretraining, records, wordpiece
 from bertjax.data.tokenizer import WORD_START
+from bertjax.runtime import fs
 
 
 def _tokenizer(data_dir: str):
   """The data's own tokenizer: SentencePiece `Tokenizer` or `wordpiece.WordPieceTokenizer`."""
   meta = records.load_metadata(data_dir)
-  return wordpiece.load_tokenizer(pathlib.Path(data_dir) / meta["tokenizer"]["file"])
+  return wordpiece.load_tokenizer(fs.path(data_dir) / meta["tokenizer"]["file"])
 
 
 def _render(tok, ids: np.ndarray) -> str:

@@ -20,25 +20,31 @@ worker's old metadata; its new metadata is written last. An interrupted run leav
 it was (a directory it created is removed again); finished data there is replaced only with
 `overwrite`. Inputs compressed with gzip, bzip2 or xz (recognised by content) are decompressed;
 an empty file or one that is mostly not UTF-8 text is skipped and counted.
+
+Paths: inputs, tokenizer and output may be local or on an object store (`gs://...`); all go
+through `bertjax.runtime.fs` (etils.epath). A remote output is shuffled and written in a local
+temporary directory, then each finished shard is uploaded (an object appears whole or not at all).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
-import pathlib
 import random
-import shutil
 import sys
+import tempfile
 import time
+from typing import Callable
 
+from etils import epath
 from tqdm import tqdm
 
 from bertjax import errors
 from bertjax.data import corpus, encode, records, shuffle, text, wordpiece
-from bertjax.runtime import workdir_lock
+from bertjax.runtime import fs, workdir_lock
 
 # 2% of the documents: on the bundled corpus (273 chapters) ~5 chapters, ~18k tokens; on a
 # Wikipedia-sized corpus far more than an evaluation reads, at 2% of the training text.
@@ -182,16 +188,19 @@ class _Tally:
 # ----------------------------------------------------------------------------- the output
 
 
-def _check_output(cfg: PrepareConfig, out: pathlib.Path) -> list[pathlib.Path]:
+def _check_output(cfg: PrepareConfig, out: epath.Path) -> list:
   """Refuses an output that cannot be written or holds this worker's finished data (unless
-  `overwrite`); returns the directories that preparing will create, deepest first."""
+  `overwrite`); returns the local directories that preparing will create, deepest first (an
+  object store has none to remove again)."""
   meta = out / records.metadata_name(cfg.worker_index, cfg.num_workers)
   if meta.exists() and not cfg.overwrite:
     raise errors.OutputExistsError(
-        f"PrepareConfig.output {out} already holds prepared data ({meta.name}) — pass "
-        "PrepareConfig.overwrite=True to replace it, or choose another PrepareConfig.output"
+        f"PrepareConfig.output {epath.Path(cfg.output)} already holds prepared data "
+        f"({meta.name}) — pass PrepareConfig.overwrite=True to replace it, or choose another "
+        "PrepareConfig.output"
     )
-  return errors.missing_dirs(out, "PrepareConfig.output")
+  created = errors.missing_dirs(out, "PrepareConfig.output")
+  return created if fs.is_local(out) else []
 
 
 def _ensure_open_files(cfg: PrepareConfig) -> None:
@@ -215,7 +224,20 @@ def _ensure_open_files(cfg: PrepareConfig) -> None:
   )
 
 
-def _copy_tokenizer(tok, out: pathlib.Path, worker_index: int) -> dict:
+def _place(
+    out: epath.Path, name: str, worker_index: int, write: Callable[[epath.Path], object]
+) -> None:
+  """`write(path)` makes out/name whole or not at all: a local file is written beside it under
+  a temporary name and renamed over; an object store publishes an object once it is whole."""
+  if not fs.is_local(out):
+    write(out / name)
+    return
+  tmp = out / f"{name}.{worker_index}.tmp"
+  write(tmp)
+  tmp.replace(out / name)
+
+
+def _copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
   """Copies the tokenizer into the data directory (self-contained); its metadata entry.
 
   The special ids go into metadata.json, so the stream frames and masks with the right ids
@@ -223,9 +245,7 @@ def _copy_tokenizer(tok, out: pathlib.Path, worker_index: int) -> dict:
   """
   is_wordpiece = isinstance(tok, wordpiece.WordPieceTokenizer)
   name = "vocab.txt" if is_wordpiece else "tokenizer.model"
-  tmp = out / f"{name}.{worker_index}.tmp"
-  shutil.copyfile(tok.path, tmp)
-  os.replace(tmp, out / name)
+  _place(out, name, worker_index, lambda p: fs.path(tok.path).copy(p, overwrite=True))
   meta = {
       "file": name,
       "type": "wordpiece" if is_wordpiece else "sentencepiece",
@@ -243,13 +263,12 @@ def _copy_tokenizer(tok, out: pathlib.Path, worker_index: int) -> dict:
     # vocab.txt does not say whether it is uncased; this file beside it does, and
     # `wordpiece.load_tokenizer` reads it (as transformers does).
     meta["lower_case"] = tok.lower_case
-    tmp = out / f"tokenizer_config.json.{worker_index}.tmp"
-    tmp.write_text(json.dumps({"do_lower_case": tok.lower_case}) + "\n")
-    os.replace(tmp, out / "tokenizer_config.json")
+    config = json.dumps({"do_lower_case": tok.lower_case}) + "\n"
+    _place(out, "tokenizer_config.json", worker_index, lambda p: p.write_text(config))
   return meta
 
 
-def _drop_empty_shards(cfg: PrepareConfig, out: pathlib.Path, writers: shuffle.Writers) -> None:
+def _drop_empty_shards(cfg: PrepareConfig, out: epath.Path, writers: shuffle.Writers) -> None:
   """Deletes shards that got no document (more shards asked than documents), saying so.
 
   Shard names keep their `-of-N` numbering; metadata.json lists the shards that remain.
@@ -285,13 +304,17 @@ def _drop_empty_shards(cfg: PrepareConfig, out: pathlib.Path, writers: shuffle.W
       )
 
 
-def _publish(cfg: PrepareConfig, tmp: pathlib.Path, out: pathlib.Path, shards: list[dict]) -> None:
-  """Moves the finished shards from `tmp` into `out`; the old metadata goes first, so a
-  reader never sees it beside new shards, and the new one is written last (by the caller).
-  A single worker owns `out`: shards of an earlier preparation that are not replaced go."""
+def _publish(cfg: PrepareConfig, tmp: epath.Path, out: epath.Path, shards: list[dict]) -> None:
+  """Moves the finished shards from `tmp` into `out` (a remote `out`: uploads them); the old
+  metadata goes first, so a reader never sees it beside new shards, and the new one is written
+  last (by the caller). A single worker owns `out`: shards of an earlier preparation that are
+  not replaced go."""
   (out / records.metadata_name(cfg.worker_index, cfg.num_workers)).unlink(missing_ok=True)
   for shard in shards:
-    os.replace(tmp / shard["file"], out / shard["file"])
+    if fs.is_local(out):
+      (tmp / shard["file"]).replace(out / shard["file"])
+    else:
+      (tmp / shard["file"]).copy(out / shard["file"], overwrite=True)
   if cfg.num_workers == 1:
     keep = {s["file"] for s in shards}
     for path in out.glob("*.tfrecord"):
@@ -300,7 +323,7 @@ def _publish(cfg: PrepareConfig, tmp: pathlib.Path, out: pathlib.Path, shards: l
 
 
 def _shufflers(
-    cfg: PrepareConfig, tasks: corpus.Tasks, directory: pathlib.Path
+    cfg: PrepareConfig, tasks: corpus.Tasks, directory: epath.Path
 ) -> dict[str, shuffle.Shuffler]:
   """One seeded shuffle per split, with piles for the input's size (TFDS: unknown, one)."""
   share = tasks.total_bytes // cfg.num_workers
@@ -330,7 +353,7 @@ def prepare(cfg: PrepareConfig) -> dict:
   check_config(cfg)
   tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
   tasks = corpus.Tasks(cfg)
-  out = pathlib.Path(cfg.output)
+  out = fs.path(cfg.output)
   created = _check_output(cfg, out)
   _ensure_open_files(cfg)
   out.mkdir(parents=True, exist_ok=True)
@@ -342,18 +365,34 @@ def prepare(cfg: PrepareConfig) -> dict:
   except BaseException:
     for directory in created:  # deepest first; another worker's files keep theirs
       try:
-        directory.rmdir()
+        # Local directories only (_check_output). os.rmdir refuses a non-empty one at once;
+        # epath's rmdir lists it, then removes the whole tree.
+        os.rmdir(directory)
       except OSError:
         break
     raise
 
 
-def _prepare(cfg: PrepareConfig, tok, out: pathlib.Path, tasks: corpus.Tasks) -> dict:
+def _scratch(cfg: PrepareConfig, out: epath.Path) -> epath.Path:
+  """Where piles and shards are written first: a hidden directory in a local `out` (the shards
+  are renamed into place), a local temporary one for a remote `out` (they are uploaded)."""
+  if not fs.is_local(out):
+    return epath.Path(tempfile.mkdtemp(prefix=f"bertjax-prepare-{cfg.worker_index}-"))
+  tmp = out / f".prepare-{cfg.worker_index}.tmp"
+  _remove(tmp)  # left by an interrupted run
+  tmp.mkdir()
+  return tmp
+
+
+def _remove(directory: epath.Path) -> None:
+  with contextlib.suppress(OSError):
+    directory.rmtree(missing_ok=True)
+
+
+def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> dict:
   tally = _Tally(cfg)
   # Piles and shards are written here first, the shards moved into `out` when complete.
-  tmp = out / f".prepare-{cfg.worker_index}.tmp"
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir()
+  tmp = _scratch(cfg, out)
   totals = collections.Counter()
   start = time.perf_counter()
   bar = tqdm(
@@ -408,7 +447,7 @@ def _prepare(cfg: PrepareConfig, tok, out: pathlib.Path, tasks: corpus.Tasks) ->
     _drop_empty_shards(cfg, tmp, writers)
     _publish(cfg, tmp, out, writers.shards)
   finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove(tmp)
   tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
   seconds = time.perf_counter() - start
   meta = {

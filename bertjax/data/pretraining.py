@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pathlib
 import random
 from typing import Iterator
 
@@ -65,6 +64,7 @@ from bertjax.data import (
     prefetch,
     wordpiece,
 )
+from bertjax.runtime import fs
 
 # Moving the stream's batches to the devices (prefetch.py); importable from here, where the
 # stream's callers have always found them.
@@ -696,7 +696,7 @@ def make_stream(
     )
   word_start = None
   if cfg.whole_word_mask:
-    tok = wordpiece.load_tokenizer(pathlib.Path(cfg.path) / meta["tokenizer"]["file"])
+    tok = wordpiece.load_tokenizer(fs.path(cfg.path) / meta["tokenizer"]["file"])
     word_start = np.array(tok.word_start_table(), bool)
 
   spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))

@@ -8,22 +8,24 @@ Shards are `train-00003-of-00016.tfrecord` and `eval-00000-of-00001.tfrecord`. W
 `metadata-0000k-of-0000W.json`; `load_metadata` merges them, so hosts can prepare in parallel.
 The files are standard: the stream reads them with tf.data (tf_reader.py). This module writes
 them with numpy, so preparation never starts TensorFlow, and reads them in plain Python for the
-stream's TensorFlow-free reader (`InputConfig.reader="python"`) and for inspection.
+stream's TensorFlow-free reader (`InputConfig.reader="python"`) and for inspection. Directories
+and files go through `bertjax.runtime.fs` (etils.epath): a local one with Python's own file
+calls, a `gs://` one through TensorFlow's file systems.
 """
 
 from __future__ import annotations
 
 import collections
-import glob
 import json
 import os
-import pathlib
 from typing import Iterator
 
 import numpy as np
+from etils import epath
 
 from bertjax import errors
-from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import corpus, tokenizer as tokenizer_lib
+from bertjax.runtime import fs
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "eval")
@@ -172,17 +174,10 @@ def decode_document(payload: bytes) -> list[np.ndarray]:
   return np.split(tokens, np.cumsum(features["sentence_lengths"])[:-1])
 
 
-def _open(path: str):
-  if "://" in path:  # gs://, s3://, hdfs:// ...: TensorFlow's file systems
-    import tensorflow as tf  # only for remote paths; local shards need no TF
-
-    return tf.io.gfile.GFile(path, "rb")
-  return open(path, "rb")
-
-
 def read_records(path: str, start: int = 0) -> Iterator[bytes]:
-  """Payloads of a TFRecord file from record `start` on (skipped records are not read)."""
-  with _open(path) as f:
+  """Payloads of a TFRecord file from record `start` on (skipped records are not read). A local
+  file is read without TensorFlow; `gs://` and other schemes through its file systems."""
+  with fs.path(path).open("rb") as f:
     index = 0
     while True:
       header = f.read(12)
@@ -218,11 +213,15 @@ def read_documents(path: str, start: int = 0) -> Iterator[list[np.ndarray]]:
 
 def write_metadata(
     out_dir: str | os.PathLike, meta: dict, worker_index: int, num_workers: int
-) -> pathlib.Path:
-  path = pathlib.Path(out_dir) / metadata_name(worker_index, num_workers)
+) -> epath.Path:
+  path = fs.path(out_dir) / metadata_name(worker_index, num_workers)
+  data = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+  if not fs.is_local(path):  # an object store publishes an object only once it is whole
+    path.write_text(data)
+    return path
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-  os.replace(tmp, path)  # a crash never leaves a half-written metadata.json
+  tmp.write_text(data)
+  tmp.replace(path)  # a crash never leaves a half-written metadata.json
   return path
 
 
@@ -246,36 +245,36 @@ def _merge(parts: list[dict]) -> dict:
   return merged
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def _read_json(path: epath.Path, shown: epath.Path) -> dict:
   try:
     meta = json.loads(path.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise errors.BadInputError(f"{path}: not valid JSON ({e}){_REPREPARE}") from None
+    raise errors.BadInputError(f"{shown}: not valid JSON ({e}){_REPREPARE}") from None
   if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
-    raise errors.BadInputError(f"{path}: not the metadata of prepared data{_REPREPARE}")
+    raise errors.BadInputError(f"{shown}: not the metadata of prepared data{_REPREPARE}")
   return meta
 
 
 def load_metadata(data_dir: str | os.PathLike) -> dict:
   """metadata.json, or the merge of all workers' parts; clear errors when incomplete."""
-  data_dir = pathlib.Path(data_dir)
+  shown, data_dir = epath.Path(data_dir), fs.path(data_dir)  # as the user wrote it; to read
   single = data_dir / "metadata.json"
   if single.is_file():
-    return _read_json(single)
-  parts = sorted(glob.glob(str(data_dir / "metadata-*-of-*.json")))
+    return _read_json(single, shown / single.name)
+  parts = sorted(data_dir.glob("metadata-*-of-*.json"), key=str)
   if not parts:
     what = "no such directory" if not data_dir.is_dir() else "no metadata.json in it"
     raise errors.InputNotFoundError(
-        f"{data_dir}: {what}, so not data prepared by `bertjax prepare` — prepare it with "
-        f"`bertjax prepare --output {data_dir}`"
+        f"{shown}: {what}, so not data prepared by `bertjax prepare` — prepare it with "
+        f"`bertjax prepare --output {shown}`"
     )
-  metas = [_read_json(pathlib.Path(p)) for p in parts]
+  metas = [_read_json(p, shown / p.name) for p in parts]
   expected = metas[0]["num_workers"]
   have = sorted(m["worker_index"] for m in metas)
   if have != list(range(expected)):
     missing = sorted(set(range(expected)) - set(have))
     raise errors.InputNotFoundError(
-        f"{data_dir}: metadata of workers {missing} of {expected} is "
+        f"{shown}: metadata of workers {missing} of {expected} is "
         "missing; run `bertjax prepare --worker-index K` for them"
     )
   return _merge(metas)
@@ -299,23 +298,24 @@ def special_ids(meta: dict) -> dict[str, int]:
 
 
 def check_shards(meta: dict, data_dir: str | os.PathLike) -> None:
-  """Every shard metadata.json lists is there with its recorded size (local directories;
-  data prepared before sizes were recorded is checked for presence only)."""
-  if "://" in str(data_dir):
-    return
+  """Every shard metadata.json lists is there, with its recorded size in a local directory
+  (data prepared before sizes were recorded is checked for presence only). An object store is
+  listed once; its sizes are not checked (an upload is published whole or not at all)."""
+  shown, directory = epath.Path(data_dir), fs.path(data_dir)
+  listed = None if fs.is_local(directory) else {p.name for p in directory.iterdir()}
   for s in meta["shards"]:
     if not s.get("documents"):
       continue
-    path = pathlib.Path(data_dir) / s["file"]
-    if not path.is_file():
+    path = directory / s["file"]
+    if not (path.is_file() if listed is None else s["file"] in listed):
       raise errors.InputNotFoundError(
-          f"{path}: missing, but {data_dir}/metadata.json lists it "
+          f"{shown / s['file']}: missing, but {shown}/metadata.json lists it "
           "(an incomplete copy?); copy it again, or re-prepare with "
           "`bertjax prepare ... --overwrite`"
       )
-    if "bytes" in s and path.stat().st_size != s["bytes"]:
+    if listed is None and "bytes" in s and (size := corpus.file_size(path)) != s["bytes"]:
       raise errors.BadInputError(
-          f"{path}: {path.stat().st_size:,} bytes, but metadata.json records "
+          f"{shown / s['file']}: {size:,} bytes, but metadata.json records "
           f"{s['bytes']:,} (truncated or replaced); copy it again, or "
           "re-prepare with `bertjax prepare ... --overwrite`"
       )
@@ -330,5 +330,5 @@ def split_shards(meta: dict, data_dir: str | os.PathLike, split: str) -> list[di
       key=lambda s: s["file"],
   )
   for s in shards:
-    s["path"] = str(pathlib.Path(data_dir) / s["file"])
+    s["path"] = str(fs.path(data_dir) / s["file"])  # a string, as tf.data takes it
   return shards

@@ -5,17 +5,20 @@ Each document (a framed TFRecord) goes to a seeded-random pile file; then each p
 Random piles in random order are a uniformly random permutation, so any run of consecutive
 documents of a shard is a random sample of the corpus. Memory: one pile (a pile over
 `shuffle_bytes`, e.g. from a TFDS corpus of unknown size, is first scattered again into
-smaller ones); disk: the records twice, briefly.
+smaller ones); disk: the records twice, briefly. The directory is an `epath.Path` (`prepare`
+gives a local one; any `bertjax.runtime.fs` path works).
 """
 
 from __future__ import annotations
 
-import pathlib
+import contextlib
 import random
 import struct
 from typing import Iterator
 
-from bertjax.data import records
+from etils import epath
+
+from bertjax.data import corpus, records
 
 MAX_PILES = 128  # pile files of one split open at once
 _PILE_HEADER = struct.Struct("<IIQ")  # sentences, tokens, then the record's own length field
@@ -26,7 +29,7 @@ class Shuffler:
 
   def __init__(
       self,
-      directory: pathlib.Path,
+      directory: epath.Path,
       split: str,
       expected_bytes: int,
       shuffle_bytes: int,
@@ -36,7 +39,8 @@ class Shuffler:
     n = max(1, min(MAX_PILES, -(-expected_bytes // shuffle_bytes)))
     self.piles = [directory / f"{split}-{i:05d}.pile" for i in range(n)]
     self.counts = [0] * n
-    self._files = [open(p, "wb") for p in self.piles]
+    self._open = contextlib.ExitStack()
+    self._files = [self._open.enter_context(p.open("wb")) for p in self.piles]
 
   def add(self, record: bytes, sentences: int, tokens: int) -> None:
     """Appends one framed record to a random pile, with its sentence and token counts."""
@@ -45,38 +49,36 @@ class Shuffler:
     self.counts[i] += 1
 
   def close(self) -> None:
-    for f in self._files:
-      f.close()
+    self._open.close()
 
   def shuffled(self) -> Iterator[tuple[bytes, int, int]]:
     """(framed record, sentences, tokens) of the split in shuffled order; deletes piles."""
     self.close()
     yield from self._drain(list(zip(self.piles, self.counts)))
 
-  def _drain(self, piles: list[tuple[pathlib.Path, int]]) -> Iterator[tuple[bytes, int, int]]:
+  def _drain(self, piles: list[tuple[epath.Path, int]]) -> Iterator[tuple[bytes, int, int]]:
     for path, count in piles:
-      size = path.stat().st_size
+      size = corpus.file_size(path)
       if size > self.shuffle_bytes and count > 1:
         yield from self._drain(self._scatter(path, -(-size // self.shuffle_bytes)))
         continue
-      with open(path, "rb") as f:
+      with path.open("rb") as f:
         entries = list(_pile_entries(f))
       path.unlink()
       self.rng.shuffle(entries)
       yield from entries
 
-  def _scatter(self, path: pathlib.Path, n: int) -> list[tuple[pathlib.Path, int]]:
+  def _scatter(self, path: epath.Path, n: int) -> list[tuple[epath.Path, int]]:
     """Splits an oversized pile into `n` (2 to MAX_PILES) random smaller ones."""
     n = max(2, min(MAX_PILES, n))
     subs, counts = [path.with_name(f"{path.name}.{i:03d}") for i in range(n)], [0] * n
-    outs = [open(p, "wb") for p in subs]
-    with open(path, "rb") as f:
-      for record, sentences, tokens in _pile_entries(f):
-        i = self.rng.randrange(n)
-        outs[i].write(struct.pack("<II", sentences, tokens) + record)
-        counts[i] += 1
-    for out in outs:
-      out.close()
+    with contextlib.ExitStack() as stack:
+      outs = [stack.enter_context(p.open("wb")) for p in subs]
+      with path.open("rb") as f:
+        for record, sentences, tokens in _pile_entries(f):
+          i = self.rng.randrange(n)
+          outs[i].write(struct.pack("<II", sentences, tokens) + record)
+          counts[i] += 1
     path.unlink()
     return list(zip(subs, counts))
 
@@ -96,13 +98,15 @@ class Writers:
   """
 
   def __init__(
-      self, directory: pathlib.Path, counts: dict[str, int], worker_index: int, num_workers: int
+      self, directory: epath.Path, counts: dict[str, int], worker_index: int, num_workers: int
   ):
     self.shards, self._writers, self._next = [], {}, {"train": 0, "eval": 0}
+    self._open = contextlib.ExitStack()
     for split, n in counts.items():
       for i in range(n):
         name = records.shard_name(split, worker_index * n + i, num_workers * n)
-        self._writers.setdefault(split, []).append(open(directory / name, "wb"))
+        f = self._open.enter_context((directory / name).open("wb"))
+        self._writers.setdefault(split, []).append(f)
         self.shards.append(
             {"file": name, "split": split, "documents": 0, "sentences": 0, "tokens": 0, "bytes": 0}
         )
@@ -119,6 +123,4 @@ class Writers:
     shard["tokens"] += tokens
 
   def close(self) -> None:
-    for ws in self._writers.values():
-      for w in ws:
-        w.close()
+    self._open.close()

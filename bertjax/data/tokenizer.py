@@ -13,6 +13,10 @@ Every model trained by `train_tokenizer` (or `bertjax tokenizer train`) has
 text (the string "[MASK]" in a corpus is tokenized as ordinary characters), so the only way
 into a sequence is the input pipeline. Word starts carry SentencePiece's "▁" prefix, which the
 whole-word masking option uses.
+
+Tokenizer files and training text may be local or `gs://...`: they are read and written through
+`bertjax.runtime.fs` (etils.epath); SentencePiece loads a model from its bytes and trains on
+local copies of remote text.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
 import sys
 import tempfile
 import typing
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+from etils import epath
 
 from bertjax import errors
 from bertjax.data import corpus, text, wordpiece
@@ -39,6 +43,7 @@ from bertjax.data.coverage import (  # part of training a tokenizer, importable 
     choose_character_coverage,
     count_characters,
 )
+from bertjax.runtime import fs
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -63,7 +68,7 @@ class Tokenizer(typing.Protocol):
   tokenizer.json) satisfies it too; the tasks read one (`bertjax.tasks.encoder`).
   """
 
-  path: pathlib.Path
+  path: epath.Path
   sha256: str
   pad_id: int
   unk_id: int
@@ -101,23 +106,23 @@ class SentencePieceTokenizer:
   """A loaded SentencePiece model; ids of the special tokens are the constants above."""
 
   def __init__(self, path: str | os.PathLike):
-    self.path = pathlib.Path(path)
+    shown, self.path = epath.Path(path), fs.path(path)  # as the user wrote it; to read
     if not self.path.is_file():
       raise TokenizerError(
-          f"{self.path}: tokenizer model not found " "(train one with `bertjax tokenizer train`)"
+          f"{shown}: tokenizer model not found " "(train one with `bertjax tokenizer train`)"
       )
-    blob = self.path.read_bytes()
+    blob = self.path.read_bytes()  # loaded from bytes: any file system, no local copy
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(blob)
     except Exception:  # sentencepiece raises RuntimeError/OSError by version
       raise TokenizerError(
-          f"{self.path}: not a SentencePiece model, or truncated " f"({len(blob)} bytes)"
+          f"{shown}: not a SentencePiece model, or truncated " f"({len(blob)} bytes)"
       ) from None
     found = tuple(self._sp.id_to_piece(i) for i in range(min(NUM_SPECIAL, len(self._sp))))
     if found != SPECIAL_PIECES:
       raise TokenizerError(
-          f"{self.path}: ids 0-4 are {found}, expected {SPECIAL_PIECES}; "
+          f"{shown}: ids 0-4 are {found}, expected {SPECIAL_PIECES}; "
           "retrain it with `bertjax tokenizer train`"
       )
     self.sha256 = hashlib.sha256(blob).hexdigest()
@@ -182,14 +187,15 @@ class HFTokenizer:
   """
 
   def __init__(self, path: str | os.PathLike):
-    self.path = pathlib.Path(path)
+    self._shown, self.path = epath.Path(path), fs.path(path)  # as the user wrote it; to read
+    shown = self._shown
     if not self.path.is_file():
-      raise TokenizerError(f"{self.path}: tokenizer file not found")
+      raise TokenizerError(f"{shown}: tokenizer file not found")
     try:
       from tokenizers import Tokenizer as _Tokenizer  # the `interop` extra, only for this file
     except ImportError:
       raise TokenizerError(
-          f"{self.path}: reading a tokenizer.json needs the `tokenizers` package — install "
+          f"{shown}: reading a tokenizer.json needs the `tokenizers` package — install "
           "bertjax[interop], or pass a SentencePiece .model or WordPiece vocab.txt"
       ) from None
     blob = self.path.read_bytes()
@@ -198,7 +204,7 @@ class HFTokenizer:
       model_type = json.loads(blob)["model"]["type"]
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
       raise TokenizerError(
-          f"{self.path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0]})"
+          f"{shown}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0]})"
       ) from None
     self._tok.no_padding()
     self._tok.no_truncation()
@@ -208,7 +214,7 @@ class HFTokenizer:
     missing = [p for p, i in zip(pieces, ids) if i is None]
     if missing:
       raise TokenizerError(
-          f"{self.path}: no special tokens {missing} — name them in tokenizer_config.json "
+          f"{shown}: no special tokens {missing} — name them in tokenizer_config.json "
           f"beside it ({', '.join(_HF_SPECIAL_FIELDS)}), or pass another tokenizer"
       )
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
@@ -228,7 +234,8 @@ class HFTokenizer:
       try:
         named = json.loads(config.read_text(encoding="utf-8"))
       except (ValueError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{config}: invalid JSON ({e})") from None
+        shown = self._shown.parent / config.name
+        raise TokenizerError(f"{shown}: invalid JSON ({e})") from None
     pieces = []
     for field, default in zip(_HF_SPECIAL_FIELDS, SPECIAL_PIECES):
       value = named.get(field) or default
@@ -328,7 +335,7 @@ expand_inputs = corpus.expand_inputs  # globs -> files, one-line errors (used by
 
 
 def _has_text(path: str) -> bool:
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with corpus.open_text(path) as f:
     return any(line.strip() for line in f)
 
 
@@ -343,7 +350,7 @@ def _text_files(files: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
           f"{path}: {kind}-compressed — decompress it first (the tokenizer trains on plain "
           "text, one sentence per line)"
       )
-    if os.path.getsize(path) == 0:
+    if corpus.file_size(path) == 0:
       skipped.append((path, text.EMPTY_FILE))
     elif corpus.is_binary(path):
       skipped.append((path, text.BINARY_FILE))
@@ -362,14 +369,15 @@ def _text_files(files: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 def _check_output(output_prefix: str, overwrite: bool) -> None:
   """The prefix names files in a writable directory, and none exists (unless overwrite)."""
-  prefix = pathlib.Path(output_prefix)
+  prefix = fs.path(output_prefix)
   if output_prefix.endswith(("/", os.sep)) or prefix.is_dir():
     raise errors.ConfigError(
         f"output_prefix {output_prefix}: is a directory — give a prefix of file names, e.g. "
-        f"{prefix / 'tokenizer'} (writes tokenizer.model and tokenizer.vocab there)"
+        f"{epath.Path(output_prefix) / 'tokenizer'} (writes tokenizer.model and tokenizer.vocab "
+        "there)"
     )
   for suffix in (".model", ".vocab"):
-    if os.path.exists(output_prefix + suffix) and not overwrite:
+    if fs.path(output_prefix + suffix).exists() and not overwrite:
       raise errors.OutputExistsError(
           f"output_prefix {output_prefix}: {output_prefix}{suffix} already exists — "
           "pass overwrite=True to replace it, or choose another output_prefix"
@@ -467,24 +475,33 @@ def _with_field(message: bytes, number: int, edit) -> bytes:
   return bytes(out)
 
 
-def _install(trained: pathlib.Path, output_prefix: str) -> None:
-  """Writes PREFIX.model and PREFIX.vocab under temporary names beside their place, then
-  renames them, so an interrupted copy never leaves a half-written model under the final name.
+def _install(trained: pathlib.Path, output_prefix: str, inputs: Sequence[str]) -> None:
+  """Writes PREFIX.model and PREFIX.vocab; a local one under temporary names beside their
+  place, then renamed, so an interrupted copy never leaves a half-written model under the final
+  name (an object store publishes an object only once it is whole).
 
   A model records the prefix it was trained with (ModelProto.trainer_spec.model_prefix,
-  fields 2 and 2): set to `output_prefix`, so the bytes, hence the sha256, are those of
-  training there directly, whatever the temporary directory was called.
+  fields 2 and 2) and its input files (trainer_spec.input, fields 2 and 1, in order): set to
+  `output_prefix` and to `inputs`, the files as the user named them, so the bytes, hence the
+  sha256, are those of training there directly, whatever the temporary directory or the local
+  copies of remote text were called.
   """
-  model = pathlib.Path(f"{trained}.model").read_bytes()
-  model = _with_field(model, 2, lambda spec: _with_field(spec, 2, lambda _: output_prefix.encode()))
-  pathlib.Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
-  for suffix, data in ((".vocab", None), (".model", model)):  # the model last: it means "done"
-    tmp = f"{output_prefix}{suffix}.tmp"
-    if data is None:
-      shutil.copyfile(f"{trained}{suffix}", tmp)
-    else:
-      pathlib.Path(tmp).write_bytes(data)
-    os.replace(tmp, output_prefix + suffix)
+
+  def spec(payload: bytes) -> bytes:
+    names = iter(name.encode() for name in inputs)
+    payload = _with_field(payload, 1, lambda trained_on: next(names, trained_on))
+    return _with_field(payload, 2, lambda _: output_prefix.encode())
+
+  model = _with_field(pathlib.Path(f"{trained}.model").read_bytes(), 2, spec)
+  vocab = pathlib.Path(f"{trained}.vocab").read_bytes()
+  fs.path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
+  for suffix, data in ((".vocab", vocab), (".model", model)):  # the model last: it means "done"
+    if not fs.is_local(output_prefix):
+      fs.path(output_prefix + suffix).write_bytes(data)
+      continue
+    tmp = fs.path(f"{output_prefix}{suffix}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(fs.path(output_prefix + suffix))
 
 
 def _largest(
@@ -526,15 +543,17 @@ def train_tokenizer(
   Prints the character coverage, and the vocabulary size when the default could not be met.
   """
   check_options(options)
-  files, skipped = _text_files(expand_inputs(inputs))
+  named, skipped = _text_files(expand_inputs(inputs))
   _check_output(output_prefix, overwrite)
   vocab_size = options.vocab_size or DEFAULT_VOCAB_SIZE
   coverage, counts = options.character_coverage, None
-  if coverage is None:
-    counts = count_characters(files)
-    coverage, kept = choose_character_coverage(counts, vocab_size, options.byte_fallback)
-  with tempfile.TemporaryDirectory() as tmp:
-    trained = pathlib.Path(tmp) / "spm"
+  # SentencePiece reads local files only: remote text is copied to a temporary directory.
+  with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+    files = [stack.enter_context(fs.local_copy(f)) for f in named]
+    if coverage is None:
+      counts = count_characters(files)
+      coverage, kept = choose_character_coverage(counts, vocab_size, options.byte_fallback)
+    trained = pathlib.Path(tmp) / "spm"  # scratch, never a user path
     _sentencepiece_train(files, trained, vocab_size, coverage, options)
     got = SentencePieceTokenizer(f"{trained}.model").vocab_size
     if got < vocab_size and options.vocab_size is not None:
@@ -544,7 +563,7 @@ def train_tokenizer(
           f"SentencePiece's {options.model_type} model finds at most {most} pieces in it — use "
           f"TrainOptions.vocab_size <= {most}, or train on more text"
       )
-    _install(trained, output_prefix)
+    _install(trained, output_prefix, named)
   for path, why in skipped:
     print(f"tokenizer: {path}: {why} (skipped)", file=sys.stderr)
   if counts is None:

@@ -22,7 +22,8 @@ transformers' BertTokenizer differs from google's on two of these: it drops ever
 (private use too) and makes words of 101-200 characters [UNK]; this module follows google's.
 
 `load_tokenizer(path)` picks `SentencePieceTokenizer` for a `.model` file and
-`WordPieceTokenizer` for a vocabulary `.txt`.
+`WordPieceTokenizer` for a vocabulary `.txt`. Paths may be local or `gs://...`: files are read
+through `bertjax.runtime.fs` (etils.epath).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pathlib
 import unicodedata
 from typing import Callable, Iterable, Sequence
 
+from etils import epath
+
 from bertjax import errors
+from bertjax.runtime import fs
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SUFFIX = "##"
@@ -64,22 +67,24 @@ class WordPieceError(errors.UserError, ValueError):
 def read_vocab(path: str | os.PathLike) -> list[str]:
   """Pieces of a `vocab.txt`, one per line, stripped of surrounding whitespace as
   google-research/bert's load_vocab does; line number = id."""
-  path = pathlib.Path(path)
+  shown, path = epath.Path(path), fs.path(path)  # as the user wrote it; to read
   if not path.is_file():
-    raise WordPieceError(f"{path}: vocabulary not found")
+    raise WordPieceError(f"{shown}: vocabulary not found")
   try:
-    pieces = path.read_text(encoding="utf-8").split("\n")
+    # Newlines as `open` translates them ("\r\n" -> "\n"); an object store's text mode does not.
+    text = path.read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
   except UnicodeDecodeError as e:
     raise WordPieceError(
-        f"{path}: not UTF-8 text at byte {e.start}; is this a vocab.txt?"
+        f"{shown}: not UTF-8 text at byte {e.start}; is this a vocab.txt?"
     ) from None
+  pieces = text.split("\n")
   if pieces and pieces[-1] == "":
     pieces.pop()  # the final newline
   pieces = [p.strip() for p in pieces]
   missing = [s for s in SPECIAL_PIECES if s not in pieces]
   if missing:
     raise WordPieceError(
-        f"{path}: special token {missing[0]} is missing; a BERT vocab.txt "
+        f"{shown}: special token {missing[0]} is missing; a BERT vocab.txt "
         f"holds {', '.join(SPECIAL_PIECES)}"
     )
   return pieces
@@ -92,8 +97,7 @@ def infer_lower_case(path: str | os.PathLike, pieces: Sequence[str] | None = Non
   with capitalised pieces is cased (an uncased model never sees upper case, so its vocab has
   none beyond a handful of odd symbols).
   """
-  path = pathlib.Path(path)
-  config = path.parent / "tokenizer_config.json"
+  config = fs.path(path).parent / "tokenizer_config.json"
   if config.is_file():
     try:
       value = json.loads(config.read_text()).get("do_lower_case")
@@ -190,8 +194,8 @@ class WordPieceTokenizer:
   """A BERT WordPiece vocabulary with the interface of `bertjax.data.tokenizer.Tokenizer`."""
 
   def __init__(self, path: str | os.PathLike, lower_case: bool | None = None):
-    self.path = pathlib.Path(path)
-    self._pieces = read_vocab(self.path)
+    self.path = fs.path(path)
+    self._pieces = read_vocab(path)
     # Later duplicates win, as in transformers' load_vocab; ids stay line numbers.
     self._vocab = {p: i for i, p in enumerate(self._pieces)}
     self.lower_case = (
@@ -257,10 +261,10 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
   A directory is searched for `tokenizer.model`, then `vocab.txt`. `lower_case` applies to
   WordPiece only (None: from tokenizer_config.json beside it, else from the vocab).
   """
-  path = pathlib.Path(path)
-  if path.is_dir():
+  path = epath.Path(path)  # as the user wrote it: read through fs.path, named in errors
+  if fs.path(path).is_dir():
     for name in ("tokenizer.model", "vocab.txt"):
-      if (path / name).is_file():
+      if fs.path(path / name).is_file():
         return load_tokenizer(path / name, lower_case)
     raise WordPieceError(f"{path}: no tokenizer.model or vocab.txt in this directory")
   if path.suffix == ".model":
