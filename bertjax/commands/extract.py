@@ -24,7 +24,8 @@ The .npy output is float32: [N, K, H] pooled ([N, K*H] with --concat); per token
 in OUT.tokens.jsonl beside it.
 
 An existing output is refused unless --overwrite; outputs are written under temporary names
-and renamed when complete, so a failed run leaves none behind.
+and renamed when complete (on an object store such as gs://: written locally, then uploaded),
+so a failed run leaves none behind.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import contextlib
 import json
 import re
 import sys
-from pathlib import Path
+import tempfile
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
@@ -126,31 +127,38 @@ def _jsonl_record(example, feats, layers, concat: bool, pooling: str) -> dict:
   }
 
 
-def _outputs(args) -> list[Path]:
-  """The files this run writes (OUT, and OUT.tokens.jsonl for per-token .npy), checked."""
+def _outputs(args):
+  """The files this run writes (OUT, and OUT.tokens.jsonl for per-token .npy) as
+  `etils.epath` paths, checked."""
+  from etils import epath
+
+  from bertjax.runtime import fs
+
   if args.init == "random":
     raise errors.ConfigError(
         "--init random: extract reads the features of a trained encoder — pass a checkpoint"
     )
-  out = Path(args.output)
+  shown, out = epath.Path(args.output), fs.path(args.output)  # as typed; as opened
   if out.suffix not in (".jsonl", ".npy"):
-    raise errors.ConfigError(f"--output {out}: use a .jsonl or .npy file name")
-  if not Path(args.input).is_file():
+    raise errors.ConfigError(f"--output {shown}: use a .jsonl or .npy file name")
+  if not fs.path(args.input).is_file():
     raise errors.InputNotFoundError(f"--input {args.input}: no such file")
   outs = [out]
   if out.suffix == ".npy" and args.pooling == "none":
     outs.append(out.with_suffix(".tokens.jsonl"))
-  errors.refuse_existing(str(out), args.overwrite, "--output")
+  errors.refuse_existing(str(shown), args.overwrite, "--output")
   if len(outs) > 1 and outs[1].exists() and not args.overwrite:
     raise errors.OutputExistsError(
-        f"{outs[1]} (the tokens beside --output) already exists — pass --overwrite to replace "
-        "it, or choose another --output"
+        f"{shown.with_suffix('.tokens.jsonl')} (the tokens beside --output) already exists — "
+        "pass --overwrite to replace it, or choose another --output"
     )
   return outs
 
 
 def _read_lines(path: str) -> list[str]:
-  raw = Path(path).read_bytes()
+  from bertjax.runtime import fs
+
+  raw = fs.path(path).read_bytes()
   try:
     lines = raw.decode("utf-8").splitlines()
   except UnicodeDecodeError as e:
@@ -190,24 +198,36 @@ def main(argv: list[str]) -> int:
       else features.parse_layers(args.layers, cfg.num_layers, name="--layers")
   )
   # Every check has passed: from here on the command writes.
-  partial = [p.with_name(f".{p.name}.partial") for p in outs]
-  try:
-    _write(args, enc, lines, layers, partial)
-    for tmp, path in zip(partial, outs):
-      tmp.replace(path)
-  finally:
-    for tmp in partial:
-      tmp.unlink(missing_ok=True)
+  from bertjax.runtime import fs
+
+  if fs.is_local(outs[0]):
+    partial = [p.with_name(f".{p.name}.partial") for p in outs]
+    try:
+      _write(args, enc, lines, layers, partial)
+      for tmp, path in zip(partial, outs):
+        tmp.replace(path)
+    finally:
+      for tmp in partial:
+        tmp.unlink(missing_ok=True)
+  else:  # an object store: written here (the .npy is memory-mapped), uploaded once complete
+    with tempfile.TemporaryDirectory(prefix="bertjax-extract-") as tmp:
+      local = [fs.path(tmp) / p.name for p in outs]
+      _write(args, enc, lines, layers, local)
+      outs[0].parent.mkdir(parents=True, exist_ok=True)
+      for done, path in zip(local, outs):
+        done.copy(path, overwrite=True)
   print(f"extract: wrote {' and '.join(map(str, outs))}", file=sys.stderr)
   return 0
 
 
-def _write(args, enc, lines: list[str], layers, paths: list[Path]) -> None:
-  """Features of every line to paths[0] (and the tokens to paths[1]: per-token .npy)."""
+def _write(args, enc, lines: list[str], layers, paths: list) -> None:
+  """Features of every line to paths[0] (and the tokens to paths[1]: per-token .npy), local
+  `etils.epath` paths."""
   import jax
   import numpy as np
   from tqdm import tqdm
 
+  from bertjax.runtime import fs
   from bertjax.tasks import extract as features
   from bertjax.training import sharding
 
@@ -235,7 +255,7 @@ def _write(args, enc, lines: list[str], layers, paths: list[Path]) -> None:
   out = paths[0]
   out.parent.mkdir(parents=True, exist_ok=True)
   bar = tqdm(total=len(examples), desc="extract", unit="ex", file=sys.stderr)
-  if Path(args.output).suffix == ".jsonl":
+  if fs.path(args.output).suffix == ".jsonl":
     with out.open("w") as f:
       for e, x in stream:
         f.write(json.dumps(_jsonl_record(e, x, layers, args.concat, args.pooling)) + "\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from bertjax import errors
@@ -268,21 +267,22 @@ def pretrained_mesh(init: str | None) -> tuple[tuple[int, int, int], str]:
   """(data, fsdp, tensor) of the `bertjax pretrain` run behind `init` (its workdir's
   config.json, also for a checkpoints/<step> dir) if that mesh fits this job's devices, else
   data-parallel (-1, 1, 1); and why, for the log line."""
+  from bertjax.runtime import fs
   from bertjax.training import sharding
 
   default = (-1, 1, 1)
   if not init or init == "random":
     return default, "data-parallel over every device"
-  path = os.path.abspath(init)
-  for d in (path, os.path.dirname(os.path.dirname(path))):
-    cfg_path = os.path.join(d, "config.json")
-    if os.path.isdir(os.path.join(d, "checkpoints")) and os.path.isfile(cfg_path):
+  path = fs.absolute(init)
+  # A workdir itself, or the workdir of its checkpoints/<step> (not above a bucket: "gs://").
+  for d in [x for x in (path, path.parent.parent) if not str(x).endswith("://")]:
+    cfg_path = d / "config.json"
+    if (d / "checkpoints").is_dir() and cfg_path.is_file():
       break
   else:
     return default, "data-parallel over every device; no pretraining mesh recorded"
   try:
-    with open(cfg_path, encoding="utf-8") as f:
-      m = json.load(f)["mesh"]
+    m = json.loads(cfg_path.read_text())["mesh"]
     mesh = (int(m["data"]), int(m["fsdp"]), int(m["tensor"]))
   except (OSError, ValueError, KeyError, TypeError):
     return default, f"data-parallel over every device; {cfg_path} records no mesh"
@@ -297,8 +297,9 @@ def report_skipped(prefix: str, skipped: list[str], path: str) -> None:
   """Name the first few bad entries, list them all in `path`."""
   if not skipped:
     return
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("\n".join(skipped) + "\n")
+  from bertjax.runtime import fs
+
+  fs.path(path).write_text("\n".join(skipped) + "\n")
   shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
   print(
       f"{prefix}: skipped {len(skipped)} malformed entries ({shown}); all listed in {path}",

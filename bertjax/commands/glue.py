@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
@@ -179,6 +178,7 @@ def main(argv: list[str]) -> int:
   _check_flags(args)
   task_list = _task_list(args)
   finetune_args.check_recipe_args(args)
+  from bertjax.runtime import fs
   from bertjax.tasks.glue import sweep
 
   opts = sweep.Options(
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
       progress=not args.no_progress,
       packing=packed_examples(args.max_seq_len) if args.packing else 0,
   )
-  if opts.data not in ("", "tfds") and not os.path.isdir(opts.data):
+  if opts.data not in ("", "tfds") and not fs.path(opts.data).is_dir():
     raise errors.InputNotFoundError(
         f"--data {opts.data}: not 'tfds' and no such directory — pass a GLUE_DIR in the "
         "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"

@@ -14,7 +14,6 @@ with OUT/best.json. See docs/tasks.md.
 from __future__ import annotations
 
 import argparse
-import os
 
 from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
@@ -44,17 +43,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   finetune_args.check_recipe_args(args)
+  from bertjax.runtime import fs
+  from bertjax.tasks import files as files_lib
   from bertjax.tasks.ner import conll, train
 
   files = dict(train=args.train, dev=args.dev, **({"test": args.test} if args.test else {}))
   splits = {k: conll.read(v) for k, v in files.items()}
   enc = finetune_args.load_encoder(args)
   # Every check has passed: from here on the command prints and writes.
-  os.makedirs(args.workdir, exist_ok=True)
+  fs.path(args.workdir).mkdir(parents=True, exist_ok=True)
   finetune_args.report_skipped(
       "ner",
       [s for v in splits.values() for s in v.skipped],
-      os.path.join(args.workdir, "skipped_lines.txt"),
+      files_lib.join(args.workdir, "skipped_lines.txt"),
   )
   print(
       f"ner: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
@@ -76,5 +77,5 @@ def main(argv: list[str]) -> int:
       f"ner: best epoch {result.best_epoch}: dev precision {result.best['precision']:.4f} "
       f"recall {result.best['recall']:.4f} f1 {result.best['f1']:.4f}"
   )
-  print(f"ner: wrote {os.path.join(args.workdir, 'results.json')}")
+  print(f"ner: wrote {files_lib.join(args.workdir, 'results.json')}")
   return 0

@@ -15,7 +15,6 @@ OUT/best/ with OUT/best.json. See docs/tasks.md.
 from __future__ import annotations
 
 import argparse
-import os
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
@@ -82,15 +81,17 @@ def main(argv: list[str]) -> int:
         f"least {args.max_query_length + 8} or lower --max-query-length"
     )
   finetune_args.check_recipe_args(args)
+  from bertjax.runtime import fs
+  from bertjax.tasks import files
   from bertjax.tasks.squad import train
 
   train_ex, bad_train = _read(args.train, args.version, training=True)
   dev_ex, bad_dev = _read(args.dev, args.version, training=False)
   enc = finetune_args.load_encoder(args)
   # Every check has passed: from here on the command prints and writes.
-  os.makedirs(args.workdir, exist_ok=True)
+  fs.path(args.workdir).mkdir(parents=True, exist_ok=True)
   finetune_args.report_skipped(
-      "squad", bad_train + bad_dev, os.path.join(args.workdir, "skipped_questions.txt")
+      "squad", bad_train + bad_dev, files.join(args.workdir, "skipped_questions.txt")
   )
   print(
       f"squad: encoder {enc.source}: {enc.config.num_layers} layers, hidden "
@@ -123,5 +124,5 @@ def main(argv: list[str]) -> int:
       f"squad: best epoch {result.best_epoch}: "
       + ", ".join(f"{k} {v:.2f}" for k, v in result.best.items() if not k.endswith("_total"))
   )
-  print(f"squad: wrote {os.path.join(args.workdir, 'predictions.json')} and results.json")
+  print(f"squad: wrote {files.join(args.workdir, 'predictions.json')} and results.json")
   return 0

@@ -20,9 +20,9 @@ wrote them.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 from typing import Any, Mapping
+
+from etils import epath
 
 from bertjax import errors
 from bertjax import model as model_lib
@@ -30,6 +30,7 @@ from bertjax.data import wordpiece
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop import convert, google_ckpt
+from bertjax.runtime import fs
 from bertjax.training import checkpoint
 
 BERTJAX_KINDS = (
@@ -53,13 +54,14 @@ class Encoder:
   source: str  # what was restored, for logs and best.json
 
 
-def checkpoint_kind(path: str | Path) -> str | None:
-  """ "bertjax", "hf" or "google" by the files at `path`; None when it holds no checkpoint."""
-  path = Path(path)
+def checkpoint_kind(path: fs.PathLike) -> str | None:
+  """ "bertjax", "hf" or "google" by the files at `path` (any scheme `fs` opens); None when it
+  holds no checkpoint."""
+  path = fs.path(path)
   # A pretrain workdir also has a config.json (the training config) beside checkpoints/.
   if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
     return "hf"
-  if any(path.glob("*.ckpt.index")) or Path(f"{path}.index").is_file():
+  if any(path.glob("*.ckpt.index")) or fs.path(f"{path}.index").is_file():
     return "google"
   if path.is_dir() and (
       (path / "pretrained.json").is_file()
@@ -71,10 +73,11 @@ def checkpoint_kind(path: str | Path) -> str | None:
   return None
 
 
-def read_encoder(path: str | Path) -> tuple[model_lib.BertConfig, Any, str | None, str]:
+def read_encoder(path: fs.PathLike) -> tuple[model_lib.BertConfig, Any, str | None, str]:
   """(config, bert params, tokenizer path or None, kind) of a bertjax, Hugging Face or Google
-  checkpoint; kind is "bertjax", "hf" or "google"."""
-  path = Path(path)
+  checkpoint; kind is "bertjax", "hf" or "google". A remote Hugging Face or Google checkpoint
+  is read by `convert` and `google_ckpt`, which copy its weight files locally."""
+  path = fs.path(path)
   kind = checkpoint_kind(path)
   if kind == "hf":
     cfg, params = convert.load_hf(path)
@@ -86,27 +89,28 @@ def read_encoder(path: str | Path) -> tuple[model_lib.BertConfig, Any, str | Non
   return loaded.config, loaded.params["bert"], loaded.tokenizer_path, "bertjax"
 
 
-def load_bertjax(path: str | Path) -> checkpoint.Pretrained:
+def load_bertjax(path: fs.PathLike) -> checkpoint.Pretrained:
   """`checkpoint.load_pretrained`, with a path that holds no bertjax checkpoint refused first,
   naming it."""
-  path = Path(path)
+  shown = epath.Path(path)  # as the caller spelt it
+  path = fs.path(path)
   if not path.exists():
-    raise errors.InputNotFoundError(f"{path}: no such checkpoint or directory")
+    raise errors.InputNotFoundError(f"{shown}: no such checkpoint or directory")
   if checkpoint_kind(path) != "bertjax":
-    raise errors.BadInputError(f"{path}: not a bertjax checkpoint — expected {BERTJAX_KINDS}")
+    raise errors.BadInputError(f"{shown}: not a bertjax checkpoint — expected {BERTJAX_KINDS}")
   return checkpoint.load_pretrained(str(path))
 
 
-def _tokenizer_in(directory: Path) -> str | None:
+def _tokenizer_in(directory: epath.Path) -> str | None:
   for name in _TOKENIZER_FILES:
     if (directory / name).is_file():
       return str(directory / name)
   return None
 
 
-def load_tokenizer(path: str | Path, lower_case: bool | None = None) -> Tokenizer:
+def load_tokenizer(path: fs.PathLike, lower_case: bool | None = None) -> Tokenizer:
   """`wordpiece.load_tokenizer`, and a Hugging Face tokenizer.json (`tokenizer.HFTokenizer`)."""
-  if Path(path).suffix == ".json":
+  if epath.Path(path).suffix == ".json":
     return tokenizer_lib.HFTokenizer(path)
   return wordpiece.load_tokenizer(path, lower_case)
 
@@ -130,7 +134,7 @@ def load_encoder(
   del prefix
   n = {"init": "init", "tokenizer": "tokenizer", "preset": "preset", **(names or {})}
   tok_kinds = TOKENIZER_KINDS
-  if tokenizer and not os.path.exists(tokenizer):
+  if tokenizer and not fs.path(tokenizer).exists():
     raise errors.InputNotFoundError(
         f"{n['tokenizer']} {tokenizer}: no such file — pass {tok_kinds}"
     )
@@ -148,7 +152,7 @@ def load_encoder(
     return Encoder(
         model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
     )
-  if not (os.path.exists(init) or os.path.exists(init + ".index")):
+  if not (fs.path(init).exists() or fs.path(init + ".index").exists()):
     raise errors.InputNotFoundError(
         f"{n['init']} {init}: no such checkpoint or directory — pass {KINDS} (or 'random')"
     )

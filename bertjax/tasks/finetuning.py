@@ -56,6 +56,7 @@ from tqdm import tqdm
 from bertjax import errors, model as model_lib
 from bertjax.model import heads as model_heads, ops as model_ops
 from bertjax.data import prefetch
+from bertjax.runtime import fs
 from bertjax.tasks import batching
 from bertjax.tasks.batching import (  # noqa: F401  (callers import these from here)
     epoch_batches,
@@ -539,7 +540,7 @@ def fit(
   (`trainer.packing`: `batching.packed_epoch`) and prefetched; the
   loss is read one step late (progress bar) or once an epoch, so the host never syncs a step.
   `run_name` (a GLUE task) goes into the progress bars and log lines."""
-  os.makedirs(workdir, exist_ok=True)
+  fs.path(workdir).mkdir(parents=True, exist_ok=True)
   state = trainer.init_state(recipe.seed, recipe.learning_rate)
   what = f"{run_name} " if run_name else ""
   epoch_plan, steps, shapes = _epoch_plan(
@@ -548,7 +549,8 @@ def fit(
   trainer.compile_ahead([("train", state, batch) for batch in shapes])
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
-  with open(os.path.join(workdir, "metrics.jsonl"), "w") as log:
+  # Written as it goes and flushed after each epoch (an object store uploads it whole on flush).
+  with (fs.path(workdir) / "metrics.jsonl").open("w") as log:
     if eval_untrained:
       entry = dict(epoch=0, **evaluate(state.params))
       history.append(entry)
@@ -652,7 +654,6 @@ def _fmt(entry: dict) -> str:
 def save_params(workdir: str, params, meta: dict) -> None:
   """The fine-tuned parameters (orbax) under workdir/best/, what they are in best.json."""
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.abspath(os.path.join(workdir, "best")), params, force=True)
+    ckptr.save(fs.absolute(workdir) / "best", params, force=True)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "best.json"), "w") as f:
-      json.dump(meta, f, indent=2)
+    (fs.path(workdir) / "best.json").write_text(json.dumps(meta, indent=2))

@@ -2,7 +2,7 @@
 
 Modules, in the order data flows through them:
   tasks        the registry: each task's files, columns, label lists, metrics, submission names
-  tsv          reader for a local GLUE download (`GLUE_DIR/SST-2/train.tsv`, ...) and custom TSVs
+  tsv          reader for a GLUE download (`GLUE_DIR/SST-2/train.tsv`, ...) and custom TSVs
   tfds_source  the same splits from TFDS `glue/<task>`
   features     Examples -> [CLS] A [SEP] B [SEP] token ids, segment ids and masks
   metrics      accuracy, F1, Matthews correlation, Pearson, Spearman (numpy only)

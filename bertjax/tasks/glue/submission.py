@@ -11,11 +11,12 @@ entailment/not_entailment for QNLI and RTE; a score in [0, 5] with 3 decimals fo
 from __future__ import annotations
 
 import json
-import os
 from typing import Sequence
 
 import numpy as np
 
+from bertjax.runtime import fs
+from bertjax.tasks import files
 from bertjax.tasks.glue import tasks
 
 SUBMISSION_HEADER = "index\tprediction"
@@ -66,21 +67,18 @@ def write_submission(
     raise ValueError(f"{split.submission}: {len(index)} test rows but {len(preds)} predictions")
   lines = [SUBMISSION_HEADER] + [f"{i}\t{format_label(task, p)}" for i, p in zip(index, preds)]
   check_submission(task, split, index, lines)
-  sub_dir = os.path.join(out_dir, "submission")
-  os.makedirs(sub_dir, exist_ok=True)
-  path = os.path.join(sub_dir, f"{split.submission}.tsv")
-  with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(path + ".tmp", path)
+  sub_dir = files.join(out_dir, "submission")
+  fs.path(sub_dir).mkdir(parents=True, exist_ok=True)
+  path = files.join(sub_dir, f"{split.submission}.tsv")
+  fs.write_atomic(path, ("\n".join(lines) + "\n").encode("utf-8"))
   return path
 
 
 def read_results(out_dir: str) -> dict:
-  path = os.path.join(out_dir, "results.json")
-  if not os.path.isfile(path):
+  path = fs.path(out_dir) / "results.json"
+  if not path.is_file():
     return {}
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(path.read_text())
 
 
 def write_results(
@@ -90,14 +88,11 @@ def write_results(
   OUT/results.md from everything there, so tasks run one at a time add up."""
   merged = read_results(out_dir)
   merged.update(results)
-  os.makedirs(out_dir, exist_ok=True)
-  json_path = os.path.join(out_dir, "results.json")
-  with open(json_path, "w") as f:
-    json.dump(merged, f, indent=2, sort_keys=True)
-    f.write("\n")
-  md_path = os.path.join(out_dir, "results.md")
-  with open(md_path, "w") as f:
-    f.write(markdown_table(merged) + "\n")
+  fs.path(out_dir).mkdir(parents=True, exist_ok=True)
+  json_path = files.join(out_dir, "results.json")
+  fs.path(json_path).write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
+  md_path = files.join(out_dir, "results.md")
+  fs.path(md_path).write_text(markdown_table(merged) + "\n")
   return json_path, md_path
 
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from typing import Sequence
 
 import jax
 import numpy as np
 
 from bertjax import errors
-from bertjax.tasks import finetuning
+from bertjax.runtime import fs
+from bertjax.tasks import files, finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.glue import features, finetune, metrics, submission, tasks, tfds_source, tsv
 
@@ -61,7 +60,7 @@ def load_data(task: tasks.Task, opts: Options) -> dict[str, features.Examples]:
 
 
 def _glue_dir(opts: Options) -> str:
-  if opts.data and not os.path.isdir(opts.data):
+  if opts.data and not fs.path(opts.data).is_dir():
     raise errors.InputNotFoundError(
         f"data {opts.data}: not 'tfds' and no such directory — expected a GLUE_DIR in the "
         "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"
@@ -86,10 +85,9 @@ def report_skipped(task: tasks.Task, examples: dict, out_dir: str) -> None:
   bad = [s for ex in examples.values() for s in ex.skipped]
   if not bad or jax.process_index() != 0:
     return
-  path = os.path.join(out_dir, task.name, "skipped_rows.txt")
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w") as f:
-    f.write("\n".join(bad) + "\n")
+  path = files.join(out_dir, task.name, "skipped_rows.txt")
+  fs.path(path).parent.mkdir(parents=True, exist_ok=True)
+  fs.path(path).write_text("\n".join(bad) + "\n")
   for ex in examples.values():
     if ex.skipped:
       where, why = ex.skipped[0].split(": ", 1)
@@ -127,7 +125,7 @@ def run_task(
         enc,
         feats,
         r,
-        os.path.join(opts.workdir, task.name, sub),
+        files.join(opts.workdir, task.name, sub),
         progress=opts.progress,
         packing=opts.packing,
     )
@@ -186,11 +184,13 @@ def write_sweep(task: tasks.Task, runs, best, out_dir: str) -> None:
       )
       for r, res in runs
   ]
-  with open(os.path.join(out_dir, task.name, "sweep.json"), "w") as f:
-    json.dump(rows, f, indent=2)
+  (fs.path(out_dir) / task.name / "sweep.json").write_text(json.dumps(rows, indent=2))
   for _, res in runs:
     if res is not best:
-      shutil.rmtree(os.path.join(res.workdir, "best"), ignore_errors=True)
+      try:
+        (fs.path(res.workdir) / "best").rmtree(missing_ok=True)
+      except OSError:  # a checkpoint left behind costs space, not results
+        pass
 
 
 def run(
@@ -200,7 +200,7 @@ def run(
     recipe_list: Sequence[finetuning.Recipe],
 ) -> None:
   """Every task in turn, results.json/results.md updated after each (`check_data` first)."""
-  os.makedirs(opts.workdir, exist_ok=True)
+  fs.path(opts.workdir).mkdir(parents=True, exist_ok=True)
   written = None
   for task in task_list:
     entry = run_task(task, enc, opts, recipe_list)
@@ -211,4 +211,4 @@ def run(
         + ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if not k.endswith("_runs"))
     )
   if written:
-    print(f"glue: results in {written[0]} and {os.path.basename(written[1])}")
+    print(f"glue: results in {written[0]} and {fs.path(written[1]).name}")

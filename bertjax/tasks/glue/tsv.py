@@ -28,6 +28,8 @@ from typing import Iterator
 import numpy as np
 
 from bertjax import errors
+from bertjax.runtime import fs
+from bertjax.tasks import files
 from bertjax.tasks.glue import features, tasks
 
 
@@ -45,11 +47,21 @@ class Columns:
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-  # newline="" keeps "\r" inside fields from being read as line ends; only "\n" ends a row.
-  # utf-8-sig drops a leading byte-order mark (MRPC's headers have one).
-  with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-    for lineno, line in enumerate(f, start=1):
-      yield lineno, line.rstrip("\n").rstrip("\r")
+  # A row ends at "\n", "\r\n" or a lone "\r"; utf-8-sig drops a leading byte-order mark
+  # (MRPC's headers have one).
+  for lineno, line in enumerate(files.text_lines(path, "utf-8-sig"), start=1):
+    yield lineno, line.rstrip("\n").rstrip("\r")
+
+
+def _short_name(path: str) -> str:
+  """`DIR/FILE`, the file and the directory it is in (`FILE` alone when it has none)."""
+  head, _, name = os.fspath(path).rpartition("/")
+  parent = head.rstrip("/").rpartition("/")[2]
+  return f"{parent}/{name}" if parent else name
+
+
+def _split_path(root: str, split: tasks.Split) -> str:
+  return files.join(root, split.tsv) if root else split.tsv
 
 
 def _position(header: list[str] | None, col: str | int, path: str) -> int:
@@ -73,7 +85,7 @@ def read_rows(
   With `strict` (test files) a row that cannot be read raises GlueDataError `path:line: why`
   instead of being skipped.
   """
-  if not os.path.isfile(path):
+  if not fs.path(path).is_file():
     raise GlueDataError(f"{path}: no such file")
   lines = _lines(path)
   header = None
@@ -89,7 +101,7 @@ def read_rows(
     pos_index = _position(header, cols.index, path)
   width = len(header) if header else max(pos_text + [pos_label or 0, pos_index or 0]) + 1
   rows, skipped = [], []
-  name = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+  name = _short_name(path)
   for lineno, line in lines:
     if not line.strip():
       continue  # blank and trailing lines are not rows
@@ -160,9 +172,9 @@ def to_examples(
 def load_split(
     task: tasks.Task, split: tasks.Split, root: str, labelled: bool
 ) -> features.Examples:
-  """One split of a GLUE task from a local GLUE directory (or custom files: `root` "")."""
-  path = os.path.join(root, split.tsv) if root else split.tsv
-  if root and not os.path.isfile(path):
+  """One split of a GLUE task from a GLUE directory (or custom files: `root` "")."""
+  path = _split_path(root, split)
+  if root and not fs.path(path).is_file():
     raise GlueDataError(
         f"{path}: not found — expected the GLUE download layout, e.g. GLUE_DIR/SST-2/train.tsv "
         "(see docs/glue.md)"
@@ -198,7 +210,7 @@ def load_tests(task: tasks.Task, root: str) -> dict[str, features.Examples]:
   return {
       split.name: load_split(task, split, root, labelled=False)
       for split in task.test
-      if os.path.isfile(os.path.join(root, split.tsv) if root else split.tsv)
+      if fs.path(_split_path(root, split)).is_file()
   }
 
 
@@ -223,7 +235,7 @@ def check_task(task: tasks.Task, root: str) -> None:
   splits = {s.name: s for s in (task.train, *task.dev, *task.test)}
   for name, ex in load_task(task, root).items():
     if len(ex) == 0:
-      path = os.path.join(root, splits[name].tsv) if root else splits[name].tsv
+      path = _split_path(root, splits[name])
       first = f"; first: {ex.skipped[0]}" if ex.skipped else ""
       raise GlueDataError(
           f"{path}: no usable rows ({len(ex.skipped)} skipped{first}) — fix the file or the "

@@ -13,10 +13,11 @@ and reported as "file:line: why"; its sentence keeps its other tokens.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 from bertjax import errors
+from bertjax.runtime import fs
+from bertjax.tasks import files
 
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
 
@@ -36,9 +37,9 @@ class Sentences:
 
 
 def read(path: str) -> Sentences:
-  if not os.path.isfile(path):
+  if not fs.path(path).is_file():
     raise ConllError(f"{path}: no such file")
-  name = os.path.basename(path)
+  name = fs.path(path).name
   out = Sentences([], [])
   toks, tags = [], []
 
@@ -49,25 +50,24 @@ def read(path: str) -> Sentences:
     toks.clear()
     tags.clear()
 
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for lineno, line in enumerate(f, 1):
-      cols = line.split()
-      if not cols:
-        close()
-        continue
-      if cols[0] == "-DOCSTART-":
-        close()
-        continue
-      if len(cols) < 2:
-        out.skipped.append(
-            f"{name}:{lineno}: one column {line.strip()!r}; expected " "'TOKEN ... TAG'"
-        )
-        continue
-      if not _TAG.match(cols[-1]):
-        out.skipped.append(f"{name}:{lineno}: tag {cols[-1]!r} is not O or B-/I-/E-/S-TYPE")
-        continue
-      toks.append(cols[0])
-      tags.append(cols[-1])
+  for lineno, line in enumerate(files.text_lines(path), 1):
+    cols = line.split()
+    if not cols:
+      close()
+      continue
+    if cols[0] == "-DOCSTART-":
+      close()
+      continue
+    if len(cols) < 2:
+      out.skipped.append(
+          f"{name}:{lineno}: one column {line.strip()!r}; expected " "'TOKEN ... TAG'"
+      )
+      continue
+    if not _TAG.match(cols[-1]):
+      out.skipped.append(f"{name}:{lineno}: tag {cols[-1]!r} is not O or B-/I-/E-/S-TYPE")
+      continue
+    toks.append(cols[0])
+    tags.append(cols[-1])
   close()
   if not out.tokens and out.skipped:
     n = len(out.skipped)
@@ -85,9 +85,9 @@ def label_list(*splits: Sentences) -> list[str]:
   return ["O"] + sorted(tags - {"O"})
 
 
-def write_predictions(path: str, sents: Sentences, predicted: list[list[str]]) -> None:
+def write_predictions(path: fs.PathLike, sents: Sentences, predicted: list[list[str]]) -> None:
   """TOKEN GOLD PREDICTED per line, a blank line after each sentence (conlleval's input)."""
-  with open(path, "w", encoding="utf-8") as f:
+  with fs.path(path).open("w") as f:  # epath writes UTF-8
     for toks, gold, pred in zip(sents.tokens, sents.tags, predicted):
       for t, g, p in zip(toks, gold, pred):
         f.write(f"{t} {g} {p}\n")

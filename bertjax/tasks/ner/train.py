@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import numpy as np
 import optax
 
 from bertjax import model as model_lib
+from bertjax.runtime import fs
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.ner import conll, features as feats_lib, metrics
@@ -111,11 +111,10 @@ def train_and_evaluate(
       out["test"] = metrics.score(splits["test"].tags, predicted)
     if jax.process_index() == 0:
       conll.write_predictions(
-          os.path.join(workdir, f"{split}_predictions.txt"), splits[split], predicted
+          fs.path(workdir) / f"{split}_predictions.txt", splits[split], predicted
       )
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(out, f, indent=2)
+    (fs.path(workdir) / "results.json").write_text(json.dumps(out, indent=2))
   finetuning.save_params(
       workdir,
       result.best_params,

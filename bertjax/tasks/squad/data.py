@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 from bertjax import errors
+from bertjax.runtime import fs
 
 VERSIONS = ("1.1", "2.0")
 
@@ -48,7 +48,7 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
     raise errors.ConfigError(
         f"version {version!r} is not a SQuAD version — valid: {', '.join(VERSIONS)}"
     )
-  name = os.path.basename(path)
+  name = fs.path(path).name
   articles = _load(path)
   examples, skipped, seen = [], [], set()
   for a, article in enumerate(articles):
@@ -70,11 +70,13 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
 
 
 def _load(path: str) -> list:
-  if not os.path.isfile(path):
+  file = fs.path(path)
+  if not file.is_file():
     raise SquadDataError(f"{path}: no such file")
   try:
-    with open(path, encoding="utf-8") as f:
-      blob = json.load(f)
+    # As text mode reads it: strict UTF-8, line ends made "\n" (JSON errors count lines by it).
+    text = file.read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    blob = json.loads(text)
   except json.JSONDecodeError as e:
     raise SquadDataError(
         f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}) — expected a SQuAD "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ import optax
 
 from bertjax import errors
 from bertjax import model as model_lib
+from bertjax.runtime import fs
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.squad import (
@@ -199,5 +199,4 @@ def train_and_evaluate(
 
 
 def _write(workdir: str, name: str, obj) -> None:
-  with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, ensure_ascii=False)
+  (fs.path(workdir) / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False))
