@@ -47,13 +47,13 @@ class UsageError(UserError):
 def refuse_existing(path: str, overwrite: bool, flag: str = "--output") -> None:
   """The overwrite policy of every command that writes a finished artefact.
 
-  An existing `path` is refused unless `overwrite`; `path` may be local or any `tf.io.gfile`
-  scheme, but only the local check is done here so that the model-only commands stay
-  TensorFlow-free (a remote path is checked by the writer).
+  An existing `path` is refused unless `overwrite`; `path` may be local or any scheme
+  `etils.epath` opens (gs://: through TensorFlow's file systems; a local path never loads
+  TensorFlow).
   """
-  import os
+  from bertjax.runtime import fs  # here: `--help` and flag errors answer before etils loads
 
-  if not overwrite and path and os.path.exists(path):
+  if not overwrite and path and fs.path(path).exists():
     raise OutputExistsError(
         f"{flag} {path} already exists — pass --overwrite to replace it, or choose another {flag}"
     )
@@ -61,19 +61,25 @@ def refuse_existing(path: str, overwrite: bool, flag: str = "--output") -> None:
 
 def missing_dirs(path, field: str, start=None) -> list:
   """The directories that writing `path` will create, deepest first (walking up from `start`,
-  default `path`); a `ConfigError` naming `field` and `path` when the nearest existing ancestor
-  is a file or cannot be written. Local paths only."""
+  default `path`), as `etils.epath` paths; a `ConfigError` naming `field` and `path` when the
+  nearest existing ancestor is a file or cannot be written. On an object store (gs://) the walk
+  stops at the bucket, which must exist; whether it can be written only a write can tell."""
   import os
-  import pathlib
 
-  missing, existing = [], pathlib.Path(path if start is None else start)
+  from bertjax.runtime import fs
+
+  missing, existing = [], fs.path(path if start is None else start)
+  local = fs.is_local(existing)
   while not existing.exists() and existing.parent != existing:
+    if not local and str(existing.parent).endswith("://"):  # the bucket itself
+      raise ConfigError(f"{field} {path}: {existing} does not exist — create it first")
     missing.append(existing)
     existing = existing.parent
   if not existing.is_dir():
     raise ConfigError(
         f"{field} {path}: {existing} is a file, not a directory — choose another {field}"
     )
-  if not os.access(existing, os.W_OK):
+  # epath has no permission query: a local directory only.
+  if local and not os.access(existing, os.W_OK):
     raise ConfigError(f"{field} {path}: {existing} is not writable — choose another {field}")
   return missing

@@ -192,6 +192,39 @@ def test_digest_finds_a_flipped_bit_a_truncation_and_a_missing_file(tmp_path):
     assert problem is not None and problem.startswith(str(victim)) and says in problem, problem
 
 
+def test_digest_walks_and_hashes_an_object_store_step_as_a_local_one(tmp_path, monkeypatch):
+  """write_digest / verify_digest through etils.epath: `gs://` paths served from tmp_path by
+  `epath.testing.mock_epath` give the digest the same files give locally."""
+  from etils.epath import gpath
+  from etils.epath import testing as epath_testing
+
+  def files(root):
+    (root / "state" / "d").mkdir(parents=True)
+    (root / "state" / "d" / "abc").write_bytes(bytes(range(256)) * 9)
+    (root / "state" / "_METADATA").write_text("{}")
+    (root / "meta").mkdir()
+    (root / "meta" / "metadata").write_text('{"step": 3}')
+
+  files(tmp_path / "local" / "checkpoints" / "3")
+  checkpoint.write_digest(tmp_path / "local" / "checkpoints" / "3")
+  monkeypatch.chdir(tmp_path)  # gs://b/run is tmp_path/gs:/b/run
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)  # the mock's backend, not TF's
+  remote = tmp_path / "gs:" / "b" / "run"
+  files(remote / "checkpoints" / "3")
+  with epath_testing.mock_epath():
+    step = "gs://b/run/checkpoints/3"
+    checkpoint.write_digest(step)
+    digest = json.loads((remote / "checkpoints" / "3" / checkpoint.DIGEST_NAME).read_text())
+    local = tmp_path / "local" / "checkpoints" / "3" / checkpoint.DIGEST_NAME
+    assert digest == json.loads(local.read_text())
+    assert sorted(digest["files"]) == ["meta/metadata", "state/_METADATA", "state/d/abc"]
+    assert checkpoint.verify_digest(step) is None
+    (remote / "checkpoints" / "3" / "state" / "d" / "abc").write_bytes(b"x" * 2304)
+    assert checkpoint.verify_digest(step) == (
+        f"{step}/state/d/abc: contents changed since it was saved (SHA-256 differs)"
+    )
+
+
 @pytest.mark.slow
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, capsys):
   """A damaged array file of the newest step is found by its digest, named by file and step,

@@ -68,10 +68,15 @@ def test_a_run_stops_at_the_target_and_reports_it(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_target_not_reached_is_null_and_the_run_goes_on(tmp_path, capsys):
-  kw = {"eval.target_mlm_accuracy": 1.0, "eval.stop_at_target": True}
+  kw = {"eval.target_mlm_accuracy": 1.0, "eval.stop_at_target": True, "eval.pair_mode": "none"}
   # step 3 both evaluates (timed to the target) and checkpoints: the step's metrics are read once
   assert loop.train_and_evaluate(loop_config(6, **kw), str(tmp_path)) == 0
-  assert "time to target (held-out MLM accuracy >= 1): not reached" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "time to target (held-out MLM accuracy >= 1): not reached" in out
+  # trained with NSP, scored on single segments: the eval lines print no pair-task figures
+  evals = [l for l in out.splitlines() if l.startswith("eval step")]
+  assert len(evals) == 2 and not any("nsp_" in l for l in evals)
+  assert any("nsp_acc" in l for l in out.splitlines() if l.startswith("step "))
   last = _records(tmp_path)[-1]
   assert last["step"] == 6 and last["time_to_target"] is None
   assert (tmp_path / "checkpoints" / "3").exists()

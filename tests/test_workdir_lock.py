@@ -97,3 +97,93 @@ def test_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
       prepare.prepare(cfg)
   assert prepare.prepare(cfg)["documents"] == 2
   assert not (tmp_path / "out" / ".prepare-0.lock").exists()
+
+
+# Object stores: the same lock through tensorstore's conditional writes. Its `file://` driver
+# keeps the generations GCS keeps (a write conditioned on "absent" or on the generation read),
+# so these tests run the object-store code path on a local directory.
+
+
+def _url(d) -> str:
+  return f"file://{d}"
+
+
+def _read_remote(d) -> dict:
+  return json.loads((d / workdir_lock.LOCK_NAME).read_text())
+
+
+def test_an_object_store_lock_is_created_once_and_removed(tmp_path):
+  with workdir_lock.Lock(_url(tmp_path), "bertjax pretrain"):
+    holder = _read_remote(tmp_path)
+    assert holder["pid"] == os.getpid() and holder["renewed"] > 0
+    with pytest.raises(workdir_lock.WorkdirBusyError, match=r"in use by `bertjax pretrain` \("):
+      workdir_lock.Lock(_url(tmp_path), "bertjax pretrain").acquire()
+  assert not (tmp_path / workdir_lock.LOCK_NAME).exists()
+
+
+def test_of_many_racing_for_an_object_store_lock_exactly_one_wins(tmp_path):
+  import threading
+
+  locks = [workdir_lock.Lock(_url(tmp_path), f"run {i}") for i in range(8)]
+  results, start = [None] * len(locks), threading.Barrier(len(locks))
+
+  def take(i):
+    start.wait()
+    try:
+      locks[i].acquire()
+      results[i] = "won"
+    except workdir_lock.WorkdirBusyError:
+      results[i] = "refused"
+
+  threads = [threading.Thread(target=take, args=(i,)) for i in range(len(locks))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert sorted(results) == ["refused"] * (len(locks) - 1) + ["won"], results
+  winner = locks[results.index("won")]
+  assert _read_remote(tmp_path)["command"] == winner.command
+  winner.release()
+  assert not (tmp_path / workdir_lock.LOCK_NAME).exists()
+
+
+def test_object_store_locks_of_the_dead_and_of_silent_hosts_are_taken_over(tmp_path, capsys):
+  import time
+
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  _write_lock(tmp_path, pid=dead.pid, renewed=time.time())
+  with workdir_lock.Lock(_url(tmp_path), "bertjax pretrain"):
+    assert _read_remote(tmp_path)["pid"] == os.getpid()
+  assert "taking over the stale lock" in capsys.readouterr().err
+  # Another host, renewed lately: refused; not renewed for longer than STALE_S: taken over.
+  _write_lock(tmp_path, pid=1, host="elsewhere", renewed=time.time() - 5)
+  with pytest.raises(workdir_lock.WorkdirBusyError, match="on elsewhere.*renewed 5s ago"):
+    workdir_lock.Lock(_url(tmp_path), "bertjax pretrain").acquire()
+  _write_lock(tmp_path, pid=1, host="elsewhere", renewed=time.time() - workdir_lock.STALE_S - 60)
+  with workdir_lock.Lock(_url(tmp_path), "bertjax pretrain"):
+    assert _read_remote(tmp_path)["host"] == socket.gethostname()
+  assert "not renewed for 11 min" in capsys.readouterr().err
+
+
+def test_an_object_store_lock_is_renewed_and_a_lost_one_is_not_removed(tmp_path, monkeypatch):
+  import time
+
+  monkeypatch.setattr(workdir_lock, "RENEW_S", 0.05)
+  lock = workdir_lock.Lock(_url(tmp_path), "bertjax pretrain")
+  lock.acquire()
+  first = _read_remote(tmp_path)["renewed"]
+  deadline = time.time() + 30
+  while _read_remote(tmp_path)["renewed"] == first and time.time() < deadline:
+    time.sleep(0.05)
+  assert _read_remote(tmp_path)["renewed"] > first
+  monkeypatch.setattr(workdir_lock, "RENEW_S", 3600.0)
+  time.sleep(0.5)  # the renewer finishes its round and waits
+  # Another process takes it over (as after a long network outage): the release leaves its lock.
+  import tensorstore as ts
+
+  other = dict(host="elsewhere", pid=1, started="then", command="bertjax pretrain")
+  store = ts.KvStore.open(_url(tmp_path) + "/").result()
+  store.write(workdir_lock.LOCK_NAME, json.dumps(dict(other, renewed=time.time()))).result()
+  lock.release()
+  assert _read_remote(tmp_path)["host"] == "elsewhere"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import sys
 import tempfile
 import time
@@ -84,13 +83,15 @@ class FinetuneSpec:
 
   def check_inputs(self) -> None:
     """`InputNotFoundError` naming the field when a file the run reads is missing."""
+    from bertjax.runtime import fs
+
     for name in ("train.tsv", "dev.tsv"):
-      if not os.path.isfile(os.path.join(self.task_dir, name)):
+      if not (fs.path(self.task_dir) / name).is_file():
         raise errors.InputNotFoundError(
             f"FinetuneSpec.task_dir={self.task_dir}: no {name} — the task directory holds "
             "train.tsv and dev.tsv (columns sentence, label)"
         )
-    if not os.path.isfile(self.tokenizer):
+    if not fs.path(self.tokenizer).is_file():
       raise errors.InputNotFoundError(
           f"FinetuneSpec.tokenizer={self.tokenizer}: no such file — a .model or vocab.txt"
       )
@@ -106,7 +107,9 @@ def check_peers(compare: tuple[str, ...]) -> None:
 
 def _finetune_data(spec: FinetuneSpec):
   """(task, encoder, features by split): the task's rows tokenized once for both runs."""
-  train, dev = (os.path.join(spec.task_dir, f) for f in ("train.tsv", "dev.tsv"))
+  from bertjax.runtime import fs
+
+  train, dev = (str(fs.path(spec.task_dir) / f) for f in ("train.tsv", "dev.tsv"))
   labels = tsv.custom_labels(train, ("sentence",), "label")
   task = tasks.custom("bench", train, dev, None, ("sentence",), "label", labels)
   examples = tsv.load_task(task, "", with_test=False)

@@ -11,46 +11,66 @@ overhead.
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import gzip
 import json
-import os
 import re
+import tempfile
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
+from bertjax.runtime import fs
+
 
 def trace_steps(
     compiled, state, batch, out_dir: str, steps: int = 2, warmup: int = 2
 ) -> dict[str, Any]:
   """Run `warmup` untraced and `steps` traced calls of `compiled(state, batch)`; the trace
-  goes to `out_dir` and the breakdown by model op comes back (see the module docstring)."""
+  goes to `out_dir` and the breakdown by model op comes back (see the module docstring). An
+  `out_dir` on an object store (gs://) gets the trace when it is complete: it is written to a
+  local temporary directory first."""
   for _ in range(warmup):  # warm: allocations and thread pools as in a long run
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
-  os.makedirs(out_dir, exist_ok=True)
-  t0 = time.perf_counter()
-  with jax.profiler.trace(out_dir, create_perfetto_trace=True):
-    for _ in range(steps):
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics)
-  wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-  traces = sorted(
-      glob.glob(os.path.join(out_dir, "**", "*perfetto_trace.json.gz"), recursive=True),
-      key=os.path.getmtime,
-  )
-  if not traces:
-    raise RuntimeError(f"jax.profiler wrote no Perfetto trace under {out_dir}")
-  with gzip.open(traces[-1]) as f:
-    events = json.load(f)
+  remote = not fs.is_local(out_dir)
+  with (
+      tempfile.TemporaryDirectory(prefix="bertjax-profile-")
+      if remote
+      else contextlib.nullcontext(str(fs.path(out_dir)))
+  ) as local_dir:
+    fs.path(local_dir).mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with jax.profiler.trace(local_dir, create_perfetto_trace=True):
+      for _ in range(steps):
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    # The newest: by mtime (whole seconds in epath), then by the run's timestamped directory.
+    traces = sorted(
+        (
+            fs.path(root) / name
+            for root, _, names in fs.path(local_dir).walk()
+            for name in names
+            if name.endswith("perfetto_trace.json.gz")
+        ),
+        key=lambda p: (p.stat().mtime, str(p)),
+    )
+    if not traces:
+      raise RuntimeError(f"jax.profiler wrote no Perfetto trace under {out_dir}")
+    with traces[-1].open("rb") as raw, gzip.open(raw) as f:
+      events = json.load(f)
+    trace = str(traces[-1])
+    if remote:
+      fs.upload_tree(local_dir, out_dir)
+      trace = str(fs.path(out_dir) / traces[-1].relative_to(local_dir))
   events = events["traceEvents"] if isinstance(events, dict) else events
   by_op, untraced, span = _attribute(events, _op_names(compiled.as_text()))
   rows = sorted(((k, v / steps / 1e3) for k, v in by_op.items()), key=lambda kv: -kv[1])
   return {
-      "trace": traces[-1],
+      "trace": trace,
       "steps": steps,
       "wall_ms_per_step": wall_ms,
       "span_ms_per_step": span / steps / 1e3,

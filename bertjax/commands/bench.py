@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import shutil
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from bertjax.commands.args import (
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+# The paths a user names go through `bertjax.runtime.fs` (etils.epath): local or gs://.
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DATA = os.path.join(_REPO_ROOT, "data")
@@ -238,7 +238,9 @@ def _peers(text: str) -> tuple[str, ...]:
 
 
 def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
-  if args.profile and os.path.exists(args.profile) and not os.path.isdir(args.profile):
+  from bertjax.runtime import fs
+
+  if args.profile and fs.path(args.profile).exists() and not fs.path(args.profile).is_dir():
     raise errors.ConfigError(
         f"--profile {args.profile}: is a file — name a directory for the trace"
     )
@@ -286,12 +288,14 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
 
 
 def _check_output(path: str | None) -> None:
+  from bertjax.runtime import fs
+
   if not path:
     return
-  parent = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(parent):
+  parent = fs.absolute(path).parent
+  if not parent.is_dir():
     raise errors.InputNotFoundError(f"--json {path}: no directory {parent} — create it first")
-  if os.path.isdir(path):
+  if fs.path(path).is_dir():
     raise errors.ConfigError(f"--json {path}: is a directory — name a file")
 
 
@@ -317,8 +321,9 @@ def _bench_input(args, p: argparse.ArgumentParser) -> int:
     results = input_bench.run(spec)
   print(json.dumps(results, indent=2))
   if args.json:
-    with open(args.json, "w") as f:
-      f.write(json.dumps(results, indent=2) + "\n")
+    from bertjax.runtime import fs
+
+    fs.path(args.json).write_text(json.dumps(results, indent=2) + "\n")
   return 0
 
 
@@ -327,28 +332,25 @@ def _bench_host_check(args) -> int:
   from bertjax.bench import input as input_bench
   from bertjax.commands import pretrain
   from bertjax.data import bundled
+  from bertjax.runtime import fs
 
   if not (args.accelerator and args.config):
     missing = "--accelerator TYPE (e.g. v4-32)" if args.config else "--config RECIPE (e.g. base)"
     raise errors.UsageError(f"--config and --accelerator go together — add {missing}")
   config = pretrain.load_config(args.config)
   input_bench.host_needs(config, args.accelerator)  # a bad slice fails before any work
-  if args.data and not os.path.isfile(os.path.join(args.data, "metadata.json")):
+  if args.data and not (fs.path(args.data) / "metadata.json").is_file():
     raise errors.InputNotFoundError(
         f"--data {args.data}: no metadata.json — name a directory written by `bertjax prepare`"
     )
   with tempfile.TemporaryDirectory() as tmp:
-    data = args.data
-    if not data:
-      data = os.path.join(tmp, "data")
-      bundled.prepare_into(pathlib.Path(data))
-    result = input_bench.host_check(
-        config, args.accelerator, pathlib.Path(data), args.steps, args.batch
-    )
+    data = fs.path(args.data) if args.data else fs.path(tmp) / "data"
+    if not args.data:
+      bundled.prepare_into(data)
+    result = input_bench.host_check(config, args.accelerator, data, args.steps, args.batch)
   print(input_bench.format_host_check(result))
   if args.json:
-    with open(args.json, "w") as f:
-      f.write(json.dumps(result, indent=2) + "\n")
+    fs.path(args.json).write_text(json.dumps(result, indent=2) + "\n")
   return 0
 
 

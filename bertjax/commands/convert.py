@@ -12,7 +12,10 @@ dropped on the way out and start fresh on the way in. Google's format is BERT's 
 (SentencePiece).
 
 An existing DST is refused unless --overwrite. The output is written beside DST under a
-temporary name and renamed when complete, so a failed conversion leaves no partial model.
+temporary name and renamed when complete, so a failed conversion leaves no partial model. SRC,
+DST and --tokenizer may be on an object store (gs://): a DST there is written to a local
+temporary directory and uploaded when complete (an object store has no rename, so an upload
+cut short leaves DST partial: rerun with --overwrite); safetensors reads a local copy.
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-from pathlib import Path
+import tempfile
 from typing import Callable
 
 from bertjax import errors
@@ -30,6 +32,7 @@ from bertjax.commands import args as args_lib
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
+# Every path is an `etils.epath.Path` (`bertjax.runtime.fs`): local or any scheme.
 
 SOURCES = ("google", "hf", "bertjax")
 TARGETS = ("hf", "bertjax", "google")
@@ -77,27 +80,43 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _real(p: epath.Path) -> str:
+  """`p` absolute, a local one with its symlinks resolved (epath resolves none)."""
+  from bertjax.runtime import fs
+
+  return os.path.realpath(p) if fs.is_local(p) else str(p)
+
+
 def _check_args(args) -> None:
   """Paths and flags, before anything is read or written."""
-  src, dst = Path(args.src), Path(args.dst)
-  if not (src.exists() or Path(f"{src}.index").exists()):
-    raise errors.InputNotFoundError(f"SRC {src}: no such file or directory")
+  from etils import epath
+
+  from bertjax.runtime import fs
+
+  src, dst = fs.path(args.src), fs.path(args.dst)
+  shown_src, shown_dst = epath.Path(args.src), epath.Path(args.dst)  # `~` as typed
+  if not (src.exists() or fs.path(f"{src}.index").exists()):
+    raise errors.InputNotFoundError(f"SRC {shown_src}: no such file or directory")
   if args.bert_config and args.src_kind != "google":
     raise errors.ConfigError("--bert-config: only for --from google")
   for flag, path in (("--bert-config", args.bert_config), ("--tokenizer", args.tokenizer)):
-    if path and not Path(path).is_file():
+    if path and not fs.path(path).is_file():
       raise errors.InputNotFoundError(f"{flag} {path}: no such file")
-  errors.refuse_existing(str(dst), args.overwrite, "DST")
-  src_dir = (src if src.is_dir() else src.parent).resolve()
-  if dst.resolve() == src_dir or dst.resolve() in src_dir.parents:
-    raise errors.ConfigError(f"DST {dst} holds SRC {src} — write the conversion elsewhere")
+  errors.refuse_existing(str(shown_dst), args.overwrite, "DST")
+  src_dir, out = _real(src if src.is_dir() else src.parent), _real(dst)
+  if out == src_dir or src_dir.startswith(out.rstrip("/") + "/"):
+    raise errors.ConfigError(
+        f"DST {shown_dst} holds SRC {shown_src} — write the conversion elsewhere"
+    )
 
 
-def _find_vocab(src: Path, explicit: str | None, recorded: str | None) -> Path | None:
+def _find_vocab(src: epath.Path, explicit: str | None, recorded: str | None) -> epath.Path | None:
+  from etils import epath
+
   if explicit:
-    return Path(explicit)
+    return epath.Path(explicit)  # as typed: the tokenizer classes read it through fs
   if recorded:
-    return Path(recorded)
+    return epath.Path(recorded)
   base = src if src.is_dir() else src.parent
   for name in ("vocab.txt", "tokenizer.model"):
     if (base / name).is_file():
@@ -108,15 +127,16 @@ def _find_vocab(src: Path, explicit: str | None, recorded: str | None) -> Path |
 def _load(args):
   """(config, params, tokenizer path or None) from SRC."""
   from bertjax.interop import convert as convert_lib
+  from bertjax.runtime import fs
 
-  src = Path(args.src)
+  src = fs.path(args.src)
   recorded = None
   if args.src_kind == "google":
     from bertjax.interop import google_ckpt
 
     config = args.bert_config
     if not config:
-      config = Path(google_ckpt.find_checkpoint(src)).parent / google_ckpt.CONFIG_NAME
+      config = fs.path(google_ckpt.find_checkpoint(src)).parent / google_ckpt.CONFIG_NAME
       if not config.is_file():
         raise errors.InputNotFoundError(
             f"{config}: not found — pass --bert-config, the bert_config.json of this checkpoint"
@@ -149,7 +169,7 @@ def _check_target(args, cfg) -> None:
     )
 
 
-def _check_tokenizer(vocab: Path, cfg, lower_case):
+def _check_tokenizer(vocab: epath.Path, cfg, lower_case):
   from bertjax.data import wordpiece
 
   tok = wordpiece.load_tokenizer(vocab, lower_case)
@@ -161,12 +181,13 @@ def _check_tokenizer(vocab: Path, cfg, lower_case):
   return tok
 
 
-def write_hf_tokenizer(tok, dst: Path, max_len: int) -> list[str]:
+def write_hf_tokenizer(tok, dst: epath.Path, max_len: int) -> list[str]:
   """Tokenizer files for `transformers.AutoTokenizer`; returns the names written."""
   from bertjax.data import wordpiece
+  from bertjax.runtime import fs
 
   if isinstance(tok, wordpiece.WordPieceTokenizer):
-    shutil.copyfile(tok.path, dst / "vocab.txt")
+    fs.path(tok.path).copy(dst / "vocab.txt", overwrite=True)
     config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": tok.lower_case,
@@ -182,7 +203,7 @@ def write_hf_tokenizer(tok, dst: Path, max_len: int) -> list[str]:
   return _write_hf_sentencepiece(tok, dst, max_len)
 
 
-def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
+def _write_hf_sentencepiece(tok, dst: epath.Path, max_len: int) -> list[str]:
   """A `tokenizer.json` (tokenizers' Unigram) equivalent to the SentencePiece model.
 
   transformers has no BERT tokenizer class for SentencePiece, so the model is rebuilt with
@@ -190,7 +211,9 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
   adds [CLS]/[SEP] like BertTokenizer. Tests check its ids against SentencePiece's. The
   `.model` file is copied too, for `sentencepiece` users.
   """
-  shutil.copyfile(tok.path, dst / "tokenizer.model")
+  from bertjax.runtime import fs
+
+  fs.path(tok.path).copy(dst / "tokenizer.model", overwrite=True)
   try:
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import processors
@@ -202,7 +225,7 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
     )
     return ["tokenizer.model"]
   proto = sentencepiece_model_pb2.ModelProto()
-  proto.ParseFromString(Path(tok.path).read_bytes())
+  proto.ParseFromString(fs.path(tok.path).read_bytes())
   backend = SpmConverter.build_tokenizer_from_spm_proto(
       proto, [(p.piece, p.score) for p in proto.pieces]
   )
@@ -228,8 +251,10 @@ def _write_hf_sentencepiece(tok, dst: Path, max_len: int) -> list[str]:
   return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
 
-def _save(args, out: Path, cfg, params, vocab: Path | None, tok) -> str:
+def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok) -> str:
   """Write the model in --to's format into `out`; returns what was written."""
+  from bertjax.runtime import fs
+
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib
 
@@ -256,27 +281,47 @@ def _save(args, out: Path, cfg, params, vocab: Path | None, tok) -> str:
   is_wordpiece = vocab is not None and vocab.suffix == ".txt"
   google_ckpt.save_google(params, cfg, out, vocab if is_wordpiece else None)
   if vocab is not None and not is_wordpiece:
-    shutil.copyfile(vocab, out / "tokenizer.model")
+    fs.path(vocab).copy(out / "tokenizer.model", overwrite=True)
   return f"{google_ckpt.CKPT_NAME}.*, {google_ckpt.CONFIG_NAME}"
 
 
-def _remove(path: Path) -> None:
-  if path.is_dir() and not path.is_symlink():
-    shutil.rmtree(path)
-  elif path.exists() or path.is_symlink():
+def _is_link(path: epath.Path) -> bool:
+  from bertjax.runtime import fs
+
+  # epath has no is_symlink; a link is replaced, never followed (local paths only).
+  return fs.is_local(path) and os.path.islink(path)
+
+
+def _remove(path: epath.Path) -> None:
+  if path.is_dir() and not _is_link(path):
+    path.rmtree()
+  elif path.exists() or _is_link(path):
     path.unlink()
 
 
-def publish(dst: Path, write: Callable[[Path], str]) -> str:
+def publish(dst: epath.Path, write: Callable[[epath.Path], str]) -> str:
   """`write(tmp)` into a temporary directory beside `dst`, then rename it to `dst` (replacing
   what is there: the caller has applied the overwrite policy). A failure leaves `dst` as it
-  was and no temporary directory behind."""
+  was and no temporary directory behind.
+
+  On an object store (no rename) `write` fills a local temporary directory, which is uploaded
+  to `dst` when complete, after removing what `dst` held."""
+  from bertjax.runtime import fs
+
+  dst = fs.path(dst)
+  if not fs.is_local(dst):
+    with tempfile.TemporaryDirectory(prefix="bertjax-convert-") as tmp:
+      what = write(fs.path(tmp) / dst.name)
+      if dst.exists():
+        _remove(dst)
+      fs.upload_tree(fs.path(tmp) / dst.name, dst)
+    return what
   dst.parent.mkdir(parents=True, exist_ok=True)
   tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
   old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
   try:
     what = write(tmp)
-    replacing = dst.exists() or dst.is_symlink()
+    replacing = dst.exists() or _is_link(dst)
     if replacing:
       dst.rename(old)
     try:
@@ -288,12 +333,16 @@ def publish(dst: Path, write: Callable[[Path], str]) -> str:
     if replacing:
       _remove(old)
   finally:
-    if tmp.exists() or tmp.is_symlink():
+    if tmp.exists() or _is_link(tmp):
       _remove(tmp)
   return what
 
 
 def main(argv: list[str]) -> int:
+  from etils import epath
+
+  from bertjax.runtime import fs
+
   args = _parser().parse_args(argv)
   _check_args(args)
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
@@ -314,7 +363,7 @@ def main(argv: list[str]) -> int:
         "convert: warning: no tokenizer found in SRC and no --tokenizer; the output has none",
         file=sys.stderr,
     )
-  dst = Path(args.dst)
-  what = publish(dst, lambda out: _save(args, out, cfg, params, vocab, tok))
+  dst = epath.Path(args.dst)  # as typed
+  what = publish(fs.path(args.dst), lambda out: _save(args, out, cfg, params, vocab, tok))
   print(f"convert: wrote {what} to {dst}")
   return 0

@@ -8,12 +8,13 @@
    e.g. modern_tiny: ModernBERT's network at tiny scale) for a few minutes, printing the MLM
    loss as it falls and the NSP accuracy (when the recipe has NSP), with checkpoints,
    TensorBoard logs and metrics.jsonl in WORKDIR. Rerunning continues from the last checkpoint.
+
+WORKDIR may be on an object store (gs://), as `bertjax pretrain`'s.
 """
 
 from __future__ import annotations
 
 import json
-import pathlib
 
 from bertjax.commands import args as args_lib
 
@@ -21,7 +22,7 @@ from bertjax.commands import args as args_lib
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
 
-def _summary(workdir: pathlib.Path, pairs: bool = True) -> str:
+def _summary(workdir, pairs: bool = True) -> str:
   """The first and last training loss and the last held-out evaluation; NSP figures only when
   the recipe trains NSP or SOP (`pairs`)."""
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines() if l]
@@ -56,7 +57,7 @@ def _summary(workdir: pathlib.Path, pairs: bool = True) -> str:
   return "\n".join(lines)
 
 
-def _held_out_sentences(data_dir: pathlib.Path, n: int) -> list[list[int]]:
+def _held_out_sentences(data_dir, n: int) -> list[list[int]]:
   """The first `n` held-out sentences of 10-40 pieces (the model never trained on them)."""
   from bertjax.data import records
 
@@ -70,7 +71,7 @@ def _held_out_sentences(data_dir: pathlib.Path, n: int) -> list[list[int]]:
   return out[::4][:n]  # spread over the held-out chapters' first pages
 
 
-def fill_mask(workdir: pathlib.Path, data_dir: pathlib.Path, n: int = 5, k: int = 5) -> list[str]:
+def fill_mask(workdir, data_dir, n: int = 5, k: int = 5) -> list[str]:
   """Lines showing the top-`k` predictions for one masked word in `n` held-out sentences."""
   import numpy as np
 
@@ -152,9 +153,10 @@ def main(argv: list[str]) -> int:
   from bertjax import errors
   from bertjax.commands import pretrain
   from bertjax.data import bundled
+  from bertjax.runtime import fs
   from bertjax.training import config_checks
 
-  workdir = pathlib.Path(args.workdir)
+  workdir = fs.path(args.workdir)
   data_dir = workdir / "data" / "austen"
   # The same flag parsing as `bertjax pretrain` (checked before anything is written), so the
   # demo is exactly that command.

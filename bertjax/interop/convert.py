@@ -19,9 +19,11 @@ fresh, deterministic initial values (`_fresh_heads`) and saving one drops them.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import tempfile
 from typing import Any, Callable, Iterator
 
+from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.model import bert as bert_lib
 from bertjax.model.config import BertConfig
+from bertjax.runtime import fs
 
 Params = dict[str, Any]
 
@@ -532,24 +535,27 @@ def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
 # ------------------------------------------------------------------------------------ loading
 
 
-def read_hf_state(path: str | Path) -> dict[str, np.ndarray]:
-  """Tensors of a HF model directory: model.safetensors (preferred) or pytorch_model.bin."""
-  path = Path(path)
+def read_hf_state(path: str | epath.Path) -> dict[str, np.ndarray]:
+  """Tensors of a HF model directory: model.safetensors (preferred) or pytorch_model.bin. Any
+  scheme: safetensors and torch read a local copy of a remote file."""
+  path = fs.path(path)
   st = path / "model.safetensors"
   if st.exists():
     from safetensors.numpy import load_file  # the `interop` extra, only for HF files
 
-    try:
-      return load_file(str(st))
-    except Exception as e:  # a truncated or foreign file
-      raise ConversionError(f"{st}: not a readable safetensors file ({e})") from e
+    with fs.local_copy(st) as local:
+      try:
+        return load_file(local)
+      except Exception as e:  # a truncated or foreign file
+        raise ConversionError(f"{st}: not a readable safetensors file ({e})") from e
   shards = sorted(path.glob("model-*.safetensors"))
   if shards:
     from safetensors.numpy import load_file  # the `interop` extra, only for HF files
 
     state = {}
     for shard in shards:
-      state.update(load_file(str(shard)))
+      with fs.local_copy(shard) as local:
+        state.update(load_file(local))
     return state
   binary = path / "pytorch_model.bin"
   if binary.exists():
@@ -561,19 +567,20 @@ def read_hf_state(path: str | Path) -> dict[str, np.ndarray]:
           "bertjax[interop] and torch, or convert to safetensors"
       ) from e
     # weights_only=True never runs pickled code from the file.
-    tensors = torch.load(str(binary), map_location="cpu", weights_only=True)
+    with fs.local_copy(binary) as local:
+      tensors = torch.load(local, map_location="cpu", weights_only=True)
     return {k: v.float().numpy() for k, v in tensors.items()}
   raise ConversionError(f"{path}: no model.safetensors or pytorch_model.bin found")
 
 
-def load_hf(path: str | Path, **config_overrides) -> tuple[BertConfig, Params]:
+def load_hf(path: str | epath.Path, **config_overrides) -> tuple[BertConfig, Params]:
   """Read a Hugging Face `BertForPreTraining` or `ModernBertForMaskedLM` directory (config.json
   with model_type "bert" or "modernbert", and model.safetensors or pytorch_model.bin).
 
   Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`
   (for ModernBERT with a fresh pooler and NSP head, `_fresh_heads`).
   """
-  path = Path(path)
+  path = fs.path(path)
   cfg_file = path / "config.json"
   if not cfg_file.exists():
     raise ConversionError(f"{cfg_file}: not found (expected a Hugging Face model directory)")
@@ -588,7 +595,7 @@ def load_hf(path: str | Path, **config_overrides) -> tuple[BertConfig, Params]:
   return cfg, hf_to_params(read_hf_state(path), cfg, source=str(path))
 
 
-def save_hf(params: Params, cfg: BertConfig, path: str | Path) -> None:
+def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:
   """Write config.json + model.safetensors loadable by `BertForPreTraining.from_pretrained`, or
   by `ModernBertForMaskedLM.from_pretrained` for a ModernBERT-shaped config; a config that is
   neither is refused (`hf_architecture`) before anything is written."""
@@ -602,8 +609,14 @@ def save_hf(params: Params, cfg: BertConfig, path: str | Path) -> None:
   else:
     state.pop("cls.predictions.decoder.weight")
     state.pop("cls.predictions.decoder.bias")
-  path = Path(path)
+  path = fs.path(path)
   path.mkdir(parents=True, exist_ok=True)
-  save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+  if fs.is_local(path):
+    save_file(state, os.fspath(path / "model.safetensors"), metadata={"format": "pt"})
+  else:  # safetensors writes only local files: written here, then copied up
+    with tempfile.TemporaryDirectory(prefix="bertjax-") as tmp:
+      local = os.path.join(tmp, "model.safetensors")
+      save_file(state, local, metadata={"format": "pt"})
+      epath.Path(local).copy(path / "model.safetensors", overwrite=True)
   hf_cfg = config_to_modernbert(cfg) if modern else config_to_hf(cfg)
   (path / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")

@@ -17,21 +17,22 @@ through `convert.hf_to_params` / `convert.params_to_hf`, and the QKV fusing and 
 live in one place (`convert.py`). Optimizer slots (`adam_m`, `adam_v`) and
 `global_step` of fine-tuning checkpoints are skipped.
 
-TensorFlow is imported only inside the functions that touch the bundle.
+TensorFlow is imported only inside the functions that touch the bundle, which it reads and
+writes on any scheme (gs://) itself; the JSON and vocab files go through `etils.epath`.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import re
-import shutil
 from typing import Any
 
+from etils import epath
 import numpy as np
 
 from bertjax.interop import convert
 from bertjax.model.config import BertConfig
+from bertjax.runtime import fs
 
 Params = dict[str, Any]
 
@@ -85,9 +86,9 @@ def hf_to_google_name(name: str) -> tuple[str, bool]:
 # ------------------------------------------------------------------------------------- paths
 
 
-def find_checkpoint(src: str | Path) -> str:
+def find_checkpoint(src: str | epath.Path) -> str:
   """The checkpoint prefix for a model directory, a prefix, or one of the bundle's files."""
-  src = Path(src)
+  src = fs.path(src)
   for suffix in (".index", ".meta"):
     if src.name.endswith(suffix):
       return str(src)[: -len(suffix)]
@@ -105,14 +106,14 @@ def find_checkpoint(src: str | Path) -> str:
           "pass the prefix of one, e.g. DIR/model.ckpt-1000"
       )
     raise convert.ConversionError(f"{src}: no {CKPT_NAME}.index (not a Google BERT directory)")
-  if Path(str(src) + ".index").exists():
+  if fs.path(str(src) + ".index").exists():
     return str(src)
   raise convert.ConversionError(f"{src}: no such checkpoint ({src}.index not found)")
 
 
-def read_config(path: str | Path) -> BertConfig:
+def read_config(path: str | epath.Path) -> BertConfig:
   """A `BertConfig` from `bert_config.json` (the same field names as HF's config.json)."""
-  path = Path(path)
+  path = fs.path(path)
   if not path.is_file():
     raise convert.ConversionError(
         f"{path}: not found — a Google BERT checkpoint needs its bert_config.json (beside it, "
@@ -130,7 +131,7 @@ def read_config(path: str | Path) -> BertConfig:
   return convert.config_from_hf(raw)
 
 
-def write_config(cfg: BertConfig, path: str | Path) -> None:
+def write_config(cfg: BertConfig, path: str | epath.Path) -> None:
   hf = convert.config_to_hf(cfg)
   keys = (
       "attention_probs_dropout_prob",
@@ -145,7 +146,7 @@ def write_config(cfg: BertConfig, path: str | Path) -> None:
       "type_vocab_size",
       "vocab_size",
   )
-  Path(path).write_text(json.dumps({k: hf[k] for k in keys}, indent=2, sort_keys=True) + "\n")
+  fs.path(path).write_text(json.dumps({k: hf[k] for k in keys}, indent=2, sort_keys=True) + "\n")
 
 
 # ----------------------------------------------------------------------------------- tensors
@@ -175,7 +176,7 @@ def read_state(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str], list
 
 
 def load_google(
-    src: str | Path, config_path: str | Path | None = None
+    src: str | epath.Path, config_path: str | epath.Path | None = None
 ) -> tuple[BertConfig, Params]:
   """Config and unscanned `BertForPreTraining` params from a Google BERT checkpoint.
 
@@ -183,7 +184,7 @@ def load_google(
   `bert_config.json` beside the checkpoint.
   """
   prefix = find_checkpoint(src)
-  config_path = Path(config_path) if config_path else Path(prefix).parent / CONFIG_NAME
+  config_path = fs.path(config_path) if config_path else fs.path(prefix).parent / CONFIG_NAME
   cfg = read_config(config_path)
   state, origin, _ = read_state(prefix)
   unused = sorted(set(state) - convert.hf_tensor_names(cfg))
@@ -202,7 +203,10 @@ def load_google(
 
 
 def save_google(
-    params: Params, cfg: BertConfig, path: str | Path, vocab_path: str | Path | None = None
+    params: Params,
+    cfg: BertConfig,
+    path: str | epath.Path,
+    vocab_path: str | epath.Path | None = None,
 ) -> str:
   """Write `bert_model.ckpt.*`, `bert_config.json` (and `vocab.txt`) under `path`.
 
@@ -211,7 +215,7 @@ def save_google(
   """
   import tensorflow as tf  # here: converting to/from HF/bertjax needs no TF
 
-  path = Path(path)
+  path = fs.path(path)
   path.mkdir(parents=True, exist_ok=True)
   state = convert.params_to_hf(params, cfg)
   state.pop("cls.predictions.decoder.weight")  # tied to the word embeddings, as in Google's
@@ -231,5 +235,5 @@ def save_google(
   )
   write_config(cfg, path / CONFIG_NAME)
   if vocab_path is not None:
-    shutil.copyfile(vocab_path, path / VOCAB_NAME)
+    fs.path(vocab_path).copy(path / VOCAB_NAME, overwrite=True)
   return prefix

@@ -22,7 +22,11 @@ Orbax stores no checksum of the array files (a flipped bit restores as a changed
 each finished step gets `<step>/sha256.json`: the size and SHA-256 of every file in it. A
 resume checks the newest step against it and tries to restore it; a step that fails either
 is reported by file and step, moved to WORKDIR/bad_checkpoints/<step> (kept, never deleted),
-and the next newest is tried. Object stores (gs://) are not hashed: GCS checks its own CRC32C.
+and the next newest is tried. Steps written to an object store (gs://) are not hashed when
+saved: that would download every step again right after uploading it, and GCS checks each
+object's CRC32C itself; a step that holds a digest there (a local run copied up) is checked.
+Every path goes through `etils.epath` (`bertjax.runtime.fs`), so all of this works on any
+scheme.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shutil
 from typing import Any, Callable
 
@@ -45,6 +48,7 @@ import orbax.checkpoint as ocp
 
 from bertjax import errors
 from bertjax import model as model_lib
+from bertjax.runtime import fs
 
 PRETRAINED_FORMAT = "bertjax-pretrained-1"
 # BertConfig fields that decide the parameter shapes; a resume must agree on all of them. Not
@@ -69,10 +73,9 @@ ARCH_FIELDS = (
 _ARCH_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
 
 
-def absolute(path: str | epath.Path) -> epath.Path:
-  """`path` made absolute when it is local (orbax mis-reads relative paths; gs:// stays)."""
-  path = str(path)
-  return epath.Path(path if "://" in path else os.path.abspath(os.path.expanduser(path)))
+# `path` made absolute when it is local (orbax mis-reads relative paths; gs:// stays); the name
+# is kept for callers of `checkpoint.absolute`.
+absolute = fs.absolute
 
 
 class CheckpointMismatchError(errors.UserError, ValueError):
@@ -108,27 +111,29 @@ class _QuietDiskFull(logging.Filter):
 DIGEST_NAME = "sha256.json"
 
 
-def _local(path: epath.Path) -> bool:
-  return "://" not in str(path)
+def _files(step_dir: epath.Path) -> dict[str, epath.Path]:
+  """{path relative to `step_dir` ("state/d/abc"): path} of every file under it, any scheme."""
+  out = {}
+  for root, _, names in step_dir.walk():
+    for name in names:
+      full = epath.Path(root) / name
+      out[str(full.relative_to(step_dir))] = full
+  return out
 
 
 def write_digest(step_dir: epath.Path) -> None:
   """`step_dir/sha256.json`: {relative path: [size, sha256]} of every file of the step."""
+  step_dir = fs.path(step_dir)
   files = {}
-  for root, _, names in os.walk(step_dir):
-    for name in sorted(names):
-      full = os.path.join(root, name)
-      rel = os.path.relpath(full, step_dir)
-      if rel != DIGEST_NAME:
-        files[rel] = [os.path.getsize(full), _sha256(full)]
-  tmp = step_dir / (DIGEST_NAME + ".tmp")
-  tmp.write_text(json.dumps({"files": files}, indent=0))
-  os.replace(tmp, step_dir / DIGEST_NAME)
+  for rel, full in sorted(_files(step_dir).items()):
+    if rel != DIGEST_NAME:
+      files[rel] = [full.stat().length, _sha256(full)]
+  fs.write_atomic(step_dir / DIGEST_NAME, json.dumps({"files": files}, indent=0))
 
 
-def _sha256(path: str) -> str:
+def _sha256(path: epath.Path) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with path.open("rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
       h.update(block)
   return h.hexdigest()
@@ -136,20 +141,23 @@ def _sha256(path: str) -> str:
 
 def verify_digest(step_dir: epath.Path) -> str | None:
   """What differs from the step's digest ("state/d/abc: 3 bytes, 4,096 recorded"), or None
-  (also when the step has no digest: a run killed right after orbax finished the step)."""
+  (also when the step has no digest: a run killed right after orbax finished the step, or a
+  step saved to an object store)."""
+  step_dir = fs.path(step_dir)
   digest = step_dir / DIGEST_NAME
-  if not _local(step_dir) or not digest.exists():
+  if not digest.exists():
     return None
   try:
     files = json.loads(digest.read_text())["files"]
   except (ValueError, KeyError) as e:
     return f"{digest}: unreadable ({e})"
   for rel, (size, sha) in sorted(files.items()):
-    full = os.path.join(step_dir, rel)
-    if not os.path.exists(full):
+    full = step_dir / rel
+    if not full.exists():
       return f"{full}: missing"
-    if os.path.getsize(full) != size:
-      return f"{full}: {os.path.getsize(full):,} bytes, {size:,} recorded"
+    found = full.stat().length
+    if found != size:
+      return f"{full}: {found:,} bytes, {size:,} recorded"
     if _sha256(full) != sha:
       return f"{full}: contents changed since it was saved (SHA-256 differs)"
   return None
@@ -235,8 +243,11 @@ class Manager:
       )
       if jax.process_index() == 0:
         for name in partial:
-          shutil.rmtree(str(self.directory / name), ignore_errors=True)
-      free = shutil.disk_usage(str(self.directory)).free if _local(self.directory) else None
+          with contextlib.suppress(Exception):  # best effort, as the error is reported anyway
+            (self.directory / name).rmtree(missing_ok=True)
+      # epath has no free-space query; a local disk only (an object store does not fill up).
+      local = fs.is_local(self.directory)
+      free = shutil.disk_usage(str(self.directory)).free if local else None
       done = [s for s in self._mngr.all_steps() if str(s) not in partial]
       raise DiskFullError(
           f"disk full while saving a checkpoint to {self.directory.parent}"
@@ -272,7 +283,7 @@ class Manager:
     with self._space_checked(None):
       self._mngr.wait_until_finished()
     steps, self._undigested = self._undigested, []
-    if jax.process_index() == 0 and _local(self.directory):
+    if jax.process_index() == 0 and fs.is_local(self.directory):
       for step in steps:
         if (self.directory / str(step)).exists():  # not already removed by max_to_keep
           write_digest(self.directory / str(step))
@@ -325,8 +336,8 @@ class Manager:
       aside.mkdir(parents=True, exist_ok=True)
       target = aside / str(step)
       if target.exists():
-        shutil.rmtree(str(target))
-      shutil.move(str(self.directory / str(step)), str(target))
+        target.rmtree()
+      (self.directory / str(step)).rename(target)  # on an object store: a copy of each object
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"bertjax_set_aside_{step}")
     self._mngr.reload()
@@ -404,12 +415,12 @@ def save_pretrained(
   out = absolute(path)
   params = model_lib.unstack_layer_params(params) if config.scan_layers else params
   config = config.replace(scan_layers=False)
-  tok_name = epath.Path(tokenizer_path).name if tokenizer_path else None
+  tok_name = fs.path(tokenizer_path).name if tokenizer_path else None
   if jax.process_index() == 0:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bert_config.json").write_text(json.dumps(config.to_dict(), indent=2))
     if tokenizer_path:
-      epath.Path(tokenizer_path).copy(out / tok_name, overwrite=True)
+      fs.path(tokenizer_path).copy(out / tok_name, overwrite=True)
     (out / "pretrained.json").write_text(
         json.dumps(
             {"format": PRETRAINED_FORMAT, "step": int(step), "tokenizer": tok_name}, indent=2

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import pathlib
 
 from bertjax import errors
 
@@ -287,10 +285,13 @@ def preflight(config) -> None:
 
 def read_metadata(path: str) -> dict:
   """metadata.json of the prepared data at `path` (config.data.path), its shards checked."""
-  from bertjax.data import records
+  from etils import epath
 
-  shown = str(pathlib.Path(path))
-  if "://" not in path and not os.path.isdir(path):
+  from bertjax.data import records
+  from bertjax.runtime import fs
+
+  shown = str(epath.Path(path))
+  if not fs.path(path).is_dir():
     raise errors.InputNotFoundError(
         f"config.data.path={path}: no such directory — write it with `bertjax prepare "
         f"--output {path}`, or leave config.data.path unset to train on the bundled corpus"
@@ -331,16 +332,19 @@ def check_data(config, meta: dict) -> None:
     )
 
 
-def _missing_local(path: str | None) -> bool:
-  return bool(path) and "://" not in path and not os.path.exists(path)
+def _missing(path: str | None) -> bool:
+  from bertjax.runtime import fs  # here: `--help` answers before etils loads
+
+  return bool(path) and not fs.path(path).exists()
 
 
 def check_inputs(config, workdir: str) -> None:
   """The files the run reads exist and fit the config: the prepared data (or the bundled
   corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only."""
   from bertjax.data import bundled
+  from bertjax.runtime import fs
 
-  if "://" not in workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+  if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
   vocab = config.model.vocab_size
   if config.data.source == "prepared":
@@ -350,12 +354,12 @@ def check_inputs(config, workdir: str) -> None:
       vocab = meta["tokenizer"]["vocab_size"]
     else:
       bundled.find()
-  if _missing_local(config.data.tokenizer):
+  if _missing(config.data.tokenizer):
     raise errors.InputNotFoundError(
         f"config.data.tokenizer={config.data.tokenizer}: no such file — name the .model or "
         "vocab.txt the data was prepared with, or leave it unset (the data's own copy)"
     )
-  resuming = os.path.isdir(os.path.join(workdir, "checkpoints"))
+  resuming = (fs.path(workdir) / "checkpoints").is_dir()
   if config.train.init_from and not resuming:
     _check_init_from(config, vocab)
 
@@ -365,7 +369,7 @@ def _check_init_from(config, vocab: int | None) -> None:
   from bertjax.training import checkpoint, train
 
   path = config.train.init_from
-  if _missing_local(path):
+  if _missing(path):
     raise errors.InputNotFoundError(
         f"config.train.init_from={path}: no such file or directory — name a `bertjax pretrain` "
         "workdir or a save_pretrained dir"

@@ -14,11 +14,9 @@ import dataclasses
 import functools
 import json
 import os
-import pathlib
 import sys
 import time
 
-from etils import epath
 import jax
 import numpy as np
 
@@ -26,7 +24,7 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import bundled, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
-from bertjax.runtime import distributed, workdir_lock
+from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
     checkpoint,
     config_checks,
@@ -52,9 +50,7 @@ def resolve_config(config, workdir: str):
       meta = config_checks.read_metadata(c.data.path)
       config_checks.check_data(c, meta)
       c.model.vocab_size = meta["tokenizer"]["vocab_size"]
-      c.data.tokenizer = c.data.tokenizer or str(
-          pathlib.Path(c.data.path) / meta["tokenizer"]["file"]
-      )
+      c.data.tokenizer = c.data.tokenizer or str(fs.path(c.data.path) / meta["tokenizer"]["file"])
     elif c.data.source == "synthetic":
       c.model.vocab_size = c.model.vocab_size or 8000
     else:
@@ -139,15 +135,15 @@ def _meta(
 def _copy_tokenizer(config, workdir: str) -> str | None:
   if not config.data.tokenizer:
     return None
-  src = epath.Path(config.data.tokenizer)
+  src = fs.path(config.data.tokenizer)
   rel = f"tokenizer/{src.name}"
   if jax.process_index() == 0:
-    (epath.Path(workdir) / "tokenizer").mkdir(parents=True, exist_ok=True)
-    src.copy(epath.Path(workdir) / rel, overwrite=True)
+    (fs.path(workdir) / "tokenizer").mkdir(parents=True, exist_ok=True)
+    src.copy(fs.path(workdir) / rel, overwrite=True)
     # A WordPiece vocab.txt does not record its casing; prepare writes it beside the vocab.
     casing = src.parent / "tokenizer_config.json"
     if src.suffix == ".txt" and casing.exists():
-      casing.copy(epath.Path(workdir) / "tokenizer" / casing.name, overwrite=True)
+      casing.copy(fs.path(workdir) / "tokenizer" / casing.name, overwrite=True)
   return rel
 
 
@@ -355,8 +351,7 @@ def train_and_evaluate(config, workdir: str) -> int:
   """
   config_checks.validate(config)
   config_checks.preflight(config)
-  if "://" not in workdir:
-    workdir = os.path.abspath(workdir)  # orbax writes only to absolute paths
+  workdir = str(fs.absolute(workdir))  # orbax writes only to absolute paths; gs:// stays
   config_checks.check_inputs(config, workdir)
   with workdir_lock.Lock(workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
     try:
@@ -408,7 +403,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
       keep_through=latest or 0,
   )
   if is_main:
-    (epath.Path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
+    (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   writer.log(
       f"model: {config.model.preset} {model_lib.count_params(setup0.abstract_state.params):,} "
       f"params | mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
@@ -456,6 +451,7 @@ def _train_and_evaluate(config, workdir: str) -> int:
     if at == last_saved:
       return
     last_saved = at
+    writer.flush()  # the records of the steps this checkpoint holds are stored before it
     data = checkpoint.gather_json({"phase": phase.index, "stream": batches.get_state()})
     mngr.save(
         at,
@@ -492,8 +488,9 @@ def _train_and_evaluate(config, workdir: str) -> int:
         writer.write(at, s)
     return True
 
-  def _shown(m: dict) -> dict:  # the printed lines leave out a pair task the run does not train
-    if config.data.pair_mode != "none":
+  def _shown(m: dict, split: str = "train") -> dict:  # printed lines leave out a pair task
+    # the run does not train (or, for held-out lines, does not evaluate: config.eval.pair_mode)
+    if _held_out(config, split, "pair_mode", config.data.pair_mode) != "none":
       return m
     return {k: v for k, v in m.items() if not k.removeprefix("eval_").startswith("nsp_")}
 
@@ -506,7 +503,8 @@ def _train_and_evaluate(config, workdir: str) -> int:
   def run_eval() -> bool:  # held-out metrics now; True when they first reach the target
     ev = evaluate(config, setups[phase.index], state.params, phase)
     writer.log(
-        f"eval step {step}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in _shown(ev).items())
+        f"eval step {step}: "
+        + " | ".join(f"{k[5:]} {v:.4f}" for k, v in _shown(ev, "eval").items())
     )
     reached = clock.check(step, ev)
     if reached:
@@ -573,8 +571,8 @@ def _train_and_evaluate(config, workdir: str) -> int:
     writer.write(step, {"time_to_target": clock.reached})  # null: not reached
   writer.log(
       f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
-      f"{epath.Path(workdir) / 'tensorboard'}, metrics in "
-      f"{epath.Path(workdir) / 'metrics.jsonl'}"
+      f"{fs.path(workdir) / 'tensorboard'}, metrics in "
+      f"{fs.path(workdir) / 'metrics.jsonl'}"
       + (f" | {clock.line()}" if clock.target is not None else "")
   )
   return stop(0 if ok else 1)

@@ -3,6 +3,12 @@
 Only process 0 writes; the others get a writer whose methods do nothing. TensorBoard uses
 `tf.summary` when TensorFlow imports, and is skipped (with one notice) when it does not, so
 training still runs where only JAX is installed.
+
+metrics.jsonl in a local workdir is appended to, one flushed line per record. An object store
+(gs://) cannot append to an object, so there the writer keeps the file's lines and rewrites the
+whole object: at once for the first record, then at most every `REMOTE_FLUSH_S` seconds, and
+whenever `flush()` is called (the loop calls it as it saves a checkpoint, so the records of the
+steps a checkpoint holds are stored before it) and at `close()`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ import time
 from typing import Mapping
 
 from etils import epath
+
+from bertjax.runtime import fs
+
+REMOTE_FLUSH_S = 30.0  # an object-store metrics.jsonl is rewritten at most this often
 
 # Columns of the progress line: (metrics key, label, format).
 _PROGRESS = (
@@ -62,7 +72,7 @@ class MetricsWriter:
     """`keep_through`: drop the records of metrics.jsonl after this step first (a resume from
     that step's checkpoint writes them again; 0 = a fresh run, None = keep everything)."""
     self.enabled = enabled
-    self.workdir = epath.Path(workdir)
+    self.workdir = fs.path(workdir)
     self._tb = None
     self._start = time.time()
     if not enabled:
@@ -71,7 +81,14 @@ class MetricsWriter:
     path = self.workdir / "metrics.jsonl"
     if keep_through is not None and path.exists():
       _truncate_after(path, keep_through)
-    self._jsonl = path.open("a")
+    self._path = path
+    self._jsonl = None
+    self._lines: list[str] = []  # object stores: the whole file, rewritten on flush
+    self._unsaved, self._saved_at = False, 0.0
+    if fs.is_local(path):
+      self._jsonl = path.open("a")
+    elif path.exists():
+      self._lines = [line + "\n" for line in path.read_text().splitlines() if line]
     if tensorboard:
       try:
         import tensorflow as tf  # only when TensorBoard is on; the loop runs without TF
@@ -98,8 +115,15 @@ class MetricsWriter:
     if bad:
       row["nonfinite"] = bad
     row["elapsed_sec"] = round(time.time() - self._start, 3)
-    self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
-    self._jsonl.flush()
+    line = json.dumps(row, allow_nan=False) + "\n"
+    if self._jsonl is not None:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    else:
+      self._lines.append(line)
+      self._unsaved = True
+      if time.time() - self._saved_at >= REMOTE_FLUSH_S:
+        self.flush()
     if self._tb is not None:
       with self._tb.as_default(step=int(step)):
         for k, v in metrics.items():
@@ -111,9 +135,17 @@ class MetricsWriter:
     if self.enabled:
       print(line, flush=True)
 
+  def flush(self) -> None:
+    """Store every record written so far (a local file already holds them)."""
+    if self.enabled and self._jsonl is None and self._unsaved:
+      fs.write_atomic(self._path, "".join(self._lines))
+      self._unsaved, self._saved_at = False, time.time()
+
   def close(self) -> None:
     if self.enabled:
-      self._jsonl.close()
+      if self._jsonl is not None:
+        self._jsonl.close()
+      self.flush()
       if self._tb is not None:
         self._tb.close()
 
@@ -137,9 +169,7 @@ def _truncate_after(path: epath.Path, step: int) -> None:
     else:
       dropped += 1
   if dropped:
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+    fs.write_atomic(path, "".join(line + "\n" for line in kept))
     print(
         f"metrics: dropped {dropped} record(s) of {path} after step {step} (the steps this "
         "run trains again)",
