@@ -152,7 +152,7 @@ def test_packed_loss_and_gradients_equal_unpacked():
     loss = lambda p: finetune.glue_loss(
         finetuning._apply(trainer.model, p, batch, deterministic=True), batch, regression=False
     )
-    return jax.value_and_grad(loss)(params)
+    return jax.jit(jax.value_and_grad(loss))(params)  # compiled: eager dispatch is slow
 
   (want_loss, want), (got_loss, got) = (
       loss_and_grads(t, b) for t, b in zip((plain, packed), batches)
@@ -357,7 +357,7 @@ def test_ner_packed_loss_and_gradients_equal_unpacked(tmp_path):
   def loss_and_grads(trainer, batch):
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     loss = lambda p: train.ner_loss(finetuning._apply(trainer.model, p, batch), batch)
-    return jax.value_and_grad(loss)(params)
+    return jax.jit(jax.value_and_grad(loss))(params)  # compiled: eager dispatch took minutes
 
   (want_loss, want), (got_loss, got) = (
       loss_and_grads(t, b) for t, b in zip((plain, packed), batches)
