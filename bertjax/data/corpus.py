@@ -112,14 +112,6 @@ def open_input(path: str) -> Iterator[IO[bytes]]:
       yield f
 
 
-@contextlib.contextmanager
-def open_text(path: str | os.PathLike) -> Iterator[IO[str]]:
-  """A file as UTF-8 text, undecodable bytes as U+FFFD and newlines translated, as
-  `open(path, encoding="utf-8", errors="replace")` reads a local one."""
-  with fs.open_text(path) as f:
-    yield f
-
-
 def read(f, n: int, path: str, line: int = 0) -> bytes:
   """`f.read(n)`, with a corrupt or truncated compressed file as a one-line error."""
   try:

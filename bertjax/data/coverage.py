@@ -14,7 +14,8 @@ import unicodedata
 from typing import Sequence
 
 from bertjax import errors
-from bertjax.data import corpus, wordpiece
+from bertjax.data import wordpiece
+from bertjax.runtime import fs
 
 NUM_SPECIAL = len(wordpiece.SPECIAL_PIECES)  # [PAD] [UNK] [CLS] [SEP] [MASK], in every vocabulary
 
@@ -32,7 +33,7 @@ def count_characters(files: Sequence[str], limit: int = _COUNT_CHARS) -> collect
   counts: collections.Counter = collections.Counter()
   seen = 0
   for path in files:
-    with corpus.open_text(path) as f:
+    with fs.open_text(path) as f:
       for line in f:
         line = unicodedata.normalize("NFKC", line)
         counts.update(line)

@@ -335,7 +335,7 @@ expand_inputs = corpus.expand_inputs  # globs -> files, one-line errors (used by
 
 
 def _has_text(path: str) -> bool:
-  with corpus.open_text(path) as f:
+  with fs.open_text(path) as f:
     return any(line.strip() for line in f)
 
 
