@@ -4,8 +4,9 @@ on one labelled single-sentence task, each at its best learning rate over a smal
 Purpose: the evidence behind "a bertjax checkpoint helps a downstream task". For the encoder
 rows, `bertjax glue --task custom --sweep` runs every learning rate of the grid with every seed;
 the row reports the learning rate whose seeds average best on dev, with the mean and standard
-deviation over those seeds. Random init uses the checkpoint's own architecture and tokenizer,
-so the only difference between the two encoder rows is the pretrained weights. The
+deviation over those seeds. Random init uses the checkpoint's own architecture (its whole model
+config, BERT's or a modern one: `--init random --preset CHECKPOINT`) and tokenizer, so the only
+difference between the two encoder rows is the pretrained weights. The
 bag-of-words row (`experiments.bow_baseline`, naive Bayes and logistic regression on unigram
 and bigram counts, each tuned on a slice of train) is deterministic: one figure.
 
@@ -108,12 +109,9 @@ def main(argv: list[str] | None = None) -> int:
 
   pre = checkpoint.load_pretrained(args.init)
   layers, hidden = pre.config.num_layers, pre.config.hidden_size
+  # a name for the rows; the random-init row takes the checkpoint's whole config, whatever it is
   preset = next((n for n, shape in _presets().items() if shape == (layers, hidden)), None)
-  if preset is None:
-    raise SystemExit(
-        f"transfer: {args.init}: {layers} layers x {hidden} is no preset; the "
-        "random-init row needs one (bertjax.model.PRESETS)"
-    )
+  preset = preset or f"{layers} layers x {hidden}"
   args.out.mkdir(parents=True, exist_ok=True)
   bow = bow_baseline.main(
       [
@@ -131,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   rows = {
       "random": _glue(
-          ["--init", "random", "--preset", preset, "--tokenizer", pre.tokenizer_path],
+          ["--init", "random", "--preset", args.init, "--tokenizer", pre.tokenizer_path],
           args,
           args.out / "random",
       ),

@@ -96,7 +96,7 @@ def test_encoder_messages_name_the_flags_the_caller_gives(tmp_path):
     encoder_lib.load_encoder(str(tmp_path / "missing"), names=flags)
   with pytest.raises(errors.InputNotFoundError, match="^--vocab nope.txt: no such file"):
     encoder_lib.load_encoder("random", "nope.txt", names=flags)
-  with pytest.raises(errors.ConfigError, match="^preset 'huge' is not a model preset"):
+  with pytest.raises(errors.ConfigError, match="^preset 'huge' is neither a model preset"):
     encoder_lib.load_encoder("random", TOKENIZER, "huge")
   (tmp_path / "notes.txt").write_text("not a model")
   for path in (tmp_path, tmp_path / "notes.txt"):

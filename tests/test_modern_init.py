@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax import cli
+from bertjax import cli, errors
 from bertjax.data import tokenizer as tokenizer_lib
 
 transformers = pytest.importorskip("transformers")
@@ -184,6 +184,21 @@ def test_a_broken_tokenizer_json_is_one_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------- the tasks
+
+
+def test_random_init_takes_a_checkpoints_architecture_not_its_weights(modern_dir):
+  """`--init random --preset CHECKPOINT`: the checkpoint's whole config (a modern one here,
+  which no preset gives) and its tokenizer, with no weights read into the encoder."""
+  from bertjax.tasks import encoder as encoder_lib
+
+  d, _ = modern_dir
+  pre = encoder_lib.load_encoder(str(d))
+  enc = encoder_lib.load_encoder("random", None, str(d))
+  assert enc.bert_params is None and enc.source == f"random:{d}"
+  assert enc.config == pre.config and enc.config.norm_placement == "pre"
+  assert enc.tokenizer.path == pre.tokenizer.path
+  with pytest.raises(errors.ConfigError, match=r"^--preset '.*nope' is neither a model preset"):
+    encoder_lib.load_encoder("random", None, str(d / "nope"), names={"preset": "--preset"})
 
 
 def test_encoder_reads_each_modern_dir_with_its_tokenizer(modern_dir):

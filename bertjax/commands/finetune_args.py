@@ -25,7 +25,8 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
       "--init",
       required=True,
       help="a `bertjax pretrain` workdir or checkpoint, a Hugging Face or Google "
-      "BERT directory, or 'random' (with --preset and --tokenizer: a baseline)",
+      "BERT directory, or 'random' (a baseline: --preset's shape with --tokenizer, or the "
+      "architecture of the checkpoint --preset names)",
   )
   p.add_argument(
       "--tokenizer",
@@ -33,7 +34,12 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
       help="override the checkpoint's tokenizer: a SentencePiece .model, a WordPiece vocab.txt or a "
       "Hugging Face tokenizer.json",
   )
-  p.add_argument("--preset", default="tiny", help="model preset for --init random")
+  p.add_argument(
+      "--preset",
+      default="tiny",
+      help="for --init random: a model preset (tiny mini small medium base large), or a "
+      "checkpoint whose architecture (not weights) to take, with its tokenizer",
+  )
 
 
 # --length-bucket and --max-lengths when not given (`Recipe`'s defaults).

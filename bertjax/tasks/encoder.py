@@ -6,7 +6,8 @@
   a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
       vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json),
   a google-research/bert dir or checkpoint prefix (bert_config.json + bert_model.ckpt.*),
-or "random": a randomly initialised preset, the no-pretraining baseline (needs a tokenizer).
+or "random": the no-pretraining baseline, fresh weights of a preset (a tokenizer needed) or of
+    a checkpoint's own architecture (`preset` its path; its tokenizer unless one is given).
 A tokenizer path (SentencePiece .model, WordPiece vocab.txt or Hugging Face tokenizer.json)
 overrides the recorded one.
 
@@ -71,6 +72,41 @@ def checkpoint_kind(path: fs.PathLike) -> str | None:
   ):
     return "bertjax"
   return None
+
+
+def _random_encoder(preset: str, tokenizer: str | None, lower_case, n) -> Encoder:
+  """`load_encoder("random", ...)`: a preset's shape, or the architecture of the checkpoint at
+  `preset` (its config only: the weights start fresh, seeded by the run, like a preset's)."""
+  tok_kinds = TOKENIZER_KINDS
+  if preset in model_lib.PRESETS:
+    if not tokenizer:
+      raise errors.ConfigError(
+          f"{n['init']} random needs {n['tokenizer']}: a random model has no tokenizer — "
+          f"pass {n['tokenizer']} PATH ({tok_kinds})"
+      )
+    tok = load_tokenizer(tokenizer, lower_case)
+    return Encoder(
+        model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
+    )
+  if not (fs.path(preset).exists() and checkpoint_kind(preset) is not None):
+    raise errors.ConfigError(
+        f"{n['preset']} {preset!r} is neither a model preset ({', '.join(model_lib.PRESETS)}) "
+        f"nor a checkpoint whose architecture to take ({KINDS})"
+    )
+  cfg, _, tok_path, _ = read_encoder(preset)
+  tok_path = tokenizer or tok_path
+  if not tok_path:
+    raise errors.ConfigError(
+        f"{n['preset']} {preset}: no tokenizer recorded with it or found beside it — pass "
+        f"{n['tokenizer']} PATH ({tok_kinds})"
+    )
+  tok = load_tokenizer(tok_path, lower_case)
+  if tok.vocab_size > cfg.vocab_size:
+    raise errors.ConfigError(
+        f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but {preset}'s vocab_size is "
+        f"{cfg.vocab_size} — pass the tokenizer it was pretrained with"
+    )
+  return Encoder(cfg, None, tok, f"random:{preset}")
 
 
 def read_encoder(path: fs.PathLike) -> tuple[model_lib.BertConfig, Any, str | None, str]:
@@ -139,19 +175,7 @@ def load_encoder(
         f"{n['tokenizer']} {tokenizer}: no such file — pass {tok_kinds}"
     )
   if init == "random":
-    if not tokenizer:
-      raise errors.ConfigError(
-          f"{n['init']} random needs {n['tokenizer']}: a random model has no tokenizer — "
-          f"pass {n['tokenizer']} PATH ({tok_kinds})"
-      )
-    if preset not in model_lib.PRESETS:
-      raise errors.ConfigError(
-          f"{n['preset']} {preset!r} is not a model preset — valid: {', '.join(model_lib.PRESETS)}"
-      )
-    tok = load_tokenizer(tokenizer, lower_case)
-    return Encoder(
-        model_lib.from_preset(preset, vocab_size=tok.vocab_size), None, tok, f"random:{preset}"
-    )
+    return _random_encoder(preset, tokenizer, lower_case, n)
   if not (fs.path(init).exists() or fs.path(init + ".index").exists()):
     raise errors.InputNotFoundError(
         f"{n['init']} {init}: no such checkpoint or directory — pass {KINDS} (or 'random')"
