@@ -257,6 +257,28 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+def test_fit_compiles_the_evaluations_predict_steps_with_the_train_step(tmp_path):
+  """`fit(predicts=...)` compiles every predict shape the evaluation will use before the first
+  train step, beside the train step: evaluating compiles nothing more."""
+  recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0, epochs=1)
+  trainer = _trainer(recipe, mesh=_one_device())
+  train, dev = _varied_lengths(32, seed=1), _varied_lengths(40, seed=5)
+  seen = []
+
+  def evaluate(params):
+    seen.append(sorted(k for k in trainer._executables if k[0] == "predict"))
+    traces = trainer.compiled_shapes()[1]
+    trainer.predict(params, dev, 8)
+    assert trainer.compiled_shapes()[1] == traces  # nothing traced at evaluation
+    return {"f1": 0.0}
+
+  finetuning.fit(
+      trainer, train, recipe, evaluate, "f1", str(tmp_path), progress=False, predicts=(dev,)
+  )
+  want = {finetuning._shapes(*job[::2]) for job in trainer.predict_jobs(None, dev, 8)}
+  assert seen and seen[0] and set(seen[0]) == want
+
+
 def test_fsdp_on_8_devices_matches_1_device():
   """--mesh 2,4,1 splits the encoder's weights over fsdp as pretraining does; the steps match
   one device's."""

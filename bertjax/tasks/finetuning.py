@@ -151,6 +151,13 @@ def masked_mean(per_example_B: jax.Array, weights_B: jax.Array) -> jax.Array:
   return jnp.sum(per_example_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
 
 
+def _init_options() -> dict | None:
+  """XLA options of the state's init: it runs once per sweep, and on CPU XLA's backend
+  optimizations cost more compile time than they save (BERT-mini on 2 cores: 12.5 s to compile,
+  0.3 s to run; unoptimized 4.6 s and 1.2 s)."""
+  return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+
+
 def _shapes(kind: str, batch: dict) -> tuple:
   """The key of a compiled step: its kind and the batch's shapes and dtypes."""
   return (kind,) + tuple((k, np.shape(v), str(v.dtype)) for k, v in sorted(batch.items()))
@@ -329,6 +336,12 @@ class Trainer:
     """The restored encoder (resharded from wherever the checkpoint put it) and a new head
     from `seed`, at the peak `learning_rate` (0: a state that only predicts)."""
     check_field("learning_rate", learning_rate, float, lambda v: v >= 0, ">= 0")
+    args = self._init_args(seed, learning_rate)
+    if self._init_compiled is None:
+      self._init_compiled = self._init_lowered(args).compile(compiler_options=_init_options())
+    return self._init_compiled(*args)
+
+  def _init_args(self, seed: int, learning_rate: float) -> tuple:
     bert = None
     if self.bert_params is not None:
       bert = jax.device_put(
@@ -339,14 +352,10 @@ class Trainer:
           self.param_sh["bert"],
       )
     repl = sharding.replicated(self.mesh)
-    args = (bert, *jax.device_put((jax.random.key(seed), np.float32(learning_rate)), repl))
-    if self._init_compiled is None:
-      # It runs once per sweep: on CPU, XLA's backend optimizations cost more compile time
-      # than they save (BERT-mini on 2 cores: 12.5 s to compile, 0.3 s to run; unoptimized
-      # 4.6 s and 1.2 s).
-      opts = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-      self._init_compiled = self.built.init.lower(*args).compile(compiler_options=opts)
-    return self._init_compiled(*args)
+    return (bert, *jax.device_put((jax.random.key(seed), np.float32(learning_rate)), repl))
+
+  def _init_lowered(self, args: tuple | None = None):
+    return self.built.init.lower(*(args or self._init_args(0, 0.0)))
 
   def device_batch(self, batch: dict) -> dict:
     """A global host batch as global device arrays (this process gives its rows)."""
@@ -358,23 +367,33 @@ class Trainer:
       batch = self.device_batch(batch)
     return self._executables.get(_shapes("train", batch), self._train)(state, batch)
 
-  def compile_ahead(self, jobs: list[tuple[str, Any, dict]]) -> None:
+  def compile_ahead(self, jobs: list[tuple[str, Any, dict]], init: bool = False) -> None:
     """Compile the steps of `jobs` (kind "train" or "predict", its first argument: the state
-    or the params, an example host batch of the shape to compile) that are not compiled yet,
-    side by side: each is traced here, then XLA compiles them in threads (the compiler releases
-    the GIL), one per core. `train_step` and `predict` then run the compiled executables."""
+    or the params, values or `self.built.abstract`'s shapes, an example host batch of the
+    shape to compile) that are not compiled yet, and with `init` the state's init, side by
+    side: each is traced here, then XLA compiles them in threads (the compiler releases the
+    GIL), one per core. `train_step`, `predict` and `init_state` then run the executables."""
     todo = {}
     for kind, first, batch in jobs:
       batch = self.device_batch(batch)  # the dtypes and shardings the steps will see
       key = _shapes(kind, batch)
       if key not in self._executables and key not in todo:
         todo[key] = (self._train if kind == "train" else self._predict).lower(first, batch)
+    if init and self._init_compiled is None:
+      todo["init"] = self._init_lowered()  # last: unoptimized, the shortest compile
     if not todo:
       return
+
+    def compile_one(key):
+      return todo[key].compile(compiler_options=_init_options() if key == "init" else None)
+
     workers = min(len(todo), os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-      for key, exe in zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())):
-        self._executables[key] = exe
+      for key, exe in zip(todo, pool.map(compile_one, todo)):
+        if key == "init":
+          self._init_compiled = exe
+        else:
+          self._executables[key] = exe
 
   def _counted(self, name: str, fn):
     """`fn`, counting its traces in `self.traces[name]`: jit traces (and compiles) once per new
@@ -400,6 +419,48 @@ class Trainer:
 
     return [a.shape != b.shape for a, b in zip(out(2), out(3))]
 
+  def _predict_plan(self, arrays: dict[str, np.ndarray], batch_size: int):
+    """(rows sorted by padded length, [(rows, length) of every batch]) of unpacked `predict`;
+    wrap-around pads the last batch."""
+    n = len(arrays["input_ids"])
+    padded_N = padded_lengths(
+        arrays["attention_mask"],
+        self.length_bucket,
+        MIN_BATCHES_PER_LENGTH * batch_size,
+        self.max_lengths,
+        compile_tokens(batch_size),
+    )
+    order = np.argsort(padded_N, kind="stable")
+    plan = []
+    for start in range(0, n, batch_size):
+      idx = order[np.arange(start, start + batch_size) % n]
+      plan.append((idx, int(padded_N[idx].max())))
+    return order, plan
+
+  def _packed_predict_rows(self, arrays: dict[str, np.ndarray], batch_size: int):
+    """(example lengths, packed rows, batch builder) of packed `predict`."""
+    lengths_N = batching.example_lengths(arrays["attention_mask"])
+    rows = batching.pack_examples(lengths_N, arrays["input_ids"].shape[1], self.packing)
+    inputs = {k: arrays[k] for k in batching.PACKED_INPUTS}  # no labels to the step
+    build = functools.partial(
+        batching.packed_batch, inputs, lengths_N, max_per_row=self.packing, n_rows=batch_size
+    )
+    return lengths_N, rows, build
+
+  def predict_jobs(self, params, arrays: dict[str, np.ndarray], batch_size: int) -> list:
+    """The `compile_ahead` jobs of `predict(params, arrays, batch_size)`: one a batch shape.
+    `fit` compiles them beside the train step, so the first evaluation compiles nothing."""
+    if not len(arrays["input_ids"]):
+      return []
+    if self.packing:
+      _, rows, build = self._packed_predict_rows(arrays, batch_size)
+      return [("predict", params, build(rows=rows[:1])[0])]
+    one_per_length = {length: idx for idx, length in self._predict_plan(arrays, batch_size)[1]}
+    return [
+        ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
+        for length, idx in one_per_length.items()
+    ]
+
   def predict(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress=False):
     """The model's outputs for every row of `arrays` as numpy, [N, ...] per leaf, in the rows'
     order. Rows are batched by padded length (`padded_lengths`); a length axis is padded back
@@ -415,26 +476,9 @@ class Trainer:
       }
       out_abs = jax.eval_shape(self._predict_fn, params, batch)
       return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
-    padded_N = padded_lengths(
-        arrays["attention_mask"],
-        self.length_bucket,
-        MIN_BATCHES_PER_LENGTH * batch_size,
-        self.max_lengths,
-        compile_tokens(batch_size),
-    )
-    order = np.argsort(padded_N, kind="stable")
+    order, plan = self._predict_plan(arrays, batch_size)
     seq = self._sequence_leaves(params, arrays)
-    plan = []  # (rows, length) of every batch; wrap-around pads the last
-    for start in range(0, n, batch_size):
-      idx = order[np.arange(start, start + batch_size) % n]
-      plan.append((idx, int(padded_N[idx].max())))
-    one_per_length = {length: idx for idx, length in plan}  # the shapes to compile
-    self.compile_ahead(
-        [
-            ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
-            for length, idx in one_per_length.items()
-        ]
-    )
+    self.compile_ahead(self.predict_jobs(params, arrays, batch_size))
 
     out, treedef = [], None
     bar = progress_bar(len(plan), f"{self.name} predict", progress)
@@ -455,12 +499,7 @@ class Trainer:
     """`predict` on packed rows: examples first-fit-decreasing into `batch_size`-row batches of
     the arrays' length (one compiled shape); each slot's outputs (or, for outputs with a
     length axis, its own tokens' outputs) put back at its example."""
-    lengths_N = batching.example_lengths(arrays["attention_mask"])
-    rows = batching.pack_examples(lengths_N, arrays["input_ids"].shape[1], self.packing)
-    inputs = {k: arrays[k] for k in batching.PACKED_INPUTS}  # no labels to the step
-    build = functools.partial(
-        batching.packed_batch, inputs, lengths_N, max_per_row=self.packing, n_rows=batch_size
-    )
+    lengths_N, rows, build = self._packed_predict_rows(arrays, batch_size)
     self.compile_ahead([("predict", params, build(rows=rows[:1])[0])])
     seq = self._sequence_leaves(params, arrays)
     slots = collections.deque()  # each built batch's (example_RxE, cls_RxE), in order
@@ -533,20 +572,33 @@ def fit(
     eval_untrained: bool = False,
     progress: bool = True,
     run_name: str = "",
+    predicts: tuple[dict[str, np.ndarray], ...] = (),
 ) -> FitResult:
   """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
   epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
+  The predict steps of `predicts` (the arrays `evaluate` predicts on, at
+  `recipe.eval_batch_size`) are compiled with the train steps, side by side.
   Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) or packed
   (`trainer.packing`: `batching.packed_epoch`) and prefetched; the
   loss is read one step late (progress bar) or once an epoch, so the host never syncs a step.
   `run_name` (a GLUE task) goes into the progress bars and log lines."""
   fs.path(workdir).mkdir(parents=True, exist_ok=True)
-  state = trainer.init_state(recipe.seed, recipe.learning_rate)
   what = f"{run_name} " if run_name else ""
   epoch_plan, steps, shapes = _epoch_plan(
       trainer, train, recipe, f"{trainer.name}: {what}", progress
   )
-  trainer.compile_ahead([("train", state, batch) for batch in shapes])
+  # every step the run will use and the state's init, compiled side by side from their shapes
+  abstract = trainer.built.abstract
+  trainer.compile_ahead(
+      [("train", abstract, batch) for batch in shapes]
+      + [
+          job
+          for arrays in predicts
+          for job in trainer.predict_jobs(abstract.params, arrays, recipe.eval_batch_size)
+      ],
+      init=True,
+  )
+  state = trainer.init_state(recipe.seed, recipe.learning_rate)
   rng = np.random.default_rng(recipe.seed)
   history, best, best_epoch, best_params = [], None, 0, None
   # Written as it goes and flushed after each epoch (an object store uploads it whole on flush).

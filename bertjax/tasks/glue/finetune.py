@@ -128,6 +128,7 @@ def train_and_evaluate(
       workdir,
       progress=progress,
       run_name=task.name,
+      predicts=tuple(arrays(data[split.name]) for split in task.dev),
   )
   if save_checkpoint:
     finetuning.save_params(

@@ -100,7 +100,15 @@ def train_and_evaluate(
   )
   evaluate = lambda params: metrics.score(splits["dev"].tags, predict(params, "dev"))
   result = finetuning.fit(
-      trainer, feats["train"].arrays, recipe, evaluate, "f1", workdir, eval_untrained, progress
+      trainer,
+      feats["train"].arrays,
+      recipe,
+      evaluate,
+      "f1",
+      workdir,
+      eval_untrained,
+      progress,
+      predicts=(feats["dev"].arrays,),
   )
   out = dict(best_epoch=result.best_epoch, dev=result.best, labels=labels, history=result.history)
   untrained = [h for h in result.history if h["epoch"] == 0]

@@ -161,7 +161,15 @@ def train_and_evaluate(
     return predict_and_score(trainer, params, tok, dev, dev_feats, recipe, opts)[0]
 
   result = finetuning.fit(
-      trainer, train_feats.arrays, recipe, evaluate, "f1", workdir, opts.eval_untrained, progress
+      trainer,
+      train_feats.arrays,
+      recipe,
+      evaluate,
+      "f1",
+      workdir,
+      opts.eval_untrained,
+      progress,
+      predicts=(dev_feats.arrays,),
   )
   scores, dec = predict_and_score(trainer, result.best_params, tok, dev, dev_feats, recipe, opts)
   if jax.process_index() == 0:
