@@ -140,9 +140,11 @@ def map_blocks(build: Callable[[int], dict], first: int, workers: int) -> Iterat
   flag = flags.FLAGS["grain_enable_multiprocess_worker_profiling"]
   flag.present = flag.present or not flags.FLAGS.is_parsed()
 
-  # Each worker builds its blocks one at a time: Grain's default read options would run 16
-  # builds at once in threads of every worker (a 500-block buffer), which fights the other
-  # workers and the training step for the cores, and makes closing wait for those builds.
+  # Each worker builds its blocks one at a time. Grain's default read options run 16 builds
+  # at once on threads of every worker, buffering up to 500 blocks: a builder keeps its open
+  # reader from one block to the next (`BlockBuilder.documents`), so concurrent builds race
+  # on it ("generator already executing" with 2 threads), and the threads fight the other
+  # workers and the training step for the cores and make closing wait for their builds.
   sequential = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   ds = grain.MapDataset.range(first, _ENDLESS).map(build).to_iter_dataset(sequential)
   options = grain.MultiprocessingOptions(
