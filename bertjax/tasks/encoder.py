@@ -90,8 +90,8 @@ def _random_encoder(preset: str, tokenizer: str | None, lower_case, n) -> Encode
     )
   if not (fs.path(preset).exists() and checkpoint_kind(preset) is not None):
     raise errors.ConfigError(
-        f"{n['preset']} {preset!r} is neither a model preset ({', '.join(model_lib.PRESETS)}) "
-        f"nor a checkpoint whose architecture to take ({KINDS})"
+        f"{n['preset']} {preset!r} is neither a model preset nor a checkpoint — valid: "
+        f"{', '.join(model_lib.PRESETS)}, or a checkpoint whose architecture to take ({KINDS})"
     )
   cfg, _, tok_path, _ = read_encoder(preset)
   tok_path = tokenizer or tok_path
