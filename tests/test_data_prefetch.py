@@ -49,3 +49,40 @@ def test_an_error_in_the_stream_reaches_the_consumer():
   with pytest.raises(RuntimeError, match="the reader broke"):
     next(prefetched)
   prefetched.close()
+
+
+class _OneAtATime:
+  """A block builder that fails when called while a call is running in its process: the
+  stream's BlockBuilder keeps its open reader between calls and must not be entered twice."""
+
+  def __init__(self):
+    self.busy = False
+
+  def __call__(self, i: int) -> dict:
+    import time
+
+    if self.busy:
+      raise RuntimeError(f"block {i} built while another build ran in this worker")
+    self.busy = True
+    try:
+      time.sleep(0.02)  # long enough for a second thread to come in
+      return {"block": np.full((2,), i)}
+    finally:
+      self.busy = False
+
+
+def test_each_worker_builds_one_block_at_a_time_and_closes_promptly():
+  """On Grain workers, a worker never runs two builds at once (its default read options ran
+  16 on threads, and the real builder raced on its reader), blocks come back in order, and
+  closing does not wait for builds queued ahead."""
+  import time
+
+  blocks = prefetch.map_blocks(_OneAtATime(), 5, workers=2)
+  try:
+    got = [int(next(blocks)["block"][0]) for _ in range(12)]
+  finally:
+    start = time.perf_counter()
+    prefetch.close(blocks)
+    closing = time.perf_counter() - start
+  assert got == list(range(5, 17))
+  assert closing < 20  # Grain kills a worker that has not stopped after 25 s
