@@ -93,20 +93,26 @@ def _random_encoder(preset: str, tokenizer: str | None, lower_case, n) -> Encode
         f"{n['preset']} {preset!r} is neither a model preset nor a checkpoint — valid: "
         f"{', '.join(model_lib.PRESETS)}, or a checkpoint whose architecture to take ({KINDS})"
     )
-  cfg, _, tok_path, _ = read_encoder(preset)
-  tok_path = tokenizer or tok_path
+  cfg, _, recorded, _ = read_encoder(preset)
+  tok = _checkpoint_tokenizer(cfg, tokenizer or recorded, f"{n['preset']} {preset}", n, lower_case)
+  return Encoder(cfg, None, tok, f"random:{preset}")
+
+
+def _checkpoint_tokenizer(cfg, tok_path: str | None, what: str, n, lower_case) -> Tokenizer:
+  """The tokenizer at `tok_path` (given, or recorded with the checkpoint `what` names), which
+  must fit the model's vocabulary."""
   if not tok_path:
     raise errors.ConfigError(
-        f"{n['preset']} {preset}: no tokenizer recorded with it or found beside it — pass "
-        f"{n['tokenizer']} PATH ({tok_kinds})"
+        f"{what}: no tokenizer recorded with it or found beside it — pass "
+        f"{n['tokenizer']} PATH ({TOKENIZER_KINDS})"
     )
   tok = load_tokenizer(tok_path, lower_case)
   if tok.vocab_size > cfg.vocab_size:
     raise errors.ConfigError(
-        f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but {preset}'s vocab_size is "
+        f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but the model's vocab_size is "
         f"{cfg.vocab_size} — pass the tokenizer it was pretrained with"
     )
-  return Encoder(cfg, None, tok, f"random:{preset}")
+  return tok
 
 
 def read_encoder(path: fs.PathLike) -> tuple[model_lib.BertConfig, Any, str | None, str]:
@@ -182,17 +188,6 @@ def load_encoder(
     )
   if checkpoint_kind(init) is None:
     raise errors.BadInputError(f"{n['init']} {init}: not a checkpoint — expected {KINDS}")
-  cfg, bert_params, tok_path, kind = read_encoder(init)
-  tok_path = tokenizer or tok_path
-  if not tok_path:
-    raise errors.ConfigError(
-        f"{n['init']} {init}: no tokenizer recorded with it or found beside it — pass "
-        f"{n['tokenizer']} PATH ({tok_kinds})"
-    )
-  tok = load_tokenizer(tok_path, lower_case)
-  if tok.vocab_size > cfg.vocab_size:
-    raise errors.ConfigError(
-        f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but the model's vocab_size is "
-        f"{cfg.vocab_size} — pass the tokenizer it was pretrained with"
-    )
+  cfg, bert_params, recorded, kind = read_encoder(init)
+  tok = _checkpoint_tokenizer(cfg, tokenizer or recorded, f"{n['init']} {init}", n, lower_case)
   return Encoder(cfg, bert_params, tok, f"{kind}:{init}")
