@@ -158,6 +158,15 @@ def _init_options() -> dict | None:
   return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
 
 
+def _length_jobs(params, arrays: dict[str, np.ndarray], plan) -> list:
+  """The predict `compile_ahead` jobs of an unpacked `Trainer._predict_plan`: one a length."""
+  one_per_length = {length: idx for idx, length in plan}
+  return [
+      ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
+      for length, idx in one_per_length.items()
+  ]
+
+
 def _shapes(kind: str, batch: dict) -> tuple:
   """The key of a compiled step: its kind and the batch's shapes and dtypes."""
   return (kind,) + tuple((k, np.shape(v), str(v.dtype)) for k, v in sorted(batch.items()))
@@ -455,11 +464,7 @@ class Trainer:
     if self.packing:
       _, rows, build = self._packed_predict_rows(arrays, batch_size)
       return [("predict", params, build(rows=rows[:1])[0])]
-    one_per_length = {length: idx for idx, length in self._predict_plan(arrays, batch_size)[1]}
-    return [
-        ("predict", params, take(arrays, idx, length, MODEL_INPUTS))
-        for length, idx in one_per_length.items()
-    ]
+    return _length_jobs(params, arrays, self._predict_plan(arrays, batch_size)[1])
 
   def predict(self, params, arrays: dict[str, np.ndarray], batch_size: int, progress=False):
     """The model's outputs for every row of `arrays` as numpy, [N, ...] per leaf, in the rows'
@@ -478,7 +483,7 @@ class Trainer:
       return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), out_abs)
     order, plan = self._predict_plan(arrays, batch_size)
     seq = self._sequence_leaves(params, arrays)
-    self.compile_ahead(self.predict_jobs(params, arrays, batch_size))
+    self.compile_ahead(_length_jobs(params, arrays, plan))
 
     out, treedef = [], None
     bar = progress_bar(len(plan), f"{self.name} predict", progress)
@@ -500,7 +505,7 @@ class Trainer:
     the arrays' length (one compiled shape); each slot's outputs (or, for outputs with a
     length axis, its own tokens' outputs) put back at its example."""
     lengths_N, rows, build = self._packed_predict_rows(arrays, batch_size)
-    self.compile_ahead([("predict", params, build(rows=rows[:1])[0])])
+    self.compile_ahead([("predict", params, build(rows=rows[:1])[0])])  # as predict_jobs gives
     seq = self._sequence_leaves(params, arrays)
     slots = collections.deque()  # each built batch's (example_RxE, cls_RxE), in order
 
