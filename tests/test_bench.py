@@ -481,8 +481,20 @@ def test_transformers_padding_free_bert_is_checked_not_assumed():
   r = bench_peers.run_torch_flat_finetune(spec)
   assert r["name"] == "hf-torch-flat" and r["status"] == "unavailable", r
   check = r["flattening_check"]
-  assert check["padded"] < bench_peers.FLAT_TOLERANCE  # the control: padding keeps them apart
-  # docs/performance.md: BERT's eager and sdpa attention let flattened examples see each other
-  assert check["diff"]["eager"] > 10 * bench_peers.FLAT_TOLERANCE
-  assert check["diff"]["sdpa"] > 10 * bench_peers.FLAT_TOLERANCE
-  assert "eager" in r["reason"] and "padded batch" in r["reason"]
+  tol = bench_peers.FLAT_TOLERANCE
+  # the two controls bound what the check can see, on any transformers version: padding keeps
+  # the examples apart, and the row without position_ids (one sequence) lets them mix
+  assert check["padded"] < tol
+  assert check["joined"] > 10 * tol
+  assert check["diff"]["eager"] is not None and check["diff"]["sdpa"] is not None  # run on CPU
+  # what was measured is what the peer reports, whichever way this version goes
+  apart = [i for i, d in check["diff"].items() if d is not None and d <= tol]
+  for impl, d in check["diff"].items():
+    assert (d is None) == (impl in check["reason"]), (impl, check)
+    assert (f"{impl} {d:.1e}" if d is not None else f"{impl} not available") in r["reason"]
+  if apart:
+    assert f"{', '.join(apart)} keeps them apart" in r["reason"]
+    assert "pools one [CLS] per flattened row" in r["reason"]
+  else:
+    assert "no attention here keeps the examples apart" in r["reason"]
+  assert "padded batch" in r["reason"] and "without position_ids" in r["reason"]

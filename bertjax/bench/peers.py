@@ -305,9 +305,12 @@ def torch_flattening_check(spec: dict) -> dict:
   Two examples are flattened as `DataCollatorWithFlattening` does (one row, position_ids
   restarting at each example) and run through `BertModel` with each attention implementation;
   the result is the largest |difference| of each example's hidden states from those of the
-  example run alone (None with the reason where the implementation cannot be built). The
-  same two examples in an ordinary padded batch give the `padded` control. The padding-free
-  peer is only worth running where some implementation stays within `FLAT_TOLERANCE`.
+  example run alone (None with the reason where the implementation cannot be built). Two
+  controls: the same two examples in an ordinary padded batch (`padded`, must agree) and the
+  flattened row without its position_ids (`joined`, one sequence: must differ). The
+  padding-free peer is only worth running where some implementation stays within
+  `FLAT_TOLERANCE`; which ones do depends on the installed transformers (5.24.0: none on CPU;
+  5.25.0: eager, sdpa and flex_attention), so it is measured in every run, never assumed.
   """
   import torch
   import transformers
@@ -340,6 +343,10 @@ def torch_flattening_check(spec: dict) -> dict:
           out["padded"] = max(
               float((both[i, : len(x)] - alone[i]).abs().max()) for i, x in enumerate(ids)
           )
+          # the other control: the same row without position_ids is one sequence, so the
+          # examples must see each other; a check that missed this could not detect a crossing
+          joined = model(input_ids=flat["input_ids"]).last_hidden_state[0]
+          out["joined"] = float((joined - torch.cat(alone)).abs().max())
     except Exception as e:  # not installed / not on this device: said, not fatal
       out["diff"][impl] = None
       out["reason"][impl] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
@@ -350,10 +357,10 @@ def run_torch_flat_finetune(spec: dict) -> dict:
   """The padding-free Hugging Face peer, where the installed transformers keeps flattened BERT
   examples apart; otherwise "unavailable" with the measured differences (`torch_flattening_check`).
 
-  No BERT attention implementation that runs here passes the check (transformers 5.x builds
-  BERT's bidirectional mask without position_ids; only flash_attention_2, CUDA, reads them),
-  and `BertForSequenceClassification` pools the row's first token, one prediction per
-  flattened row, so there is no padding-free fine-tuning of BERT to time on this machine."""
+  Whether any attention implementation keeps them apart depends on the transformers version
+  (measured each run); even where one does, `BertForSequenceClassification` pools the row's
+  first token, one prediction per flattened row, so transformers has no padding-free
+  fine-tuning of BERT classifiers to time, and the reason says which case was measured."""
   name = "hf-torch-flat"
   try:
     import torch  # noqa: F401
@@ -375,7 +382,8 @@ def run_torch_flat_finetune(spec: dict) -> dict:
       "reason": (
           f"transformers {check['transformers']}: DataCollatorWithFlattening rows of BERT "
           f"differ from each example alone by max |diff| {said} (padded batch "
-          f"{check.get('padded', float('nan')):.1e}; tolerance {FLAT_TOLERANCE:g})"
+          f"{check.get('padded', float('nan')):.1e}, without position_ids "
+          f"{check.get('joined', float('nan')):.1e}; tolerance {FLAT_TOLERANCE:g})"
           + (
               f"; {', '.join(passing)} keeps them apart but BertForSequenceClassification "
               "pools one [CLS] per flattened row"
