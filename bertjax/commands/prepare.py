@@ -1,7 +1,11 @@
-"""`bertjax prepare`: tokenize raw text or a TFDS corpus into TFRecord shards of documents.
+"""`bertjax prepare`: tokenize raw text, records or a TFDS corpus into TFRecord shards of documents.
 
     bertjax prepare --input data/austen.txt --tokenizer data/tokenizer.model \
         --output runs/data --num-shards 8 --eval-fraction 0.02 --eval-shards 2
+    bertjax prepare --input 'c4/en/c4-train.*.json.gz' --text-field text \
+        --tokenizer c4.model --output runs/c4     # JSON lines: one document per record
+    bertjax prepare --input 'fineweb/data/*.parquet' --tokenizer fw.model --output runs/fw
+    bertjax prepare --input saved_dataset/ --format arrow --tokenizer t.model --output runs/hf
     bertjax prepare --tfds wikipedia/20230601.en:train --tfds-data-dir ~/tensorflow_datasets \
         --tokenizer wiki.model --output gs://.../wiki --num-shards 256 \
         --worker-index $K --num-workers 8      # on each of 8 machines
@@ -17,7 +21,7 @@ import json
 from bertjax import errors
 from bertjax.commands import args as args_lib
 from bertjax.commands.args import ArgumentParser, nonneg_int, open_fraction, positive_int
-from bertjax.data import prepare as prepare_lib
+from bertjax.data import formats, prepare as prepare_lib
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,9 +32,24 @@ def _parser() -> argparse.ArgumentParser:
       "--input",
       nargs="+",
       metavar="FILE_OR_GLOB",
-      help="text: one sentence per line, a blank line between documents",
+      help="text (one sentence per line, a blank line between documents), JSON lines, Parquet "
+      "or Arrow files (one document per record), or a `datasets` save_to_disk directory",
   )
   src.add_argument("--tfds", metavar="NAME[:SPLIT]", help="a TFDS text dataset")
+  p.add_argument(
+      "--format",
+      choices=formats.FORMATS,
+      default=d.input_format,
+      help="format of the --input files; auto: by extension (.jsonl/.json[.gz|.zst|.bz2|.xz], "
+      ".parquet, .arrow; anything else is text)",
+  )
+  p.add_argument(
+      "--text-field",
+      default=d.text_field,
+      metavar="FIELD",
+      help="the record field (JSON key, Parquet/Arrow column) holding the text; a dotted path "
+      "such as meta.body reaches a nested one",
+  )
   p.add_argument("--tfds-data-dir", help="TFDS data_dir holding the prepared dataset")
   p.add_argument("--tfds-text-key", default=d.tfds_text_key)
   p.add_argument(
@@ -94,10 +113,17 @@ def main(argv: list[str]) -> int:
     )
   if args.tfds_data_dir and not args.tfds:
     raise errors.UsageError("--tfds-data-dir goes with --tfds NAME; drop it for --input files")
+  if args.tfds and (args.format != "auto" or args.text_field != "text"):
+    raise errors.UsageError(
+        "--format and --text-field go with --input files; a TFDS dataset names its text "
+        "feature with --tfds-text-key"
+    )
   cfg = prepare_lib.PrepareConfig(
       output=args.output,
       tokenizer=args.tokenizer,
       inputs=tuple(args.input or ()),
+      input_format=args.format,
+      text_field=args.text_field,
       tfds=args.tfds,
       tfds_data_dir=args.tfds_data_dir,
       tfds_text_key=args.tfds_text_key,
@@ -116,7 +142,8 @@ def main(argv: list[str]) -> int:
   try:
     meta = prepare_lib.prepare(cfg)
   except errors.UserError as e:  # reworded, and left for the command line to report
-    raise args_lib.reword(e, args_lib.flag_names(parser, "PrepareConfig", {"input": "inputs"}))
+    renames = {"input": "inputs", "format": "input_format"}
+    raise args_lib.reword(e, args_lib.flag_names(parser, "PrepareConfig", renames))
   summary = {
       k: meta[k]
       for k in ("documents", "sentences", "tokens", "skipped", "repaired", "warnings", "seconds")

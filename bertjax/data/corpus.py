@@ -1,15 +1,17 @@
 """Reading a raw corpus: input files and globs, compressed or not, cut into chunks of documents.
 
 `expand_inputs` turns the user's files and globs into files, with one-line errors for a
-pattern that matches nothing, a directory or an unreadable file. `open_input` decompresses
-gzip, bzip2 and xz by content, whatever the name; `is_binary` tells text from other bytes.
+pattern that matches nothing, a directory or an unreadable file (a `datasets` save_to_disk
+directory gives its Arrow files). `open_input` decompresses gzip, bzip2, xz and zstandard by
+content, whatever the name; `is_binary` tells text from other bytes.
 Every file is read through `bertjax.runtime.fs` (etils.epath): local paths with Python's own
 file calls, `gs://` and other object stores through TensorFlow's file systems.
 `file_chunks` cuts a file into pieces of about `chunk_bytes` at document boundaries (a blank
 line), so a worker process can clean and tokenize each on its own; a document over `max_doc`
 bytes, even a single line, is cut into several, so no line is ever held whole. `Tasks` is
 `prepare`'s sequence of such chunks for one worker, from files or from a TFDS dataset; its
-constructor checks the whole input before anything is written.
+constructor checks the whole input before anything is written. Files of records (JSON lines,
+Parquet, Arrow: formats.py) become tasks of one text per record, as TFDS records do.
 """
 
 from __future__ import annotations
@@ -19,19 +21,21 @@ import contextlib
 import dataclasses
 import glob
 import gzip
+import io
+import itertools
 import lzma
 import os
 from typing import IO, TYPE_CHECKING, Iterator, Sequence
 
 from bertjax import errors
-from bertjax.data import text
+from bertjax.data import formats, text
 from bertjax.runtime import fs
 
 if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
   from bertjax.data.prepare import PrepareConfig
 
 # Magic numbers of the compressed formats `open_input` reads (bzip2: "BZh", level, block magic).
-_GZIP, _BZIP2, _XZ = b"\x1f\x8b\x08", b"1AY&SY", b"\xfd7zXZ\x00"
+_GZIP, _BZIP2, _XZ, _ZSTD = b"\x1f\x8b\x08", b"1AY&SY", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
 
 
 def _glob(pattern: str) -> list[str]:
@@ -55,9 +59,12 @@ def expand_inputs(patterns: Sequence[str]) -> list[str]:
   for pattern in patterns:
     magic = glob.has_magic(pattern)  # a test of the string only
     matched = sorted(_glob(pattern)) if magic else [pattern]
+    saved = None if magic else formats.saved_dataset_files(pattern)
+    if saved is not None:  # a `datasets` save_to_disk directory: its Arrow files
+      matched = saved
     found = [m for m in matched if fs.path(m).is_file()]
     if not found:
-      if not magic and fs.path(pattern).is_dir():
+      if not magic and saved is None and fs.path(pattern).is_dir():
         raise errors.InputNotFoundError(
             f"{pattern}: is a directory — name its files, e.g. '{pattern.rstrip('/')}/*.txt'"
         )
@@ -80,7 +87,7 @@ def file_size(path: str | os.PathLike) -> int:
 
 
 def compression(path: str) -> str | None:
-  """ "gzip", "bzip2" or "xz" when the file's content is compressed so, else None."""
+  """ "gzip", "bzip2", "xz" or "zstd" when the file's content is compressed so, else None."""
   with fs.path(path).open("rb") as f:
     head = f.read(10)
   if head.startswith(_GZIP):
@@ -89,6 +96,8 @@ def compression(path: str) -> str | None:
     return "bzip2"
   if head.startswith(_XZ):
     return "xz"
+  if head.startswith(_ZSTD):
+    return "zstd"
   return None
 
 
@@ -97,12 +106,14 @@ _DECOMPRESSORS = {
     "gzip": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
     "bzip2": bz2.BZ2File,
     "xz": lzma.LZMAFile,
+    "zstd": lambda f: io.BufferedReader(formats.ZstdReader(f), 1 << 20),
 }
 
 
 @contextlib.contextmanager
 def open_input(path: str) -> Iterator[IO[bytes]]:
-  """An input file, decompressed when its content is gzip, bzip2 or xz, whatever its name."""
+  """An input file, decompressed when its content is gzip, bzip2, xz or zstandard, whatever
+  its name."""
   kind = compression(path)
   with fs.path(path).open("rb") as raw:
     if kind is None:
@@ -112,16 +123,43 @@ def open_input(path: str) -> Iterator[IO[bytes]]:
       yield f
 
 
+def _unreadable(where: str, e: BaseException) -> errors.BadInputError:
+  return errors.BadInputError(
+      f"{where}: unreadable input ({e}) — if it is compressed, check it with gzip -t, "
+      "bzip2 -t, xz -t or zstd -t"
+  )
+
+
+def _decompression_errors() -> tuple[type[BaseException], ...]:
+  try:
+    import zstandard
+  except ImportError:  # then no .zst file was opened
+    return (OSError, EOFError, lzma.LZMAError)
+  return (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError)
+
+
 def read(f, n: int, path: str, line: int = 0) -> bytes:
   """`f.read(n)`, with a corrupt or truncated compressed file as a one-line error."""
   try:
     return f.read(n)
-  except (OSError, EOFError, lzma.LZMAError) as e:
-    where = f"{path}:{line + 1}" if line else path
-    raise errors.BadInputError(
-        f"{where}: unreadable input ({e}) — if it is compressed, check it with gzip -t, "
-        "bzip2 -t or xz -t"
-    ) from None
+  except _decompression_errors() as e:
+    raise _unreadable(f"{path}:{line + 1}" if line else path, e) from None
+
+
+def read_lines(path: str) -> Iterator[bytes]:
+  """The lines of a file, decompressed; a corrupt or truncated compressed file is a one-line
+  error naming the record (line) it ends in."""
+  with open_input(path) as f:
+    number = 0
+    while True:
+      try:
+        line = f.readline()
+      except _decompression_errors() as e:
+        raise _unreadable(f"{path}:record {number + 1}", e) from None
+      if not line:
+        return
+      number += 1
+      yield line
 
 
 def is_binary(path: str) -> bool:
@@ -205,27 +243,39 @@ class Tasks:
   """The tasks of one worker, from files or a TFDS dataset.
 
   The constructor checks the whole input before anything is written: every pattern matches a
-  readable file and some file is neither empty nor binary (those are skipped and counted), or
-  the TFDS dataset is prepared and has the text feature.
+  readable file and some file is neither empty nor binary (those are skipped and counted), every
+  file of records is of its format and has the text field, or the TFDS dataset is prepared and
+  has the text feature. Records skipped while reading (formats.py) are appended to `problems`
+  as (file, record, reason, count), for `prepare` to count.
   """
 
   def __init__(self, cfg: "PrepareConfig"):
     self.cfg = cfg
     self.total_bytes = 0
     self.files: list[str] = []
+    self.formats: dict[str, str] = {}  # file -> "text" | "jsonl" | "parquet" | "arrow"
     self.empty_files: list[str] = []
     self.binary_files: list[str] = []
+    self.problems: list[tuple[str, int, str, int]] = []
     self._tfds = None
     if cfg.tfds:
       self._tfds = _open_tfds(cfg)
       return
     self.files = expand_inputs(cfg.inputs)
+    self.formats = {path: formats.detect(path, cfg.input_format) for path in self.files}
     sizes = {path: file_size(path) for path in self.files}
     for path in self.files:
+      fmt = self.formats[path]
       if sizes[path] == 0:
         self.empty_files.append(path)
-      elif is_binary(path):
+      elif fmt == "text" and is_binary(path):
         self.binary_files.append(path)
+      elif fmt == "jsonl":
+        with contextlib.closing(read_lines(path)) as lines:
+          formats.check_json_lines(path, lines, cfg.text_field)
+      elif fmt != "text":
+        formats.check_columnar(path, fmt, cfg.text_field)
+        sizes[path] = formats.text_bytes(path, fmt, cfg.text_field, sizes[path])
     self.total_bytes = sum(sizes[f] for f in self.files)
     if len(self.empty_files) + len(self.binary_files) == len(self.files):
       raise no_documents(
@@ -233,25 +283,48 @@ class Tasks:
           + [(p, text.BINARY_FILE) for p in self.binary_files]
       )
 
+  @property
+  def record_files(self) -> set[str]:
+    """The files of records, whose problems are reported as `file:record N`."""
+    return {path for path, fmt in self.formats.items() if fmt != "text"}
+
   def __iter__(self) -> Iterator[Task]:
     return self._tfds_tasks() if self.cfg.tfds else self._file_tasks()
 
   def _file_tasks(self) -> Iterator[Task]:
-    cfg, index = self.cfg, 0
+    cfg, units = self.cfg, itertools.count()
+    # Chunks (of records: row groups, record batches) go round-robin to the workers, so even
+    # one big file is shared.
+    mine = lambda: next(units) % cfg.num_workers == cfg.worker_index
     skip = set(self.empty_files) | set(self.binary_files)
     for path in self.files:
       if path in skip:
+        continue
+      if self.formats[path] != "text":
+        yield from self._record_tasks(path, mine)
         continue
       # A line of max_line_chars characters (<= 4 bytes each) is never cut, and the part
       # of a cut line before the cut is longer than that, so the line is counted.
       max_doc = max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
       for first_line, data, continued in file_chunks(path, cfg.chunk_bytes, max_doc):
-        # Chunks go round-robin to the workers, so even one big file is shared.
-        if index % cfg.num_workers == cfg.worker_index:
+        if mine():
           yield Task(
               path, first_line, data, first_chunk=not (first_line or continued), continued=continued
           )
-        index += 1
+
+  def _record_tasks(self, path: str, mine) -> Iterator[Task]:
+    """Tasks of one text per record (b"" where one is skipped, so the worker numbers the
+    records it reports right), as TFDS records are."""
+    cfg, fmt = self.cfg, self.formats[path]
+    problem = lambda record, reason, count: self.problems.append((path, record, reason, count))
+    if fmt == "jsonl":
+      chunks = formats.json_chunks(read_lines(path), cfg.text_field, cfg.chunk_bytes, mine, problem)
+    else:
+      chunks = formats.columnar_chunks(path, fmt, cfg.text_field, cfg.chunk_bytes, mine, problem)
+    for first, texts in chunks:
+      # Even a chunk of skipped records goes out (cheaply): its result is when `prepare`
+      # counts the problems, which so never pile up here.
+      yield Task(path, first, texts)
 
   def _tfds_tasks(self) -> Iterator[Task]:
     ds, source = self._tfds
@@ -299,11 +372,14 @@ def _open_tfds(cfg: "PrepareConfig"):
   return ds, f"tfds {name}:{part}"
 
 
-def no_documents(reasons: list[tuple[str, str]]) -> errors.BadInputError:
-  """The error for an input without a single document: each source and why (3 named)."""
+def no_documents(reasons: list[tuple[str, str]], records: bool = False) -> errors.BadInputError:
+  """The error for an input without a single document: each source and why (3 named).
+  `records`: the input is of records (JSON lines, Parquet, Arrow), whose fix differs."""
   shown = "; ".join(f"{source}: {reason}" for source, reason in reasons[:3])
   more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
-  return errors.BadInputError(
-      f"no document in the input ({shown}{more}) — give text with one sentence per line and "
-      "a blank line between documents"
+  fix = (
+      "check that PrepareConfig.text_field names the field holding the text"
+      if records
+      else "give text with one sentence per line and a blank line between documents"
   )
+  return errors.BadInputError(f"no document in the input ({shown}{more}) — {fix}")

@@ -1,4 +1,4 @@
-"""`bertjax prepare`: raw text or a TFDS corpus -> TFRecord shards of tokenized documents.
+"""`bertjax prepare`: raw text, records or a TFDS corpus -> TFRecord shards of tokenized documents.
 
 Streaming: the parent process reads each input in chunks of ~4 MB cut at document boundaries
 (corpus.py: a document over 1 MB, even one line, is cut into several, so no line is ever held
@@ -20,6 +20,10 @@ worker's old metadata; its new metadata is written last. An interrupted run leav
 it was (a directory it created is removed again); finished data there is replaced only with
 `overwrite`. Inputs compressed with gzip, bzip2 or xz (recognised by content) are decompressed;
 an empty file or one that is mostly not UTF-8 text is skipped and counted.
+
+Records: JSON lines (`.jsonl`, `.json`, plain or compressed, zstandard too), Parquet and Arrow
+(`datasets` save_to_disk) files hold one document per record, its text in the field
+`text_field` (formats.py); a record without text is skipped and counted by file and record.
 
 Paths: inputs, tokenizer and output may be local or on an object store (`gs://...`); all go
 through `bertjax.runtime.fs` (etils.epath). A remote output is shuffled and written in a local
@@ -43,8 +47,8 @@ from etils import epath
 from tqdm import tqdm
 
 from bertjax import errors
-from bertjax.data import corpus, encode, records, shuffle, text, wordpiece
-from bertjax.runtime import fs, workdir_lock
+from bertjax.data import corpus, encode, formats, problems, records, shuffle, wordpiece
+from bertjax.runtime import fs, outputs, workdir_lock
 
 # 2% of the documents: on the bundled corpus (273 chapters) ~5 chapters, ~18k tokens; on a
 # Wikipedia-sized corpus far more than an evaluation reads, at 2% of the training text.
@@ -55,7 +59,11 @@ DEFAULT_EVAL_FRACTION = 0.02
 class PrepareConfig:
   output: str  # output directory (created)
   tokenizer: str  # SentencePiece PREFIX.model (`bertjax tokenizer train`) or WordPiece vocab.txt
-  inputs: tuple[str, ...] = ()  # text files or globs, google-research/bert format
+  inputs: tuple[str, ...] = ()  # files or globs: text (google-research/bert format) or records
+  # Format of the inputs: "auto" (by extension: .jsonl/.json[.gz|.zst|...] JSON lines, .parquet,
+  # .arrow; else text), "text", "jsonl", "parquet" or "arrow".
+  input_format: str = "auto"
+  text_field: str = "text"  # the record field holding a document; `a.b` reaches nested fields
   tfds: str | None = None  # NAME[:SPLIT] of a TFDS text dataset, instead of `inputs`
   tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
   tfds_text_key: str = "text"  # feature holding the document text
@@ -113,76 +121,16 @@ def check_config(cfg: PrepareConfig) -> None:
     )
   if not cfg.output:
     raise errors.ConfigError("PrepareConfig.output is empty — name the output directory")
-
-
-# ----------------------------------------------------------------------------- problems
-
-_SKIPPED = (text.EMPTY_FILE, text.BINARY_FILE, text.BLANK_FILE, text.NO_TOKENS)
-_WARNINGS = (text.SINGLE_DOCUMENT,)
-_ONCE_PER_FILE = (text.CRLF, text.BOM)
-
-
-class _Tally:
-  """Counts, per-file document numbers and the first few `file:line: reason` reports."""
-
-  def __init__(self, cfg: PrepareConfig):
-    self.cfg = cfg
-    self.counts = {
-        "skipped": collections.Counter(),
-        "repaired": collections.Counter(),
-        "warnings": collections.Counter(),
-    }
-    self.reports: list[str] = []
-    self.docs_per_source: dict[str, int] = {}
-    self.no_tokens: collections.Counter = collections.Counter()  # source -> lines skipped
-    self._seen_once: set[tuple[str, str]] = set()
-
-  def problem(self, source: str, line: int | None, reason: str) -> None:
-    if reason in _ONCE_PER_FILE:
-      if (source, reason) in self._seen_once:
-        return
-      self._seen_once.add((source, reason))
-    if reason == text.NO_TOKENS:
-      self.no_tokens[source] += 1
-    kind = "skipped" if reason in _SKIPPED else "warnings" if reason in _WARNINGS else "repaired"
-    self.counts[kind][reason] += 1
-    where = (
-        source
-        if line is None
-        else (f"{source}:record {line}" if source.startswith("tfds ") else f"{source}:{line}")
+  if cfg.input_format not in formats.FORMATS:
+    raise errors.ConfigError(
+        f"PrepareConfig.input_format={cfg.input_format!r}: valid options are "
+        + ", ".join(repr(f) for f in formats.FORMATS)
     )
-    if len(self.reports) < self.cfg.max_reports:
-      self.reports.append(f"{where}: {reason}")
-      print(f"prepare: {where}: {reason}", file=sys.stderr)
-
-  def why_empty(self, tasks: corpus.Tasks) -> list[tuple[str, str]]:
-    """(source, why it gave no document) for each source, when none gave one."""
-    if not tasks.files:
-      key = self.cfg.tfds_text_key
-      return [(f"tfds {self.cfg.tfds}", f"no record with text in feature {key!r}")]
-    out = []
-    for path in tasks.files:
-      if path in tasks.empty_files:
-        out.append((path, text.EMPTY_FILE))
-      elif path in tasks.binary_files:
-        out.append((path, text.BINARY_FILE))
-      elif self.no_tokens[path]:
-        out.append((path, f"every line skipped ({self.no_tokens[path]} with no tokens)"))
-      else:
-        out.append((path, text.BLANK_FILE))
-    return out
-
-  def finish_files(self, tasks: corpus.Tasks) -> None:
-    for path in tasks.empty_files:
-      self.problem(path, None, text.EMPTY_FILE)
-    for path in tasks.binary_files:
-      self.problem(path, None, text.BINARY_FILE)
-    for path in tasks.files:
-      n = self.docs_per_source.get(path, 0)
-      if n == 0 and path not in tasks.empty_files and path not in tasks.binary_files:
-        self.problem(path, None, text.BLANK_FILE)
-      elif n == 1:
-        self.problem(path, None, text.SINGLE_DOCUMENT)
+  if not isinstance(cfg.text_field, str) or not cfg.text_field.strip("."):
+    raise errors.ConfigError(
+        f"PrepareConfig.text_field={cfg.text_field!r} is empty — name the record field holding "
+        "the text (e.g. text, or meta.body for a nested one)"
+    )
 
 
 # ----------------------------------------------------------------------------- the output
@@ -199,7 +147,7 @@ def _check_output(cfg: PrepareConfig, out: epath.Path) -> list:
         f"({meta.name}) — pass PrepareConfig.overwrite=True to replace it, or choose another "
         "PrepareConfig.output"
     )
-  created = errors.missing_dirs(out, "PrepareConfig.output")
+  created = outputs.missing_dirs(out, "PrepareConfig.output")
   return created if fs.is_local(out) else []
 
 
@@ -390,7 +338,7 @@ def _remove(directory: epath.Path) -> None:
 
 
 def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> dict:
-  tally = _Tally(cfg)
+  tally = problems.Tally(cfg.max_reports, cfg.tfds_text_key, cfg.tfds, tasks.record_files)
   # Piles and shards are written here first, the shards moved into `out` when complete.
   tmp = _scratch(cfg, out)
   totals = collections.Counter()
@@ -406,6 +354,7 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
   )
 
   def handle(result: encode.Result) -> None:
+    tally.drain(tasks)
     for line, reason in result.problems:
       tally.problem(result.source, line, reason)
     for record, sentences, tokens, is_eval in result.records:
@@ -428,13 +377,14 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
     shufflers = _shufflers(cfg, tasks, tmp)
     try:
       encode.run_tasks(cfg, tasks, handle)
+      tally.drain(tasks)
     finally:
       bar.close()
       for shuffler in shufflers.values():
         shuffler.close()
     # With several workers, this one's part may hold no document while the others' do.
     if not totals["documents"] and cfg.num_workers == 1:
-      raise corpus.no_documents(tally.why_empty(tasks))
+      raise corpus.no_documents(tally.why_empty(tasks), records=bool(tasks.record_files))
     counts = {"train": cfg.num_shards, "eval": cfg.eval_shards if cfg.eval_fraction else 0}
     writers = shuffle.Writers(tmp, counts, cfg.worker_index, cfg.num_workers)
     try:
@@ -458,6 +408,7 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
       "tokenizer": tokenizer_meta,
       "shards": writers.shards,
       "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
+      **({"text_field": cfg.text_field} if tasks.record_files else {}),
       "eval_fraction": cfg.eval_fraction,
       "shuffle_seed": cfg.seed,
       "worker_index": cfg.worker_index,
