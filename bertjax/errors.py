@@ -8,7 +8,9 @@ raises these in config terms (`config.train.steps=0 must be >= 1`); commands tra
 flags where the flag is the user's word for it.
 
 The subclasses mix in the built-in type code already catches (`ValueError`, `FileNotFoundError`,
-`FileExistsError`), so `except ValueError` around a library call keeps working.
+`FileExistsError`), so `except ValueError` around a library call keeps working. This module
+imports nothing of bertjax; the overwrite policy that raises `OutputExistsError` is
+`bertjax.runtime.outputs`.
 """
 
 from __future__ import annotations
@@ -42,44 +44,3 @@ class BadInputError(UserError, ValueError):
 
 class UsageError(UserError):
   """The command line itself does not parse (unknown flag, missing value, wrong type)."""
-
-
-def refuse_existing(path: str, overwrite: bool, flag: str = "--output") -> None:
-  """The overwrite policy of every command that writes a finished artefact.
-
-  An existing `path` is refused unless `overwrite`; `path` may be local or any scheme
-  `etils.epath` opens (gs://: through TensorFlow's file systems; a local path never loads
-  TensorFlow).
-  """
-  from bertjax.runtime import fs  # here: `--help` and flag errors answer before etils loads
-
-  if not overwrite and path and fs.path(path).exists():
-    raise OutputExistsError(
-        f"{flag} {path} already exists — pass --overwrite to replace it, or choose another {flag}"
-    )
-
-
-def missing_dirs(path, field: str, start=None) -> list:
-  """The directories that writing `path` will create, deepest first (walking up from `start`,
-  default `path`), as `etils.epath` paths; a `ConfigError` naming `field` and `path` when the
-  nearest existing ancestor is a file or cannot be written. On an object store (gs://) the walk
-  stops at the bucket, which must exist; whether it can be written only a write can tell."""
-  import os
-
-  from bertjax.runtime import fs
-
-  missing, existing = [], fs.path(path if start is None else start)
-  local = fs.is_local(existing)
-  while not existing.exists() and existing.parent != existing:
-    if not local and str(existing.parent).endswith("://"):  # the bucket itself
-      raise ConfigError(f"{field} {path}: {existing} does not exist — create it first")
-    missing.append(existing)
-    existing = existing.parent
-  if not existing.is_dir():
-    raise ConfigError(
-        f"{field} {path}: {existing} is a file, not a directory — choose another {field}"
-    )
-  # epath has no permission query: a local directory only.
-  if local and not os.access(existing, os.W_OK):
-    raise ConfigError(f"{field} {path}: {existing} is not writable — choose another {field}")
-  return missing

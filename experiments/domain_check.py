@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import locations
 from bertjax import model as model_lib
 from bertjax.data import wordpiece
 from bertjax.training import checkpoint
 
-_DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+_DATA = locations.DATA_DIR
 SEQ_LEN, MAX_MASKED = 64, 10
 
 

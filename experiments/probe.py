@@ -30,11 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import locations
 from bertjax import model as model_lib
 from bertjax.tasks import encoder as encoder_lib
 from experiments import bow_baseline
 
-_TASK = pathlib.Path(__file__).resolve().parents[1] / "data" / "movie_snippets"
+_TASK = locations.DATA_DIR / "movie_snippets"
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
 
 

@@ -26,9 +26,10 @@ import pathlib
 import sys
 import time
 
+from bertjax import locations
 from experiments import bow_baseline
 
-_TASK = pathlib.Path(__file__).resolve().parents[1] / "data" / "movie_snippets"
+_TASK = locations.DATA_DIR / "movie_snippets"
 
 
 def _glue(init_args: list[str], args, workdir: pathlib.Path) -> dict:

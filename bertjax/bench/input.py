@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import tempfile
@@ -36,12 +35,12 @@ import time
 
 from etils import epath
 
-from bertjax import errors
+from bertjax import errors, locations
 from bertjax.data import pretraining, records, tf_reader
 from bertjax.data.tokenizer import NUM_SPECIAL, SentencePieceTokenizer, SPECIAL_PIECES
 from bertjax.runtime import fs
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = locations.REPO_ROOT
 READERS = ("tf.data", "python")  # the shard readers of bertjax.data.pretraining
 SEQ_LENS = (128, 512)  # the stream is timed at BERT's two phases' lengths
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import errors
+from bertjax import errors, locations
 from bertjax import model as model_lib
 from bertjax.bench import peers as bench_peers, profile
 from bertjax.model import ops
@@ -168,11 +168,7 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
 
 # ------------------------------------------------------------------------------- train step
 
-_PRETRAIN_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "experiments",
-    "pretrain.py",
-)
+_PRETRAIN_CONFIG = str(locations.REPO_ROOT / "experiments" / "pretrain.py")
 
 
 def train_config(spec: BenchSpec):
@@ -523,7 +519,7 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: 
   if name == "hf-torch-compile":
     return bench_peers.run_torch(pspec, compiled=True)
   if name == "hf-flax":
-    root = repo_root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = repo_root or str(locations.REPO_ROOT)
     return bench_peers.run_flax_subprocess(pspec, root)
   check_peers((name,))  # an unknown name is the caller's mistake
   raise AssertionError(f"peer {name} is in bench_peers.PEERS but has no runner here")

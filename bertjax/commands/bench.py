@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 
-from bertjax import errors
+from bertjax import errors, locations
 from bertjax.commands import args as args_lib
 from bertjax.commands import glue as glue_cmd
 from bertjax.commands.args import (
@@ -33,9 +33,6 @@ from bertjax.commands.args import (
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 # The paths a user names go through `bertjax.runtime.fs` (etils.epath): local or gs://.
-
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_DATA = os.path.join(_REPO_ROOT, "data")
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -120,8 +117,8 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _input_flags(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--corpus", default=os.path.join(_DATA, "austen.txt"), help="raw text")
-  p.add_argument("--tokenizer", default=os.path.join(_DATA, "tokenizer.model"))
+  p.add_argument("--corpus", default=str(locations.DATA_DIR / "austen.txt"), help="raw text")
+  p.add_argument("--tokenizer", default=str(locations.DATA_DIR / "tokenizer.model"))
   p.add_argument("--copies", type=positive_int, default=4, help="corpus copies for the large run")
   p.add_argument("--batch", type=positive_int, default=256, help="stream batch size")
   p.add_argument(
@@ -152,8 +149,8 @@ def _input_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _finetune_flags(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--task-dir", default=os.path.join(_DATA, "movie_snippets"))
-  p.add_argument("--tokenizer", default=os.path.join(_DATA, "tokenizer.model"))
+  p.add_argument("--task-dir", default=str(locations.DATA_DIR / "movie_snippets"))
+  p.add_argument("--tokenizer", default=str(locations.DATA_DIR / "tokenizer.model"))
   p.add_argument("--preset", default="mini", help="model preset: tiny mini small ...")
   p.add_argument("--epochs", type=positive_int, default=1)
   p.add_argument("--batch-size", type=positive_int, default=32, help="global batch size")
@@ -273,7 +270,9 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
     )
     if args.profile and args.compare_packing:
       raise errors.UsageError("--profile traces one step: run it without --compare-packing")
-    result = bench.run(spec, _peers(args.compare), repo_root=_REPO_ROOT, profile_dir=args.profile)
+    result = bench.run(
+        spec, _peers(args.compare), repo_root=str(locations.REPO_ROOT), profile_dir=args.profile
+    )
   if args.profile:
     prof = result["profile"]
     result["profile"] = {**prof, "ops": prof["ops"][: args.profile_top]}

@@ -91,7 +91,7 @@ def _check_args(args) -> None:
   """Paths and flags, before anything is read or written."""
   from etils import epath
 
-  from bertjax.runtime import fs
+  from bertjax.runtime import fs, outputs
 
   src, dst = fs.path(args.src), fs.path(args.dst)
   shown_src, shown_dst = epath.Path(args.src), epath.Path(args.dst)  # `~` as typed
@@ -102,7 +102,7 @@ def _check_args(args) -> None:
   for flag, path in (("--bert-config", args.bert_config), ("--tokenizer", args.tokenizer)):
     if path and not fs.path(path).is_file():
       raise errors.InputNotFoundError(f"{flag} {path}: no such file")
-  errors.refuse_existing(str(shown_dst), args.overwrite, "DST")
+  outputs.refuse_existing(str(shown_dst), args.overwrite, "DST")
   src_dir, out = _real(src if src.is_dir() else src.parent), _real(dst)
   if out == src_dir or src_dir.startswith(out.rstrip("/") + "/"):
     raise errors.ConfigError(

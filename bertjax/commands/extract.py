@@ -132,7 +132,7 @@ def _outputs(args):
   `etils.epath` paths, checked."""
   from etils import epath
 
-  from bertjax.runtime import fs
+  from bertjax.runtime import fs, outputs
 
   if args.init == "random":
     raise errors.ConfigError(
@@ -146,7 +146,7 @@ def _outputs(args):
   outs = [out]
   if out.suffix == ".npy" and args.pooling == "none":
     outs.append(out.with_suffix(".tokens.jsonl"))
-  errors.refuse_existing(str(shown), args.overwrite, "--output")
+  outputs.refuse_existing(str(shown), args.overwrite, "--output")
   if len(outs) > 1 and outs[1].exists() and not args.overwrite:
     raise errors.OutputExistsError(
         f"{shown.with_suffix('.tokens.jsonl')} (the tokens beside --output) already exists — "

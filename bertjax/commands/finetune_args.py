@@ -14,6 +14,7 @@ import sys
 
 from bertjax import errors
 from bertjax.commands import args as args_lib
+from bertjax.tasks.defaults import LENGTH_BUCKET, MAX_LENGTHS  # --length-bucket, --max-lengths
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -42,9 +43,6 @@ def add_encoder_args(p: argparse.ArgumentParser) -> None:
   )
 
 
-# --length-bucket and --max-lengths when not given (`Recipe`'s defaults).
-LENGTH_BUCKET = 8
-MAX_LENGTHS = 8
 # Examples per packed row at most: a fixed count (shapes stay static); rows of fine-tuning
 # sentences average ~30 tokens.
 TOKENS_PER_PACKED_EXAMPLE = 16
@@ -238,21 +236,21 @@ def recipe_from_args(
 ):
   """The recipe of the flags; an unset --learning-rate or --optimizer follows the encoder's
   width (printed; the learning rate only when `announce`: a sweep prints its grid instead)."""
-  from bertjax.tasks import finetuning
+  from bertjax.tasks import recipe as recipe_lib
 
   lr = args.learning_rate
   if lr is None:
-    lr, _, why = finetuning.learning_rates_for(hidden_size, args.bert_learning_rate)
+    lr, _, why = recipe_lib.learning_rates_for(hidden_size, args.bert_learning_rate)
     if announce:
       print(f"{prefix}: learning rate {lr:g} ({why}; --learning-rate overrides)", flush=True)
   optimizer = args.optimizer
   if optimizer is None:
-    optimizer, why = finetuning.optimizer_for(hidden_size)
+    optimizer, why = recipe_lib.optimizer_for(hidden_size)
     print(f"{prefix}: optimizer {optimizer} ({why}; --optimizer overrides)", flush=True)
   mesh, why = mesh_of(args)
   if why is not None:
     print(f"{prefix}: mesh {spell_mesh(mesh)} ({why}; --mesh overrides)", flush=True)
-  return finetuning.Recipe(
+  return recipe_lib.Recipe(
       learning_rate=lr,
       epochs=args.epochs,
       batch_size=args.batch_size,

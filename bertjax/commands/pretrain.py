@@ -23,7 +23,7 @@ from typing import Callable
 from absl import flags
 from ml_collections import config_dict, config_flags
 
-from bertjax import errors
+from bertjax import errors, locations
 from bertjax.training import config_checks
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
@@ -73,18 +73,13 @@ def define_flags(sys_argv: list[str]) -> flags.FlagValues:
 
 def shipped_dir() -> pathlib.Path:
   """The experiments/ directory installed with bertjax (the repository's, in a clone)."""
-  # Beside the package first: `find_spec("experiments")` would import whatever package of
-  # that common name the working directory holds.
-  beside = pathlib.Path(__file__).resolve().parents[2] / "experiments"
-  if (beside / "pretrain.py").is_file():
-    return beside
-  spec = importlib.util.find_spec("experiments.pretrain")
-  if spec is None or not spec.origin:
+  found = locations.experiments_dir()
+  if found is None:
     raise errors.InputNotFoundError(
         "the recipes shipped with bertjax (experiments/pretrain.py) are not installed — "
         "reinstall bertjax (`pip install -e .` from its repository)"
     )
-  return pathlib.Path(spec.origin).parent
+  return found
 
 
 def recipe_files() -> list[str]:

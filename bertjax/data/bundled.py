@@ -13,10 +13,10 @@ import pathlib
 
 from etils import epath
 
-from bertjax import errors
+from bertjax import errors, locations
 from bertjax.runtime import fs
 
-DATA_DIR = pathlib.Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = locations.DATA_DIR
 CORPUS_PATH = DATA_DIR / "austen.txt"
 TOKENIZER_PATH = DATA_DIR / "tokenizer.model"  # the committed 8k SentencePiece model
 # `bertjax prepare` settings for it: 98% train / 2% held out in 8 shards (`prepare`'s default).

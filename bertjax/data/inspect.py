@@ -6,7 +6,6 @@ row, stats counts examples (not rows) and reports how full the rows are.
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 

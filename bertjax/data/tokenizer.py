@@ -43,7 +43,7 @@ from bertjax.data.coverage import (  # part of training a tokenizer, importable 
     choose_character_coverage,
     count_characters,
 )
-from bertjax.runtime import fs
+from bertjax.runtime import fs, outputs
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -382,7 +382,7 @@ def _check_output(output_prefix: str, overwrite: bool) -> None:
           f"output_prefix {output_prefix}: {output_prefix}{suffix} already exists — "
           "pass overwrite=True to replace it, or choose another output_prefix"
       )
-  errors.missing_dirs(output_prefix, "output_prefix", start=prefix.parent)
+  outputs.missing_dirs(output_prefix, "output_prefix", start=prefix.parent)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax import errors
+from bertjax.tasks import defaults
 from bertjax.training import optim
 
 OPTIMIZERS = ("bert_adamw", "adamw")
@@ -42,8 +43,12 @@ class Recipe:
   clip_norm: float = 1.0  # global-norm clipping, as BERT's optimizer; 0: none
   seed: int = 0  # head init, dropout and data order
   max_steps: int = 0  # > 0 caps the steps per epoch (smoke tests)
-  length_bucket: int = 8  # batches padded to a multiple of this; 0: to the arrays' length
-  max_lengths: int = 8  # at most this many batch lengths (compiled shapes); 0: no cap
+  length_bucket: int = (
+      defaults.LENGTH_BUCKET
+  )  # batches padded to a multiple of this; 0: to the arrays' length
+  max_lengths: int = (
+      defaults.MAX_LENGTHS
+  )  # at most this many batch lengths (compiled shapes); 0: no cap
   mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor), as pretraining's config.mesh
   pooling: str = "cls"  # GLUE head: cls (BERT's pooled [CLS]) | mean (of the last layer)
 
