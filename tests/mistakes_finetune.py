@@ -464,3 +464,58 @@ ROWS: list[Mistake] = [
         fixtures=("tiny_run",),
     ),
 ]
+
+# ------------------------------------------------------ malformed task files (schema checks)
+ROWS += [
+    Mistake(
+        "squad_paragraphs_not_a_list",
+        _squad(),
+        ("train.json: data[0].paragraphs: expected a list, found the number 3",),
+        setup=_write("train.json", '{"data": [{"title": "t", "paragraphs": 3}]}'),
+    ),
+    Mistake(
+        "squad_article_not_an_object",
+        _squad(),
+        ("train.json: data[1]: expected an object, found the string", "SQuAD file"),
+        setup=_write("train.json", json.dumps({"data": [_SQUAD["data"][0], "oops"]})),
+    ),
+    Mistake(
+        "squad_context_missing",
+        _squad(),
+        ('train.json: data[0].paragraphs[0]: field "context" is missing',),
+        setup=_write("train.json", '{"data": [{"paragraphs": [{"qas": []}]}]}'),
+    ),
+    Mistake(
+        "glue_test_row_with_nul",
+        _custom("--test", "test.tsv"),
+        ("test.tsv:3: a NUL byte at column 4", "fix this row"),
+        setup=lambda cwd: (
+            _tsvs(_GOOD_TSV)(cwd),
+            (cwd / "test.tsv").write_bytes(b"sentence\nfine\nbad\x00 row\n"),
+        ),
+    ),
+    Mistake(
+        "glue_dev_only_nul_rows",
+        _custom(),
+        ("dev.tsv: no usable rows (1 skipped", "dev.tsv:2: a NUL byte at column 3"),
+        setup=lambda cwd: (
+            _tsvs(_GOOD_TSV)(cwd),
+            (cwd / "dev.tsv").write_bytes(b"sentence\tlabel\nok\x00\t1\n"),
+        ),
+    ),
+    Mistake(
+        "glue_tsv_header_not_utf8",
+        _custom(),
+        ("train.tsv:1: invalid UTF-8 (byte 0xff at column 1) in the header row",),
+        setup=lambda cwd: (
+            _tsvs(_GOOD_TSV)(cwd),
+            (cwd / "train.tsv").write_bytes("sentence\tlabel\ngood\t1\n".encode("utf-16")),
+        ),
+    ),
+    Mistake(
+        "ner_only_undecodable_lines",
+        _ner(),
+        ("train.txt: no sentences", "train.txt:1: invalid UTF-8 (byte 0xe9 at column 4)"),
+        setup=lambda cwd: (cwd / "train.txt").write_bytes(b"Jos\xe9 B-PER\n"),
+    ),
+]

@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 from etils import epath
 
-from bertjax import errors
+from bertjax import errors, schema
 from bertjax.data import corpus, tokenizer as tokenizer_lib
 from bertjax.runtime import fs
 
@@ -246,13 +246,7 @@ def _merge(parts: list[dict]) -> dict:
 
 
 def _read_json(path: epath.Path, shown: epath.Path) -> dict:
-  try:
-    meta = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise errors.BadInputError(f"{shown}: not valid JSON ({e}){_REPREPARE}") from None
-  if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
-    raise errors.BadInputError(f"{shown}: not the metadata of prepared data{_REPREPARE}")
-  return meta
+  return schema.read_metadata(path, str(shown))  # one line naming the field on a mismatch
 
 
 def load_metadata(data_dir: str | os.PathLike) -> dict:
@@ -277,7 +271,7 @@ def load_metadata(data_dir: str | os.PathLike) -> dict:
         f"{shown}: metadata of workers {missing} of {expected} is "
         "missing; run `bertjax prepare --worker-index K` for them"
     )
-  return _merge(metas)
+  return schema.check_metadata(_merge(metas), str(shown))
 
 
 def special_ids(meta: dict) -> dict[str, int]:

@@ -89,15 +89,17 @@ class _Readable(io.RawIOBase):
 
 @contextlib.contextmanager
 def open_text(
-    p: PathLike, encoding: str = "utf-8", newline: str | None = None
+    p: PathLike, encoding: str = "utf-8", newline: str | None = None, errors: str = "replace"
 ) -> Iterator[IO[str]]:
   """`p` as text, undecodable bytes as U+FFFD, read as `open(p, encoding=encoding,
   errors="replace", newline=newline)` reads a local file (newline "": line endings kept and
   lone "\r" ending a line), on every scheme: the bytes are decoded here, since epath's `open`
-  takes neither argument and TensorFlow's files drop "\r" from the lines they return."""
+  takes neither argument and TensorFlow's files drop "\r" from the lines they return.
+  `errors="surrogateescape"` keeps undecodable bytes as U+DC80..U+DCFF instead, for readers
+  that count them."""
   with path(p).open("rb") as raw:
     buffered = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(_Readable(raw))
-    f = io.TextIOWrapper(buffered, encoding=encoding, errors="replace", newline=newline)
+    f = io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline)
     try:
       yield f
     finally:

@@ -10,8 +10,9 @@ tabs only. Quirks handled:
   * CoLA's train/dev files have no header (source, label, original label, sentence).
   * QQP's train file has rows with missing fields; some files end with blank lines.
   * A train/dev row with the wrong number of fields (a tab inside a sentence included), an
-    empty label, or a label outside the task's label list is skipped and reported as
-    `file:line: why`; it is never cut into a different sentence and never stops the run.
+    empty label, a label outside the task's label list, or bytes that are not text (invalid
+    UTF-8, a NUL byte) is skipped and reported as `file:line: why`; it is never cut into a
+    different sentence, never read as other text, and never stops the run.
   * A test row that cannot be read raises GlueDataError `file:line: why`: every test row needs
     its prediction, or the leaderboard rejects the submission.
 A file that is missing, or whose header lacks a needed column, is an error naming the file;
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator
 
 import numpy as np
 
@@ -44,13 +44,6 @@ class Columns:
   text: tuple[str | int, ...]
   label: str | int | None  # None: an unlabelled (test) split
   index: str | int | None = None  # leaderboard row id; None: the row number
-
-
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-  # A row ends at "\n", "\r\n" or a lone "\r"; utf-8-sig drops a leading byte-order mark
-  # (MRPC's headers have one).
-  for lineno, line in enumerate(files.text_lines(path, "utf-8-sig"), start=1):
-    yield lineno, line.rstrip("\n").rstrip("\r")
 
 
 def _short_name(path: str) -> str:
@@ -87,48 +80,65 @@ def read_rows(
   """
   if not fs.path(path).is_file():
     raise GlueDataError(f"{path}: no such file")
-  lines = _lines(path)
-  header = None
-  if has_header:
-    first = next(lines, None)
-    if first is None:
-      raise GlueDataError(f"{path}: empty file (expected a header row)")
-    header = first[1].split("\t")
-  pos_text = [_position(header, c, path) for c in cols.text]
-  pos_label = None if cols.label is None else _position(header, cols.label, path)
-  pos_index = None
-  if cols.index is not None and (header is None or cols.index in header):
-    pos_index = _position(header, cols.index, path)
-  width = len(header) if header else max(pos_text + [pos_label or 0, pos_index or 0]) + 1
   rows, skipped = [], []
   name = _short_name(path)
-  for lineno, line in lines:
-    if not line.strip():
-      continue  # blank and trailing lines are not rows
-    fields = line.split("\t")
-    where = f"{name}:{lineno}"
-    # Extra empty fields (trailing tabs) are harmless; anything else means a shifted row.
-    if len(fields) > width and not any(f.strip() for f in fields[width:]):
-      fields = fields[:width]
-    label = index = None
-    if len(fields) != width:
-      why = f"{len(fields)} fields, expected {width}"
-    else:
-      label = None if pos_label is None else fields[pos_label].strip()
-      index = None if pos_index is None else fields[pos_index].strip()
-      why = (
-          "empty label" if label == "" else f"empty {cols.index!r} column" if index == "" else None
-      )
-    if why and strict:
-      raise GlueDataError(
-          f"{path}:{lineno}: {why} — every test row needs a prediction, so the submission "
-          "would be incomplete: fix this row"
-      )
-    if why:
-      skipped.append(f"{where}: {why}")
-      continue
-    rows.append((where, [fields[p] for p in pos_text], label, index))
+  # A row ends at "\n", "\r\n" or a lone "\r"; utf-8-sig drops a leading byte-order mark
+  # (MRPC's headers have one).
+  with files.text_lines(path, "utf-8-sig") as lines:
+    numbered = ((n, _chomp(line), problem) for n, (line, problem) in enumerate(lines, start=1))
+    header = _header(next(numbered, None), path) if has_header else None
+    pos_text = [_position(header, c, path) for c in cols.text]
+    pos_label = None if cols.label is None else _position(header, cols.label, path)
+    pos_index = None
+    if cols.index is not None and (header is None or cols.index in header):
+      pos_index = _position(header, cols.index, path)
+    width = len(header) if header else max(pos_text + [pos_label or 0, pos_index or 0]) + 1
+    for lineno, line, problem in numbered:
+      if not line.strip():
+        continue  # blank and trailing lines are not rows
+      fields = line.split("\t")
+      # Extra empty fields (trailing tabs) are harmless; anything else means a shifted row.
+      if len(fields) > width and not any(f.strip() for f in fields[width:]):
+        fields = fields[:width]
+      label = None if pos_label is None or len(fields) != width else fields[pos_label].strip()
+      index = None if pos_index is None or len(fields) != width else fields[pos_index].strip()
+      why = _unreadable(fields, width, problem, label, index, cols)
+      if why and strict:
+        raise GlueDataError(
+            f"{path}:{lineno}: {why} — every test row needs a prediction, so the submission "
+            "would be incomplete: fix this row"
+        )
+      if why:
+        skipped.append(f"{name}:{lineno}: {why}")
+        continue
+      rows.append((f"{name}:{lineno}", [fields[p] for p in pos_text], label, index))
   return rows, skipped
+
+
+def _chomp(line: str) -> str:
+  return line.rstrip("\n").rstrip("\r")
+
+
+def _header(first: tuple[int, str, str | None] | None, path: str) -> list[str]:
+  if first is None:
+    raise GlueDataError(f"{path}: empty file (expected a header row)")
+  _, line, problem = first
+  if problem:
+    raise GlueDataError(f"{path}:1: {problem} in the header row — is this a UTF-8 TSV file?")
+  return line.split("\t")
+
+
+def _unreadable(fields, width: int, problem, label, index, cols: Columns) -> str | None:
+  """Why a row cannot be read, or None."""
+  if problem:  # bytes that are not text: the row is not what was written
+    return problem
+  if len(fields) != width:
+    return f"{len(fields)} fields, expected {width}"
+  if label == "":
+    return "empty label"
+  if index == "":
+    return f"empty {cols.index!r} column"
+  return None
 
 
 def _line_key(reason: str) -> tuple[str, int]:

@@ -6,8 +6,9 @@ blank lines and `-DOCSTART-` lines.
 
 Any number of whitespace-separated columns is accepted (CoNLL-2003 has word, POS, chunk, NER;
 many NER files have just word and tag): the first is the token, the last the tag. A line with
-one column, or whose tag is neither "O" nor PREFIX-TYPE with PREFIX in B/I/E/S, is skipped
-and reported as "file:line: why"; its sentence keeps its other tokens.
+one column, whose tag is neither "O" nor PREFIX-TYPE with PREFIX in B/I/E/S, or with bytes that
+are not text (invalid UTF-8, a NUL byte) is skipped and reported as "file:line: why"; its
+sentence keeps its other tokens.
 """
 
 from __future__ import annotations
@@ -50,24 +51,28 @@ def read(path: str) -> Sentences:
     toks.clear()
     tags.clear()
 
-  for lineno, line in enumerate(files.text_lines(path), 1):
-    cols = line.split()
-    if not cols:
-      close()
-      continue
-    if cols[0] == "-DOCSTART-":
-      close()
-      continue
-    if len(cols) < 2:
-      out.skipped.append(
-          f"{name}:{lineno}: one column {line.strip()!r}; expected " "'TOKEN ... TAG'"
-      )
-      continue
-    if not _TAG.match(cols[-1]):
-      out.skipped.append(f"{name}:{lineno}: tag {cols[-1]!r} is not O or B-/I-/E-/S-TYPE")
-      continue
-    toks.append(cols[0])
-    tags.append(cols[-1])
+  with files.text_lines(path) as lines:
+    for lineno, (line, problem) in enumerate(lines, 1):
+      cols = line.split()
+      if not cols:
+        close()
+        continue
+      if problem:  # bytes that are not text: the token is not what was written
+        out.skipped.append(f"{name}:{lineno}: {problem}")
+        continue
+      if cols[0] == "-DOCSTART-":
+        close()
+        continue
+      if len(cols) < 2:
+        out.skipped.append(
+            f"{name}:{lineno}: one column {line.strip()!r}; expected 'TOKEN ... TAG'"
+        )
+        continue
+      if not _TAG.match(cols[-1]):
+        out.skipped.append(f"{name}:{lineno}: tag {cols[-1]!r} is not O or B-/I-/E-/S-TYPE")
+        continue
+      toks.append(cols[0])
+      tags.append(cols[-1])
   close()
   if not out.tokens and out.skipped:
     n = len(out.skipped)

@@ -3,18 +3,18 @@
     examples, skipped = data.read("train-v2.0.json", version="2.0", training=True)
 
 The layout is {"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
-"answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}; "is_impossible" is v2.0 only.
-A malformed question is skipped, not fatal: `skipped` says which (file, question id, why), as
-google-research/bert's run_squad warns and skips answers it cannot find in the context. A file
-that is not SQuAD JSON at all raises `SquadDataError` naming it.
+"answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}; "is_impossible" is v2.0 only;
+`bertjax.schema`'s SQuAD models describe it. A malformed question is skipped, not
+fatal: `skipped` says which (file, question id, why), as google-research/bert's run_squad warns
+and skips answers it cannot find in the context. A file that is not SQuAD JSON down to the
+questions raises `SquadDataError` naming the file and the path inside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 
-from bertjax import errors
+from bertjax import errors, schema
 from bertjax.runtime import fs
 
 VERSIONS = ("1.1", "2.0")
@@ -43,25 +43,26 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
 
   With `training`, each answerable question needs an answer whose `answer_start` points at its
   text in the context (that span is the target); for evaluation only the texts are needed.
+  A file that is not SQuAD JSON down to the questions (`schema.SquadFile`) raises
+  `SquadDataError` naming the file and the path inside it (`data[0].paragraphs`).
   """
   if version not in VERSIONS:
     raise errors.ConfigError(
         f"version {version!r} is not a SQuAD version — valid: {', '.join(VERSIONS)}"
     )
   name = fs.path(path).name
-  articles = _load(path)
+  squad = schema.read_squad(path, SquadDataError)
   examples, skipped, seen = [], [], set()
-  for a, article in enumerate(articles):
-    for p, para in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
-      context = para.get("context") if isinstance(para, dict) else None
-      qas = para.get("qas", []) if isinstance(para, dict) else []
-      for q, qa in enumerate(qas):
+  for a, article in enumerate(squad.data):
+    for p, para in enumerate(article.paragraphs):
+      for q, raw in enumerate(para.qas):
         where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-        ex, why = _example(qa, context, version, training, where)
+        ex, why = _example(raw, para.context, version, training)
         if ex is not None and ex.qid in seen:
           ex, why = None, "duplicate id"
         if ex is None:
-          qid = qa.get("id") if isinstance(qa, dict) and isinstance(qa.get("id"), str) else where
+          qid = raw.get("id") if isinstance(raw, dict) else None
+          qid = schema.printable(qid) if isinstance(qid, str) and qid else where
           skipped.append(f"{name}: question {qid}: {why}")
           continue
         seen.add(ex.qid)
@@ -69,63 +70,41 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
   return examples, skipped
 
 
-def _load(path: str) -> list:
-  file = fs.path(path)
-  if not file.is_file():
-    raise SquadDataError(f"{path}: no such file")
-  try:
-    # As text mode reads it: strict UTF-8, line ends made "\n" (JSON errors count lines by it).
-    text = file.read_bytes().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    blob = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise SquadDataError(
-        f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}) — expected a SQuAD "
-        'file {"data": [{"paragraphs": [...]}]}'
-    ) from None
-  except UnicodeDecodeError as e:
-    raise SquadDataError(f"{path}: not UTF-8 text (byte {e.start}) — expected SQuAD JSON") from None
-  if not isinstance(blob, dict) or not isinstance(blob.get("data"), list):
-    raise SquadDataError(
-        f'{path}: field "data" is missing or not a list — expected a SQuAD file '
-        '{"data": [{"paragraphs": [...]}]}'
-    )
-  return blob["data"]
-
-
-def _example(qa, context, version: str, training: bool, where: str) -> tuple[Example | None, str]:
+def _example(raw, context: str, version: str, training: bool) -> tuple[Example | None, str]:
   """One question, or None and why it is skipped."""
-  if not isinstance(qa, dict):
-    return None, f"{where} is not an object"
-  if not isinstance(context, str) or not context.strip():
+  if not isinstance(raw, dict):
+    return None, f'expected an object {{"id", "question", "answers"}}, found {schema.found(raw)}'
+  if not context.strip():
     return None, "its paragraph has no context text"
-  qid, question = qa.get("id"), qa.get("question")
-  if not isinstance(qid, str) or not qid:
+  qa, why = schema.squad_question(raw)
+  if qa is None:
+    return None, why
+  if not qa.id:
     return None, 'no "id"'
-  if not isinstance(question, str) or not question.strip():
+  if not qa.question.strip():
     return None, 'no "question" text'
-  impossible = bool(qa.get("is_impossible", False))
-  if impossible and version == "1.1":
+  if qa.is_impossible and version == "1.1":
     return None, "is_impossible is set, which v1.1 does not have (read the file as version 2.0)"
-  answers = qa.get("answers", [])
-  if not isinstance(answers, list) or not all(isinstance(x, dict) for x in answers):
-    return None, '"answers" is not a list of {"text", "answer_start"}'
-  texts = [x.get("text") for x in answers]
-  if not all(isinstance(t, str) for t in texts):
-    return None, "an answer has no text"
-  if impossible:
-    return Example(qid, question, context, [], -1, True), ""
+  texts = [x.text for x in qa.answers]
+  if qa.is_impossible:
+    return Example(qa.id, qa.question, context, [], -1, True), ""
   if not texts:
     return None, "no answers (and not is_impossible)"
-  start = answers[0].get("answer_start")
+  start = qa.answers[0].answer_start
   if training:
     if not texts[0].strip():
       return None, "the first answer's text is empty"
-    if not isinstance(start, int) or not 0 <= start < len(context):
-      return None, f"answer_start {start!r} is outside the context ({len(context)} chars)"
+    if start is None:
+      return None, 'the first answer has no "answer_start"'
+    if not 0 <= start < len(context):
+      return None, f"answer_start {start} is outside the context ({len(context)} chars)"
     found = context[start : start + len(texts[0])]
     if found != texts[0]:
-      return None, f"answer_start {start} points at {found!r}, not the answer {texts[0]!r}"
-  return Example(qid, question, context, texts, start if isinstance(start, int) else -1, False), ""
+      return None, (
+          f"answer_start {start} points at {schema.shown(found)}, not the answer "
+          f"{schema.shown(texts[0])}"
+      )
+  return Example(qa.id, qa.question, context, texts, -1 if start is None else start, False), ""
 
 
 def gold_answers(examples: list[Example]) -> dict[str, list[str]]:
