@@ -14,7 +14,8 @@ import pytest
 import flax.linen as nn
 
 from bertjax import errors, model as model_lib
-from bertjax.tasks import encoder as encoder_lib, finetuning
+from bertjax.tasks import batching, encoder as encoder_lib, finetuning, recipe as recipe_lib
+from bertjax.tasks.finetuning import trainer as trainer_lib
 from bertjax.training import checkpoint, sharding, train
 
 CFG = model_lib.BertConfig(
@@ -139,7 +140,7 @@ def test_fit_trains_logs_every_epoch_and_keeps_the_best(tmp_path):
   for got, want in zip(jax.tree.leaves(result.best_params), jax.tree.leaves(seen[2])):
     np.testing.assert_array_equal(np.asarray(got), want)
   # 20 rows at batch 8: 3 steps an epoch, the last padded with zero-weight rows.
-  assert finetuning.steps_per_epoch(20, recipe) == 3
+  assert recipe_lib.steps_per_epoch(20, recipe) == 3
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), seen[0], seen[3])
   assert all(jax.tree.leaves(changed["classifier"]))
   lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -174,12 +175,12 @@ def test_load_encoder_messages_name_the_arguments(tmp_path):
 
 
 def test_default_learning_rate_follows_the_encoder_width():
-  assert finetuning.learning_rates_for(128)[:2] == (1e-3, (3e-3, 1e-3, 3e-4, 1e-4))
-  assert finetuning.learning_rates_for(256)[0] == 5e-4
-  assert finetuning.learning_rates_for(512)[0] == 1e-4
-  lr, grid, why = finetuning.learning_rates_for(768, 3e-5)
+  assert recipe_lib.learning_rates_for(128)[:2] == (1e-3, (3e-3, 1e-3, 3e-4, 1e-4))
+  assert recipe_lib.learning_rates_for(256)[0] == 5e-4
+  assert recipe_lib.learning_rates_for(512)[0] == 1e-4
+  lr, grid, why = recipe_lib.learning_rates_for(768, 3e-5)
   assert (lr, grid) == (3e-5, (5e-5, 4e-5, 3e-5, 2e-5)) and "BERT" in why  # BERT's, as the paper
-  assert finetuning.learning_rates_for(1024)[0] == 2e-5
+  assert recipe_lib.learning_rates_for(1024)[0] == 2e-5
 
 
 def _varied_lengths(n: int, seq_len: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
@@ -196,17 +197,17 @@ def _varied_lengths(n: int, seq_len: int = 16, seed: int = 0) -> dict[str, np.nd
 
 
 def test_epoch_batches_group_lengths_shuffle_and_repeat_with_the_seed():
-  padded_N = finetuning.padded_lengths(_varied_lengths(50)["attention_mask"], 4)
+  padded_N = batching.padded_lengths(_varied_lengths(50)["attention_mask"], 4)
   assert set(padded_N) <= {4, 8, 12, 16}
-  plan = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(3))
+  plan = batching.epoch_batches(padded_N, 8, np.random.default_rng(3))
   assert len(plan) == 7 and sorted(np.concatenate(plan)) == list(range(50))
   mixed = [b for b in plan if len(set(padded_N[b])) > 1]
   assert len(mixed) <= 3  # only the batches on a length's boundary
-  again = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(3))
+  again = batching.epoch_batches(padded_N, 8, np.random.default_rng(3))
   assert all(np.array_equal(a, b) for a, b in zip(plan, again))
-  other = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(4))
+  other = batching.epoch_batches(padded_N, 8, np.random.default_rng(4))
   assert not all(np.array_equal(a, b) for a, b in zip(plan, other))
-  assert set(finetuning.padded_lengths(_varied_lengths(5)["attention_mask"], 0)) == {16}
+  assert set(batching.padded_lengths(_varied_lengths(5)["attention_mask"], 0)) == {16}
 
 
 @pytest.mark.slow
@@ -217,15 +218,15 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path, monkeypatch)
   recipe = finetuning.Recipe(batch_size=8, eval_batch_size=8, dropout=0.0, length_bucket=8)
   trainer = _trainer(recipe, mesh=_one_device())
   train = _varied_lengths(32, seed=1)
-  padded_N = finetuning.padded_lengths(train["attention_mask"], 8)
-  plan = finetuning.epoch_batches(padded_N, 8, np.random.default_rng(0))
+  padded_N = batching.padded_lengths(train["attention_mask"], 8)
+  plan = batching.epoch_batches(padded_N, 8, np.random.default_rng(0))
   bucketed = full = trainer.init_state(seed=0, learning_rate=1e-2)
   full = jax.tree.map(jnp.copy, full)  # the step donates its state
   for idx in plan:
     bucketed, loss_b = trainer.train_step(
-        bucketed, finetuning.train_batch(train, idx, int(padded_N[idx].max()), 8)
+        bucketed, batching.train_batch(train, idx, int(padded_N[idx].max()), 8)
     )
-    full, loss_f = trainer.train_step(full, finetuning.train_batch(train, idx, 16, 8))
+    full, loss_f = trainer.train_step(full, batching.train_batch(train, idx, 16, 8))
     assert float(loss_b) == pytest.approx(float(loss_f), rel=1e-5, abs=1e-6)
   assert trainer.compiled_shapes()[0] == 2  # lengths 8 and 16
   dev = _varied_lengths(80, seed=5)
@@ -249,7 +250,7 @@ def test_bucketed_steps_and_predictions_match_full_length(tmp_path, monkeypatch)
     )
     assert trainer.compiled_shapes()[0] == 2
   # fit compiled the lengths it uses before its first step (rows this few share one length)
-  used = finetuning.padded_lengths(
+  used = batching.padded_lengths(
       train["attention_mask"], 8, 4 * 8, recipe.max_lengths, finetuning.compile_tokens(8, 1)
   )
   assert sorted(k[1][1][1] for k in trainer._executables if k[0] == "train") == [16]
@@ -275,7 +276,7 @@ def test_fit_compiles_the_evaluations_predict_steps_with_the_train_step(tmp_path
   finetuning.fit(
       trainer, train, recipe, evaluate, "f1", str(tmp_path), progress=False, predicts=(dev,)
   )
-  want = {finetuning._shapes(*job[::2]) for job in trainer.predict_jobs(None, dev, 8)}
+  want = {trainer_lib._shapes(*job[::2]) for job in trainer.predict_jobs(None, dev, 8)}
   assert seen and seen[0] and set(seen[0]) == want
 
 
@@ -289,7 +290,7 @@ def test_fsdp_on_8_devices_matches_1_device():
   train = _varied_lengths(16, seed=4)
   states = [t.init_state(seed=0, learning_rate=1e-2) for t in (fsdp, one)]
   for idx in (np.arange(8), np.arange(8, 16)):
-    batch = finetuning.train_batch(train, idx, 16, 8)
+    batch = batching.train_batch(train, idx, 16, 8)
     (states[0], loss_a), (states[1], loss_b) = (
         t.train_step(s, batch) for t, s in zip((fsdp, one), states)
     )
@@ -345,14 +346,14 @@ def test_fewest_padded_lengths_is_the_best_choice_of_k():
         padded(np.array(sorted(c) + [lengths[-1]]))
         for c in itertools.combinations(lengths[:-1], k - 1)
     )
-    got = finetuning.fewest_padded_lengths(lengths, counts, k)
+    got = batching.fewest_padded_lengths(lengths, counts, k)
     assert len(got) == k and got[-1] == lengths[-1] and padded(got) == best
 
 
 def test_max_lengths_caps_the_compiled_shapes():
   mask_NxL = _varied_lengths(400, seed=2)["attention_mask"]
-  free = finetuning.padded_lengths(mask_NxL, 1)
-  capped = finetuning.padded_lengths(mask_NxL, 1, max_lengths=3)
+  free = batching.padded_lengths(mask_NxL, 1)
+  capped = batching.padded_lengths(mask_NxL, 1, max_lengths=3)
   assert len(np.unique(free)) > 3 and len(np.unique(capped)) == 3
   assert np.all(capped >= free) and capped.max() == free.max()
 
@@ -360,14 +361,14 @@ def test_max_lengths_caps_the_compiled_shapes():
 def test_a_length_is_kept_only_if_it_saves_more_than_a_compile():
   lengths, counts = np.array([8, 16, 24, 32]), np.array([100, 100, 100, 100])
   # one length: 400 * 32 = 12,800 tokens; all four: 8,000 (4,800 saved by three more lengths)
-  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 0.0)) == [8, 16, 24, 32]
-  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 5000.0)) == [32]
+  assert list(batching.fewest_padded_lengths(lengths, counts, 4, 0.0)) == [8, 16, 24, 32]
+  assert list(batching.fewest_padded_lengths(lengths, counts, 4, 5000.0)) == [32]
   # two lengths (16, 32) pad to 9,600: 3,200 saved by one more, worth it below 3,200
-  assert list(finetuning.fewest_padded_lengths(lengths, counts, 4, 3000.0)) == [16, 32]
+  assert list(batching.fewest_padded_lengths(lengths, counts, 4, 3000.0)) == [16, 32]
   # fewer epochs, a compile is worth more of each epoch's tokens: fewer lengths
   mask_NxL = _varied_lengths(2000, seq_len=64, seed=3)["attention_mask"]
   per_run = [
-      len(np.unique(finetuning.padded_lengths(mask_NxL, 8, 0, 8, finetuning.compile_tokens(8, e))))
+      len(np.unique(batching.padded_lengths(mask_NxL, 8, 0, 8, finetuning.compile_tokens(8, e))))
       for e in (1, 3, 30)
   ]
   assert per_run == sorted(per_run) and per_run[0] < per_run[-1] <= 8
@@ -375,10 +376,10 @@ def test_a_length_is_kept_only_if_it_saves_more_than_a_compile():
 
 def test_rare_lengths_join_the_next_longer_one():
   mask_NxL = np.arange(16)[None, :] < np.array([3] * 10 + [7] * 2 + [16] * 3)[:, None]
-  assert list(finetuning.padded_lengths(mask_NxL, 4)) == [4] * 10 + [8] * 2 + [16] * 3
-  assert list(finetuning.padded_lengths(mask_NxL, 4, 3)) == [4] * 10 + [16] * 5
-  assert list(finetuning.padded_lengths(mask_NxL, 4, 4)) == [4] * 10 + [16] * 5
-  assert list(finetuning.padded_lengths(mask_NxL, 4, 6)) == [16] * 15
+  assert list(batching.padded_lengths(mask_NxL, 4)) == [4] * 10 + [8] * 2 + [16] * 3
+  assert list(batching.padded_lengths(mask_NxL, 4, 3)) == [4] * 10 + [16] * 5
+  assert list(batching.padded_lengths(mask_NxL, 4, 4)) == [4] * 10 + [16] * 5
+  assert list(batching.padded_lengths(mask_NxL, 4, 6)) == [16] * 15
 
 
 def test_the_default_mesh_is_the_pretraining_runs_when_it_fits(tmp_path):

@@ -143,10 +143,8 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
 
   from bertjax.interop import convert
 
-  from bertjax.tasks import finetuning
-
   from bertjax import model as model_lib
-  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks import encoder as encoder_lib, finetuning, recipe as recipe_lib
   from bertjax.tasks.glue import finetune
 
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=32)
@@ -171,52 +169,11 @@ def test_hf_encoder_restored_exactly_with_a_new_head(tmp_path):
   ):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-6, err_msg=str(path))
   assert state.params["classifier"]["kernel"].shape == (cfg.hidden_size, 3)
-  assert float(finetuning.peak_learning_rate(state.opt_state)) == pytest.approx(2e-5)
+  assert float(recipe_lib.peak_learning_rate(state.opt_state)) == pytest.approx(2e-5)
   with pytest.raises(ValueError, match="init random needs tokenizer"):
     encoder_lib.load_encoder("random")
   with pytest.raises(FileNotFoundError, match="no such checkpoint"):
     encoder_lib.load_encoder(str(tmp_path / "missing"))
-
-
-def test_the_kept_trainer_holds_its_encoder_so_no_other_takes_its_place():
-  """A sweep's runs (only the learning rate and seed differ) share one Trainer. It is matched
-  to its encoder by identity and holds it: a dropped encoder's id cannot pass to a new one
-  while the Trainer is kept, so a new encoder always gets its own Trainer."""
-  import dataclasses
-  import gc
-  import weakref
-
-  from bertjax import model as model_lib
-  from bertjax.tasks import encoder as encoder_lib, finetuning
-  from bertjax.tasks.glue import finetune
-
-  cfg = model_lib.BertConfig(
-      vocab_size=64,
-      hidden_size=16,
-      num_layers=1,
-      num_heads=2,
-      intermediate_size=32,
-      max_position_embeddings=16,
-  )
-  task, recipe = tasks.TASKS["sst2"], finetuning.Recipe(batch_size=8, eval_batch_size=8)
-  finetune.clear_trainer_cache()
-  first_enc = encoder_lib.Encoder(cfg, None, tokenizer=None, source="first")
-  first = finetune._trainer(task, first_enc, recipe, 10)
-  sweep_run = dataclasses.replace(recipe, learning_rate=1e-3, seed=1)
-  assert finetune._trainer(task, first_enc, sweep_run, 10) is first
-  assert (
-      finetune._trainer(task, first_enc, dataclasses.replace(recipe, dropout=0.0), 10) is not first
-  )
-  first = finetune._trainer(task, first_enc, recipe, 10)
-  held = weakref.ref(first_enc)
-  del first_enc
-  gc.collect()
-  assert held() is not None  # kept with its Trainer: its id stays taken
-  same_contents = encoder_lib.Encoder(cfg, None, tokenizer=None, source="first")
-  assert finetune._trainer(task, same_contents, recipe, 10) is not first
-  gc.collect()
-  assert held() is None  # the new Trainer replaced it: nothing older is kept
-  finetune.clear_trainer_cache()
 
 
 def _run_cli(argv):

@@ -14,7 +14,7 @@ import flax.linen as nn
 from bertjax import model as model_lib
 from bertjax.commands import finetune_args
 from bertjax.data import pretraining
-from bertjax.tasks import finetuning
+from bertjax.tasks import recipe as recipe_lib
 from bertjax.training import optim, sharding, train
 from conftest import tiny_config
 from experiments import pretrain
@@ -221,8 +221,8 @@ def test_lamb_fused_qkv_kernel_is_three_variables():
 
 
 def test_finetuning_optimizer_follows_the_width_and_the_flag(capsys):
-  assert finetuning.optimizer_for(512)[0] == "adamw"
-  assert finetuning.optimizer_for(768)[0] == finetuning.optimizer_for(1024)[0] == "bert_adamw"
+  assert recipe_lib.optimizer_for(512)[0] == "adamw"
+  assert recipe_lib.optimizer_for(768)[0] == recipe_lib.optimizer_for(1024)[0] == "bert_adamw"
   p = argparse.ArgumentParser()
   finetune_args.add_recipe_args(p, learning_rate=2e-5, epochs=3, max_seq_len=128)
   assert finetune_args.recipe_from_args(p.parse_args([]), 768, "glue").optimizer == "bert_adamw"
@@ -236,13 +236,13 @@ def test_finetuning_optimizer_follows_the_width_and_the_flag(capsys):
       and "optimizer" not in capsys.readouterr().out.split("learning rate")[-1]
   )
   with pytest.raises(ValueError, match=r"^Recipe.optimizer='sgd'; valid: 'bert_adamw', 'adamw'$"):
-    finetuning.make_optimizer(finetuning.Recipe(optimizer="sgd"), 10)
+    recipe_lib.make_optimizer(recipe_lib.Recipe(optimizer="sgd"), 10)
 
 
 @pytest.mark.parametrize("name", ["bert_adamw", "adamw"])
 def test_finetuning_optimizers_are_bert_and_bias_corrected(name):
   """10 steps, warmup 1: step 0 at lr 0, step 1 at BERT's 1 - 1/10 or warmup_linear's 1."""
-  tx = finetuning.make_optimizer(finetuning.Recipe(optimizer=name, weight_decay=0.0), 10)
+  tx = recipe_lib.make_optimizer(recipe_lib.Recipe(optimizer=name, weight_decay=0.0), 10)
   params, g = {"kernel": jnp.zeros((3,))}, jnp.array([0.1, -0.2, 0.3])
   state = tx.init(params)
   first, state = tx.update({"kernel": g}, state, params)

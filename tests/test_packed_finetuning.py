@@ -10,6 +10,7 @@ import pytest
 from bertjax import errors, model as model_lib
 from bertjax.commands import finetune_args
 from bertjax.tasks import batching, encoder as encoder_lib, finetuning
+from bertjax.tasks.finetuning import trainer as trainer_lib
 from bertjax.tasks.glue import features, finetune, tasks
 
 CFG = model_lib.BertConfig(
@@ -104,7 +105,6 @@ def test_packed_training_scores_as_unpacked(tmp_path):
         save_checkpoint=False,
         packing=packing,
     )
-  finetune.clear_trainer_cache()
   scores = {k: r.dev["accuracy"] for k, r in runs.items()}
   labels = data["dev"].labels_N
   majority = max(np.mean(labels), 1 - np.mean(labels))
@@ -150,7 +150,7 @@ def test_packed_loss_and_gradients_equal_unpacked():
   def loss_and_grads(trainer, batch):
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
     loss = lambda p: finetune.glue_loss(
-        finetuning._apply(trainer.model, p, batch, deterministic=True), batch, regression=False
+        trainer_lib._apply(trainer.model, p, batch, deterministic=True), batch, regression=False
     )
     return jax.jit(jax.value_and_grad(loss))(params)  # compiled: eager dispatch is slow
 
@@ -356,7 +356,7 @@ def test_ner_packed_loss_and_gradients_equal_unpacked(tmp_path):
 
   def loss_and_grads(trainer, batch):
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    loss = lambda p: train.ner_loss(finetuning._apply(trainer.model, p, batch), batch)
+    loss = lambda p: train.ner_loss(trainer_lib._apply(trainer.model, p, batch), batch)
     return jax.jit(jax.value_and_grad(loss))(params)  # compiled: eager dispatch took minutes
 
   (want_loss, want), (got_loss, got) = (

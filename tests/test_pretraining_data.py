@@ -375,7 +375,7 @@ def test_a_split_without_shards_and_a_directory_without_data_are_named(data_dir,
   with pytest.raises(errors.InputNotFoundError, match=r"nowhere: no such directory"):
     records.load_metadata(tmp_path / "nowhere")
   (tmp_path / "d" / "metadata.json").write_text('{"shards": [')
-  with pytest.raises(errors.BadInputError, match=r"metadata.json: not valid JSON .*--overwrite"):
+  with pytest.raises(errors.BadInputError, match=r"metadata.json:1: not valid JSON .*--overwrite"):
     records.load_metadata(tmp_path / "d")
 
 

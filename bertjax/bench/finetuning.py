@@ -25,7 +25,7 @@ import numpy as np
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.bench import peers as bench_peers
-from bertjax.tasks import encoder as encoder_lib, finetuning as finetuning_lib
+from bertjax.tasks import defaults, encoder as encoder_lib, finetuning as finetuning_lib
 from bertjax.tasks.glue import features, finetune, tasks, tsv
 
 # the fine-tuning peers (`bertjax bench` has more for pretraining): PyTorch padding each batch
@@ -46,8 +46,10 @@ class FinetuneSpec:
   eval_batch_size: int = 64
   learning_rate: float = 5e-4  # bertjax's default for hidden 256; both runs
   max_seq_len: int = 128  # longer rows are truncated
-  length_bucket: int = 8  # bertjax pads batches to a multiple of this; 0: to max_seq_len
-  max_lengths: int = 8  # bertjax: at most this many batch lengths (compiles)
+  length_bucket: int = (
+      defaults.LENGTH_BUCKET
+  )  # bertjax pads batches to a multiple of this; 0: to max_seq_len
+  max_lengths: int = defaults.MAX_LENGTHS  # bertjax: at most this many batch lengths (compiles)
   max_train_examples: int = 0  # > 0: the first N rows (quick runs)
   seed: int = 0
   packing: int = 0  # bertjax: > 0 packs up to this many examples into a row; 0: one a row
@@ -144,8 +146,7 @@ def _bertjax_runs(task, enc, feats, recipe, packing) -> dict[str, tuple[float, f
   for name in ("cold", "warm") if cache else ("cold",):
     # warm: what a rerun in a new process sees, the compiled steps read back from the
     # persistent cache (bertjax.runtime.compile_cache) instead of compiled
-    jax.clear_caches()
-    finetune.clear_trainer_cache()
+    jax.clear_caches()  # no Trainer outlives a run: none is kept without a TrainerCache
     with tempfile.TemporaryDirectory() as workdir:
       t0, c0 = time.perf_counter(), time.process_time()
       # the trainer's epoch lines go with the benchmark's progress: stdout is the result (--json)

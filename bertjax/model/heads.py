@@ -1,7 +1,9 @@
 """Task heads on the BERT encoder: sequence classification (GLUE), SQuAD spans, token tags.
 
-Each head is new on restore; the encoder underneath is `bert.BertModel` under the name "bert",
-so the pretrained "bert" subtree loads into any of them.
+One head per kind, on rows of one example or on packed rows (`segment_ids`, keyword-only and
+optional: several examples share a row, each attending only to itself). Each head is new on
+restore; the encoder underneath is `bert.BertModel` under the name "bert", so the pretrained
+"bert" subtree loads into any of them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ def _head(cfg: BertConfig, num_outputs: int, name: str) -> nn.Dense:
   """A task head's dense layer from the hidden size to `num_outputs` logits (new on restore),
   with a bias whatever `cfg.use_bias` says of the encoder."""
   return dense(cfg, num_outputs, ("embed", "classes"), name, use_bias=True)
+
+
+def _token_states(
+    cfg: BertConfig, input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, segment_ids_BxL, det
+) -> Array:
+  """[B, L, H] the encoder's last layer (the submodule "bert" of the calling head), packed rows
+  kept apart by their segment ids if given."""
+  enc = BertModel(cfg, name="bert")(
+      input_ids_BxL,
+      token_type_ids_BxL,
+      attention_mask_BxL,
+      segment_ids=segment_ids_BxL,
+      deterministic=det,
+  )
+  return enc.sequence_output
 
 
 class BertForSequenceClassification(nn.Module):
@@ -79,7 +96,11 @@ class BertForSequenceClassification(nn.Module):
 
 
 class BertForQuestionAnswering(nn.Module):
-  """google-research/bert's SQuAD head: one dense layer from each token to (start, end)."""
+  """google-research/bert's SQuAD head: one dense layer from each token to (start, end).
+
+  Packed rows: with `segment_ids` [B, L] (1..E for the windows of a row, 0 padding) attention
+  stays within each window; every token is scored, so `cls_positions` is not needed (the loss
+  and the decoder read each window's tokens from its own [CLS] on)."""
 
   cfg: BertConfig
 
@@ -90,18 +111,24 @@ class BertForQuestionAnswering(nn.Module):
       token_type_ids_BxL: Array | None = None,
       attention_mask_BxL: Array | None = None,
       *,
+      segment_ids: Array | None = None,
+      cls_positions: Array | None = None,
       deterministic: bool = True,
   ) -> tuple[Array, Array]:
-    enc = BertModel(self.cfg, name="bert")(
-        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    x_BxLxH = _token_states(
+        self.cfg, input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, segment_ids, deterministic
     )
-    logits_BxLx2 = _head(self.cfg, 2, "qa_outputs")(enc.sequence_output)
+    del cls_positions  # every token is scored
+    logits_BxLx2 = _head(self.cfg, 2, "qa_outputs")(x_BxLxH)
     logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
     return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
 
 
 class BertForTokenClassification(nn.Module):
-  """The NER head: dropout + dense from each token's last hidden state to `num_labels` tags."""
+  """The NER head: dropout + dense from each token's last hidden state to `num_labels` tags.
+
+  Packed rows: with `segment_ids` [B, L] (1..E for the sentences of a row, 0 padding) attention
+  stays within each sentence; every token is tagged, so `cls_positions` is not needed."""
 
   cfg: BertConfig
   num_labels: int
@@ -113,13 +140,14 @@ class BertForTokenClassification(nn.Module):
       token_type_ids_BxL: Array | None = None,
       attention_mask_BxL: Array | None = None,
       *,
+      segment_ids: Array | None = None,
+      cls_positions: Array | None = None,
       deterministic: bool = True,
   ) -> Array:
-    enc = BertModel(self.cfg, name="bert")(
-        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic
+    x_BxLxH = _token_states(
+        self.cfg, input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, segment_ids, deterministic
     )
-    x_BxLxH = ops.Dropout(self.cfg.hidden_dropout_rate)(
-        enc.sequence_output, deterministic=deterministic
-    )
+    del cls_positions  # every token is tagged
+    x_BxLxH = ops.Dropout(self.cfg.hidden_dropout_rate)(x_BxLxH, deterministic=deterministic)
     logits_BxLxC = _head(self.cfg, self.num_labels, "classifier")(x_BxLxH)
     return logits_BxLxC.astype(jnp.float32)

@@ -4,7 +4,8 @@
     inputs.py      special ids, pair truncation and [CLS] A [SEP] B [SEP] packing, for every task
     recipe.py      the fine-tuning recipe (checked fields) and its optimizer
     batching.py    length-aware batches: buckets, padding, each process's rows
-    finetuning.py  the shared fine-tuning trainer: state, step, epochs, best kept
+    finetuning/    the runner every task goes through (`run`), the interface a task implements
+                   (`TaskAdapter`), the trainer (state, steps, prediction) and the epoch loop
     glue/          GLUE and custom TSV tasks, sweeps, leaderboard submissions
     squad/         SQuAD 1.1/2.0
     ner/           CoNLL-style token classification

@@ -6,7 +6,7 @@ Modules, in the order data flows through them:
   tfds_source  the same splits from TFDS `glue/<task>`
   features     Examples -> [CLS] A [SEP] B [SEP] token ids, segment ids and masks
   metrics      accuracy, F1, Matthews correlation, Pearson, Spearman (numpy only)
-  finetune     the GLUE loss and metrics on `bertjax.tasks.finetuning`'s trainer; the best epoch kept
+  finetune     GLUE's adapter for `bertjax.tasks.finetuning.run`: loss, predictions, metric, files
   sweep        every task x learning rate x seed of `bertjax glue`; medians over seeds
   submission   leaderboard files under OUT/submission/, results.json and the Markdown table
 The command line is `bertjax glue` (bertjax/commands/glue.py).

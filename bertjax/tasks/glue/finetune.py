@@ -1,13 +1,14 @@
 """Fine-tune a restored encoder on one GLUE task with the BERT recipe.
 
     enc = encoder.load_encoder("runs/base")   # or a HF / Google BERT dir, or "random"
-    run = finetune.train_and_evaluate(task, enc, feats, finetuning.Recipe(), "out/sst2")
+    run = finetune.train_and_evaluate(task, enc, feats, recipe.Recipe(), "out/sst2")
 
-The trainer, optimizer and loop are `bertjax.tasks.finetuning`'s; this module adds what is GLUE's:
-the classifier on [CLS] (`model.BertForSequenceClassification`; `Recipe.pooling`), the
+GLUE's adapter (`GlueTask`) for the fine-tuning runner (`bertjax.tasks.finetuning.run`): the
+classifier on [CLS] (`model.BertForSequenceClassification`; `Recipe.pooling`), the
 cross-entropy or squared-error loss, the task's metrics on every dev split, and the test
-predictions. The batch (`Recipe.batch_size`, 32) is global, split over `Recipe.mesh`. A sweep's
-runs share one Trainer and its compiled steps (`_trainer`).
+predictions (written as leaderboard files by `sweep`). The batch (`Recipe.batch_size`, 32) is
+global, split over `Recipe.mesh`. A sweep's runs share one Trainer and its compiled steps: the
+sweep passes one `finetuning.TrainerCache` to each of a task's runs.
 
 `packing=E` (`bertjax glue --packing`) packs up to E examples into each row, each classified
 from its own [CLS] (`finetuning.Trainer`'s packing): one compiled train and predict step.
@@ -21,7 +22,6 @@ Shape letters: N examples, B batch, C classes (1 for regression).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,8 @@ import optax
 from bertjax import errors, model as model_lib
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
+from bertjax.tasks.finetuning import Finished, Splits, Trainer, masked_mean
+from bertjax.tasks.recipe import Recipe
 from bertjax.tasks.glue import features, metrics, tasks
 
 
@@ -44,25 +46,16 @@ def glue_loss(logits_BxC: jax.Array, batch: dict, *, regression: bool) -> jax.Ar
     per_example_B = optax.softmax_cross_entropy_with_integer_labels(
         logits_BxC, labels_B.astype(jnp.int32)
     )
-  return finetuning.masked_mean(per_example_B, batch["weights"])
+  return masked_mean(per_example_B, batch["weights"])
 
 
 def make_trainer(
-    task: tasks.Task,
-    enc: Encoder,
-    recipe: finetuning.Recipe,
-    total_steps: int,
-    packing: int = 0,
-) -> finetuning.Trainer:
+    task: tasks.Task, enc: Encoder, recipe: Recipe, total_steps: int, packing: int = 0
+) -> Trainer:
   """The task's classifier (or regressor) on `enc`, with its loss; `packing` > 0 packs up to
   that many examples into a row."""
-  make_model = functools.partial(
-      model_lib.BertForSequenceClassification,
-      num_labels=task.num_labels,
-      pooling=recipe.pooling,
-  )
-  loss_fn = functools.partial(glue_loss, regression=task.is_regression)
-  return finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "glue", packing=packing)
+  glue = GlueTask(task, {}, recipe.pooling)
+  return Trainer(glue.head, enc, recipe, total_steps, glue.loss, glue.name, packing=packing)
 
 
 def arrays(feats: features.Features) -> dict[str, np.ndarray]:
@@ -81,7 +74,75 @@ def predictions(task: tasks.Task, logits_NxC: np.ndarray) -> np.ndarray:
   return logits_NxC[:, 0] if task.is_regression else np.argmax(logits_NxC, axis=-1)
 
 
-# ------------------------------------------------------------------------------------ the loop
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+  """One GLUE (or custom TSV) task as a `finetuning` adapter: `data` holds "train", the
+  task's dev splits and any of its test splits."""
+
+  task: tasks.Task
+  data: dict[str, features.Features]
+  pooling: str = "cls"  # Recipe.pooling
+  name = "glue"
+
+  @property
+  def run_name(self) -> str:
+    return self.task.name
+
+  @property
+  def main_metric(self) -> str:
+    return self.task.main_metric
+
+  def features(self) -> Splits:
+    for split in ("train",) + tuple(s.name for s in self.task.dev):
+      if len(self.data[split]) == 0:
+        raise errors.BadInputError(
+            f"{self.task.name}: the {split} split has no usable rows; check its data "
+            "(unreadable rows are reported before training)"
+        )
+    return Splits(
+        train=arrays(self.data["train"]),
+        scored={s.name: arrays(self.data[s.name]) for s in self.task.dev},
+        final={s.name: arrays(self.data[s.name]) for s in self.task.test if s.name in self.data},
+    )
+
+  def head(self, cfg: model_lib.BertConfig) -> model_lib.BertForSequenceClassification:
+    return model_lib.BertForSequenceClassification(
+        cfg, num_labels=self.task.num_labels, pooling=self.pooling
+    )
+
+  def loss(self, logits_BxC: jax.Array, batch: dict) -> jax.Array:
+    return glue_loss(logits_BxC, batch, regression=self.task.is_regression)
+
+  def predictions(self, split: str, logits_NxC: np.ndarray) -> np.ndarray:
+    del split  # every split is classified alike
+    return predictions(self.task, logits_NxC)
+
+  def metric(self, predicted: dict[str, np.ndarray]) -> dict[str, float]:
+    out = {}
+    for split in self.task.dev:
+      out.update(
+          metrics.compute(self.task, split, predicted[split.name], self.data[split.name].labels_N)
+      )
+    return out
+
+  def submission(self, predicted: dict[str, np.ndarray], run: Finished) -> dict:
+    """Nothing written here: a sweep writes the best run's test predictions."""
+    del predicted
+    task = self.task
+    return dict(
+        task=task.name,
+        labels=list(task.labels) if task.labels else None,
+        num_labels=task.num_labels,
+        init=run.encoder.source,
+        recipe=dataclasses.asdict(run.recipe),
+        packing=run.packing,
+        dev=dict(run.fit.best, epoch=run.fit.best_epoch),
+        config=run.config.to_dict(),
+        tokenizer=str(getattr(run.encoder.tokenizer, "path", "")),
+    )
+
+
+# ------------------------------------------------------------------------------------ the run
 
 
 @dataclasses.dataclass
@@ -98,126 +159,34 @@ def train_and_evaluate(
     task: tasks.Task,
     enc: Encoder,
     data: dict[str, features.Features],
-    recipe: finetuning.Recipe,
+    recipe: Recipe,
     workdir: str,
     progress: bool = True,
     save_checkpoint: bool = True,
     packing: int = 0,
+    trainers: finetuning.TrainerCache | None = None,
 ) -> RunResult:
   """Fine-tune for `recipe.epochs`, score the dev splits after each, predict the test splits
   with the best epoch. `data` holds "train", the task's dev splits and any test splits.
   `packing` > 0 trains and predicts on rows of up to that many examples (one compiled shape
-  each, no length buckets); 0 one example per row."""
-  if packing < 0:
-    raise errors.ConfigError(f"packing={packing} must be >= 0 (0: one example per row)")
-  for split in ("train",) + tuple(s.name for s in task.dev):
-    if len(data[split]) == 0:
-      raise errors.BadInputError(
-          f"{task.name}: the {split} split has no usable rows; check its data (unreadable "
-          "rows are reported before training)"
-      )
-  steps = finetuning.total_steps(arrays(data["train"]), recipe, packing)
-  trainer = _trainer(task, enc, recipe, steps, packing)
-  score_dev = lambda params: evaluate(trainer, task, params, data, recipe.eval_batch_size)
-  run = finetuning.fit(
-      trainer,
-      arrays(data["train"]),
+  each, no length buckets); 0 one example per row. `trainers` (a sweep's, one per task) keeps
+  the Trainer for the next run of the task."""
+  out = finetuning.run(
+      GlueTask(task, data, recipe.pooling),
+      enc,
       recipe,
-      score_dev,
-      task.main_metric,
       workdir,
+      packing=packing,
       progress=progress,
-      run_name=task.name,
-      predicts=tuple(arrays(data[split.name]) for split in task.dev),
+      save_checkpoint=save_checkpoint,
+      trainers=trainers,
   )
-  if save_checkpoint:
-    finetuning.save_params(
-        workdir,
-        run.best_params,
-        dict(
-            task=task.name,
-            labels=list(task.labels) if task.labels else None,
-            num_labels=task.num_labels,
-            init=enc.source,
-            recipe=dataclasses.asdict(recipe),
-            packing=packing,
-            dev=dict(run.best, epoch=run.best_epoch),
-            config=trainer.cfg.to_dict(),
-            tokenizer=str(enc.tokenizer.path),
-        ),
-    )
-  test = {}
-  for split in task.test:
-    if split.name in data:
-      logits_NxC = trainer.predict(
-          run.best_params, arrays(data[split.name]), recipe.eval_batch_size
-      )
-      test[split.name] = predictions(task, logits_NxC)
   return RunResult(
-      dev=run.best,
-      best_epoch=run.best_epoch,
-      history=run.history,
-      test=test,
+      dev=out.fit.best,
+      best_epoch=out.fit.best_epoch,
+      history=out.fit.history,
+      test=out.predicted,
       workdir=workdir,
-      compiled_shapes=trainer.compiled_shapes(),
+      compiled_shapes=out.compiled_shapes,
   )
 
-
-@dataclasses.dataclass
-class _Kept:
-  """The Trainer kept for the next run, and what it was built for."""
-
-  enc: Encoder  # held: while kept, no other encoder can be this object (or reuse its id)
-  key: tuple  # the task, the steps and every recipe field but the learning rate and seed
-  trainer: finetuning.Trainer
-
-
-_KEPT: list[_Kept] = []  # at most one: a finished task's compiled steps are not kept
-
-
-def clear_trainer_cache() -> None:
-  """Forget the kept Trainer (and its compiled steps)."""
-  _KEPT.clear()
-
-
-def _trainer(
-    task: tasks.Task,
-    enc: Encoder,
-    recipe: finetuning.Recipe,
-    total_steps: int,
-    packing: int = 0,
-) -> finetuning.Trainer:
-  """The Trainer of the last run if only the learning rate and seed changed (a sweep): its
-  steps are compiled already. The encoder is matched by identity (the Trainer holds its
-  parameters), and held with the Trainer so that no later encoder can take its place."""
-  key = (
-      task.name,
-      task.num_labels,
-      task.is_regression,
-      total_steps,
-      packing,
-      tuple(
-          (f.name, getattr(recipe, f.name))
-          for f in dataclasses.fields(recipe)
-          if f.name not in ("learning_rate", "seed")  # values in the state, not the Trainer's
-      ),
-  )
-  if not (_KEPT and _KEPT[0].enc is enc and _KEPT[0].key == key):
-    _KEPT.clear()  # before building: the old Trainer need not live beside the new one
-    _KEPT.append(_Kept(enc, key, make_trainer(task, enc, recipe, total_steps, packing)))
-  return _KEPT[0].trainer
-
-
-def evaluate(
-    trainer: finetuning.Trainer,
-    task: tasks.Task,
-    params,
-    data: dict[str, features.Features],
-    batch_size: int,
-) -> dict[str, float]:
-  out = {}
-  for split in task.dev:
-    feats = data[split.name]
-    pred = predictions(task, trainer.predict(params, arrays(feats), batch_size))
-    out.update(metrics.compute(task, split, pred, feats.labels_N))
-  return out

@@ -1,9 +1,10 @@
 """Runs of `bertjax glue`: every task of a list, each over a grid of learning rates x seeds.
 
 `run(tasks, encoder, options, recipes)` fine-tunes each task once per recipe
-(`finetune.train_and_evaluate`), keeps the best run on dev (its checkpoint, its submissions),
-and reports the spread over seeds at the learning rate whose seeds average best: median, mean
-and std beside the best-on-dev figure (the paper's protocol, an optimistic pick). The command
+(`finetune.train_and_evaluate`; a task's runs share one Trainer, a `finetuning.TrainerCache`),
+keeps the best run on dev (its checkpoint, its submissions), and reports the spread over seeds
+at the learning rate whose seeds average best: median, mean and std beside the best-on-dev
+figure (the paper's protocol, an optimistic pick). The command
 (bertjax/commands/glue.py) parses and checks flags into `Options` and recipes, and has
 `check_data` read every task's data before anything is written.
 """
@@ -20,6 +21,7 @@ import numpy as np
 from bertjax import errors
 from bertjax.runtime import fs
 from bertjax.tasks import files, finetuning
+from bertjax.tasks import recipe as recipe_lib
 from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.glue import features, finetune, metrics, submission, tasks, tfds_source, tsv
 
@@ -40,13 +42,13 @@ def learning_rate_grid(rates: Sequence[float] | None, hidden_size: int) -> tuple
   and a line saying which."""
   if rates:
     return list(rates), "as given"
-  _, grid, why = finetuning.learning_rates_for(hidden_size)
+  _, grid, why = recipe_lib.learning_rates_for(hidden_size)
   return list(grid), why
 
 
 def recipes(
-    base: finetuning.Recipe, learning_rates: Sequence[float], seeds: Sequence[int]
-) -> list[finetuning.Recipe]:
+    base: recipe_lib.Recipe, learning_rates: Sequence[float], seeds: Sequence[int]
+) -> list[recipe_lib.Recipe]:
   return [
       dataclasses.replace(base, learning_rate=lr, seed=s) for lr in learning_rates for s in seeds
   ]
@@ -99,7 +101,7 @@ def report_skipped(task: tasks.Task, examples: dict, out_dir: str) -> None:
 
 
 def run_task(
-    task: tasks.Task, enc: Encoder, opts: Options, recipe_list: Sequence[finetuning.Recipe]
+    task: tasks.Task, enc: Encoder, opts: Options, recipe_list: Sequence[recipe_lib.Recipe]
 ) -> dict:
   """Fine-tune `task` once per recipe; write its submissions; return its results entry."""
   examples = load_data(task, opts)
@@ -117,6 +119,7 @@ def run_task(
       flush=True,
   )
   feats = {k: features.encode(enc.tokenizer, v, opts.max_seq_len) for k, v in examples.items()}
+  trainers = finetuning.TrainerCache()  # the task's runs share one Trainer; dropped with it
   runs = []
   for r in recipe_list:
     sub = "" if len(recipe_list) == 1 else f"lr{r.learning_rate:g}-seed{r.seed}"
@@ -128,6 +131,7 @@ def run_task(
         files.join(opts.workdir, task.name, sub),
         progress=opts.progress,
         packing=opts.packing,
+        trainers=trainers,
     )
     runs.append((r, res))
   best_recipe, best = max(runs, key=lambda rr: rr[1].dev[task.main_metric])
@@ -197,7 +201,7 @@ def run(
     task_list: Sequence[tasks.Task],
     enc: Encoder,
     opts: Options,
-    recipe_list: Sequence[finetuning.Recipe],
+    recipe_list: Sequence[recipe_lib.Recipe],
 ) -> None:
   """Every task in turn, results.json/results.md updated after each (`check_data` first)."""
   fs.path(opts.workdir).mkdir(parents=True, exist_ok=True)

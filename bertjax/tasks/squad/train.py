@@ -3,6 +3,8 @@
     run = train.train_and_evaluate(enc, train_examples, dev_examples, Options(version="2.0"),
                                    workdir)
 
+SQuAD's adapter (`SquadTask`) for the fine-tuning runner (`bertjax.tasks.finetuning.run`).
+
 Loss: the mean of the start and end cross-entropies over the window's positions (google's
 run_squad). After each epoch the dev windows are predicted, decoded to answers (`decode`) and
 scored (`evaluate`); the best epoch by F1 writes workdir/predictions.json (qid -> answer),
@@ -24,9 +26,12 @@ import optax
 
 from bertjax import errors
 from bertjax import model as model_lib
+from bertjax.data.tokenizer import Tokenizer
 from bertjax.runtime import fs
 from bertjax.tasks import finetuning
 from bertjax.tasks.encoder import Encoder
+from bertjax.tasks.finetuning import Finished, Splits, Trainer, masked_mean
+from bertjax.tasks.recipe import Recipe
 from bertjax.tasks.squad import (
     decode as decode_lib,
     evaluate as evaluate_lib,
@@ -60,7 +65,7 @@ def squad_loss(outputs, batch: dict) -> jax.Array:
   per_example_B = 0.5 * (
       ce(start_BxL, batch["start_positions"]) + ce(end_BxL, batch["end_positions"])
   )
-  return finetuning.masked_mean(per_example_B, batch["weights"])
+  return masked_mean(per_example_B, batch["weights"])
 
 
 def packed_cross_entropy(
@@ -79,27 +84,21 @@ def packed_cross_entropy(
 
 
 def make_model(packing: int = 0):
-  """The SQuAD head; on packed rows (`packing` > 0) the same head and parameters, taking
-  segment ids."""
-  if packing:
-    return functools.partial(
-        finetuning.PackedTokenHead, num_outputs=2, head="qa_outputs", pairs=True
-    )
+  """The SQuAD head, packed rows or not (`packing`): it takes segment ids."""
+  del packing
   return model_lib.BertForQuestionAnswering
 
 
-def predict_and_score(
-    trainer: finetuning.Trainer,
-    params,
-    tok,
+def decode(
     examples: list[Example],
     feats: feats_lib.Features,
-    recipe: finetuning.Recipe,
+    start_NxL,
+    end_NxL,
+    tok,
     opts: Options,
-    progress: bool = False,
-) -> tuple[dict[str, float], decode_lib.Decoded]:
-  start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
-  dec = decode_lib.decode(
+) -> decode_lib.Decoded:
+  """The answers of `examples` from their windows' start and end logits."""
+  return decode_lib.decode(
       examples,
       feats,
       start_NxL,
@@ -110,21 +109,128 @@ def predict_and_score(
       opts.max_answer_length,
       opts.null_threshold,
   )
-  scores = evaluate_lib.score(
+
+
+def score(examples: list[Example], dec: decode_lib.Decoded, opts: Options) -> dict[str, float]:
+  """The official EM/F1 (and, v2.0, the no-answer breakdown) of the decoded answers."""
+  return evaluate_lib.score(
       gold_answers(examples),
       dec.predictions,
       opts.version,
       dec.null_odds if opts.version == "2.0" else None,
       dec.best_span,
   )
-  return scores, dec
+
+
+def predict_and_score(
+    trainer: Trainer,
+    params,
+    tok,
+    examples: list[Example],
+    feats: feats_lib.Features,
+    recipe: Recipe,
+    opts: Options,
+    progress: bool = False,
+) -> tuple[dict[str, float], decode_lib.Decoded]:
+  start_NxL, end_NxL = trainer.predict(params, feats.arrays, recipe.eval_batch_size, progress)
+  dec = decode(examples, feats, start_NxL, end_NxL, tok, opts)
+  return score(examples, dec, opts), dec
+
+
+@dataclasses.dataclass
+class SquadTask:
+  """SQuAD as a `finetuning` adapter: the windows of `train` to train on, those of `dev` to
+  score after each epoch and to answer with the best."""
+
+  tok: Tokenizer
+  train: list[Example]
+  dev: list[Example]
+  opts: Options
+  max_position_embeddings: int  # the encoder's: no window may be longer
+  name = "squad"
+  run_name = ""
+  main_metric = "f1"
+
+  @functools.cached_property
+  def windows(self) -> tuple[feats_lib.Features, feats_lib.Features]:
+    """The train and dev windows, built once."""
+    opts = self.opts
+    if opts.max_seq_len > self.max_position_embeddings:
+      raise errors.ConfigError(
+          f"Options.max_seq_len={opts.max_seq_len} exceeds the model's "
+          f"max_position_embeddings={self.max_position_embeddings}"
+      )
+    build = lambda ex, training: feats_lib.build(
+        self.tok, ex, opts.max_seq_len, opts.doc_stride, opts.max_query_length, training
+    )
+    train_feats, dev_feats = build(self.train, True), build(self.dev, False)
+    answered = int((train_feats.arrays["start_positions"] > 0).sum())
+    print(
+        f"squad: train {len(self.train)} questions -> {len(train_feats)} windows ({answered} "
+        f"hold the answer); dev {len(self.dev)} -> {len(dev_feats)}",
+        flush=True,
+    )
+    if not len(train_feats) or not len(dev_feats):
+      raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
+    return train_feats, dev_feats
+
+  def features(self) -> Splits:
+    train_feats, dev_feats = self.windows
+    dev = {"dev": dev_feats.arrays}
+    return Splits(train=train_feats.arrays, scored=dev, final=dev)
+
+  def head(self, cfg: model_lib.BertConfig) -> model_lib.BertForQuestionAnswering:
+    return model_lib.BertForQuestionAnswering(cfg)
+
+  def loss(self, outputs, batch: dict) -> jax.Array:
+    return squad_loss(outputs, batch)
+
+  def predictions(self, split: str, outputs) -> decode_lib.Decoded:
+    del split  # only dev is predicted
+    start_NxL, end_NxL = outputs
+    return decode(self.dev, self.windows[1], start_NxL, end_NxL, self.tok, self.opts)
+
+  def metric(self, predicted: dict[str, decode_lib.Decoded]) -> dict[str, float]:
+    return score(self.dev, predicted["dev"], self.opts)
+
+  def submission(self, predicted: dict[str, decode_lib.Decoded], run: Finished) -> dict:
+    """predictions.json, nbest_predictions.json, null_odds.json (v2.0) and results.json."""
+    dec, opts, result = predicted["dev"], self.opts, run.fit
+    scores = score(self.dev, dec, opts)
+    if jax.process_index() == 0:
+      _write(run.workdir, "predictions.json", dec.predictions)
+      _write(run.workdir, "nbest_predictions.json", dec.nbest)
+      if opts.version == "2.0":
+        _write(run.workdir, "null_odds.json", dec.null_odds)
+      untrained = [h for h in result.history if h["epoch"] == 0]
+      _write(
+          run.workdir,
+          "results.json",
+          dict(
+              version=opts.version,
+              best_epoch=result.best_epoch,
+              dev=scores,
+              untrained=untrained[0] if untrained else None,
+              history=result.history,
+          ),
+      )
+    return dict(
+        task=f"squad{opts.version}",
+        init=run.encoder.source,
+        dev=scores,
+        config=run.config.to_dict(),
+        recipe=dataclasses.asdict(run.recipe),
+        options=dataclasses.asdict(opts),
+        packing=run.packing,
+        tokenizer=str(getattr(self.tok, "path", "")),
+    )
 
 
 def train_and_evaluate(
     enc: Encoder,
     train: list[Example],
     dev: list[Example],
-    recipe: finetuning.Recipe,
+    recipe: Recipe,
     opts: Options,
     workdir: str,
     progress: bool = True,
@@ -134,76 +240,16 @@ def train_and_evaluate(
   epoch's predictions. `packing` > 0 packs up to that many windows into a row of
   `opts.max_seq_len` to train and predict (`finetuning.Trainer`), each window's start and end
   logits read from its own tokens; 0 one window a row."""
-  tok = enc.tokenizer
-  if opts.max_seq_len > enc.config.max_position_embeddings:
-    raise errors.ConfigError(
-        f"Options.max_seq_len={opts.max_seq_len} exceeds the model's "
-        f"max_position_embeddings={enc.config.max_position_embeddings}"
-    )
-  build = lambda ex, training: feats_lib.build(
-      tok, ex, opts.max_seq_len, opts.doc_stride, opts.max_query_length, training
-  )
-  train_feats, dev_feats = build(train, True), build(dev, False)
-  answered = int((train_feats.arrays["start_positions"] > 0).sum())
-  print(
-      f"squad: train {len(train)} questions -> {len(train_feats)} windows ({answered} hold "
-      f"the answer); dev {len(dev)} -> {len(dev_feats)}",
-      flush=True,
-  )
-  if not len(train_feats) or not len(dev_feats):
-    raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
-  total = finetuning.total_steps(train_feats.arrays, recipe, packing)
-  trainer = finetuning.Trainer(
-      make_model(packing), enc, recipe, total, squad_loss, "squad", packing=packing
-  )
-
-  def evaluate(params):
-    return predict_and_score(trainer, params, tok, dev, dev_feats, recipe, opts)[0]
-
-  result = finetuning.fit(
-      trainer,
-      train_feats.arrays,
+  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_position_embeddings)
+  return finetuning.run(
+      task,
+      enc,
       recipe,
-      evaluate,
-      "f1",
       workdir,
-      opts.eval_untrained,
-      progress,
-      predicts=(dev_feats.arrays,),
-  )
-  scores, dec = predict_and_score(trainer, result.best_params, tok, dev, dev_feats, recipe, opts)
-  if jax.process_index() == 0:
-    _write(workdir, "predictions.json", dec.predictions)
-    _write(workdir, "nbest_predictions.json", dec.nbest)
-    if opts.version == "2.0":
-      _write(workdir, "null_odds.json", dec.null_odds)
-    untrained = [h for h in result.history if h["epoch"] == 0]
-    _write(
-        workdir,
-        "results.json",
-        dict(
-            version=opts.version,
-            best_epoch=result.best_epoch,
-            dev=scores,
-            untrained=untrained[0] if untrained else None,
-            history=result.history,
-        ),
-    )
-  finetuning.save_params(
-      workdir,
-      result.best_params,
-      dict(
-          task=f"squad{opts.version}",
-          init=enc.source,
-          dev=scores,
-          config=trainer.cfg.to_dict(),
-          recipe=dataclasses.asdict(recipe),
-          options=dataclasses.asdict(opts),
-          packing=packing,
-          tokenizer=str(getattr(tok, "path", "")),
-      ),
-  )
-  return result
+      packing=packing,
+      eval_untrained=opts.eval_untrained,
+      progress=progress,
+  ).fit
 
 
 def _write(workdir: str, name: str, obj) -> None:

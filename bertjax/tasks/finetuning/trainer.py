@@ -1,34 +1,29 @@
-"""Fine-tune a restored encoder with a task head: the machinery GLUE, SQuAD and NER share.
+"""The fine-tuning trainer: a task head on a restored encoder, its state, its jitted steps.
 
     trainer = finetuning.Trainer(make_model, enc, recipe, total_steps, loss_fn, "squad")
-    result = finetuning.fit(trainer, train_arrays, recipe, evaluate, "f1", workdir)
+    state = trainer.init_state(seed=0, learning_rate=1e-4)
+    state, loss = trainer.train_step(state, batch)
+    outputs = trainer.predict(state.params, arrays, batch_size=64)
 
 `make_model(cfg)` builds a Flax module (`model.BertForSequenceClassification`,
 `BertForQuestionAnswering`, `BertForTokenClassification`) that holds the encoder as the
-submodule "bert" and takes (input_ids, token_type_ids, attention_mask); `loss_fn(outputs, batch)`
-turns its outputs into a mean loss. Batches are dicts of arrays with the global batch on the
-leading axis; "weights" (1 real row, 0 padding) is added by `fit`. The recipe and optimizer
-(`recipe.py`) and the length-aware batches (`batching.py`) are importable from here too.
+submodule "bert" and takes (input_ids, token_type_ids, attention_mask), and on packed rows
+`segment_ids` and `cls_positions`; `loss_fn(outputs, batch)` turns its outputs into a mean
+loss. Batches are dicts of arrays with the global batch on the leading axis. The epochs around
+it are `loop.fit`'s; the runner that drives a task through both is `finetuning.run`.
 
 State and steps are built as pretraining's (`bertjax.training.train_state`): the mesh from
 `Recipe.mesh` (data-parallel over every device by default), the state's shardings from the
 model's logical axes (`sharding.LOGICAL_AXIS_RULES`), so with fsdp > 1 the parameters and Adam
 moments are split as in `bertjax pretrain`; a jitted init takes the restored encoder as an
 argument, so it goes straight from the checkpoint to its place. Steps are jitted with explicit
-shardings, donate the old state and are traced under the mesh and the rules.
+shardings, donate the old state and are traced under the mesh and the rules. The steps of
+every shape a run uses are compiled before its first step, side by side (`compile_ahead`).
 
-Batches are length-aware (`batching.py`): a task of short sentences trains at the cost of its
-real tokens with a few compiled shapes, a length kept only if the padding it saves over the run
-outweighs a compile; prediction batches rows by length too and returns them in the input's
-order. The steps of every length a run uses are compiled before its first step, side by side
-(`Trainer.compile_ahead`). Host batches are built and transferred ahead by pretraining's
-prefetcher (`prefetch.prefetch_to_device`) and the loss is read one step late.
-
-Packed (`Trainer(..., packing=E)`, GLUE's heads): instead of length buckets, each epoch's
-shuffled examples are packed first-fit-decreasing into rows of the arrays' length, at most E a
-row (`batching.packed_epoch`), attention kept within each example and each pooled from its own
-[CLS] (or tokens); the loss averages over the examples present. One train and one predict
-shape per run; predictions come back in the input's order.
+Prediction batches rows by length (`batching.padded_lengths`) and returns them in the input's
+order. Packed (`Trainer(..., packing=E)`): examples first-fit-decreasing into rows of the
+arrays' length, at most E a row (`batching.packed_batch`), attention kept within each example
+and each read from its own [CLS] (or tokens); one predict shape per run.
 
 Shape letters: B batch, L sequence length.
 """
@@ -38,11 +33,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
-import json
 import os
-import time
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -50,56 +42,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from bertjax import errors, model as model_lib
-from bertjax.model import heads as model_heads, ops as model_ops
 from bertjax.data import prefetch
-from bertjax.runtime import fs
 from bertjax.tasks import batching
-from bertjax.tasks.batching import (  # noqa: F401  (callers import these from here)
-    epoch_batches,
-    fewest_padded_lengths,
-    pad_length,
-    padded_lengths,
-    process_rows,
-    take,
-    train_batch,
-)
+from bertjax.tasks.batching import pad_length, padded_lengths, process_rows, take
 from bertjax.tasks.encoder import Encoder
-from bertjax.tasks.recipe import (  # noqa: F401  (callers import these from here)
-    Recipe,
-    check_field,
-    learning_rates_for,
-    make_optimizer,
-    optimizer_for,
-    peak_learning_rate,
-    steps_per_epoch,
-    with_peak_learning_rate,
-)
+from bertjax.tasks.finetuning import MIN_BATCHES_PER_LENGTH, compile_tokens
+from bertjax.tasks.recipe import Recipe, check_field, make_optimizer, with_peak_learning_rate
 from bertjax.training import checkpoint, sharding, train_state
 from bertjax.training.train_state import TrainState
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 LossFn = Callable[[Any, dict], jax.Array]  # (model outputs, batch) -> mean loss
-
-# A length used by fewer rows than this many batches is merged into the next longer one: a
-# compile costs more than padding them.
-MIN_BATCHES_PER_LENGTH = 4
-# What one more compiled step costs, in steps at length 32: on 2 CPU cores a BERT-mini train
-# step takes ~2 s to trace and lower and ~8.5 s to compile, but two compiles side by side take
-# 13 s, so ~8.5 s per length in all: as long as ~24 steps at length 32 (0.35 s each). A length
-# is kept only if the padding it saves over the run (all epochs) is worth more tokens than that
-# (`padded_lengths`' compile_tokens).
-COMPILE_COST_STEPS = 24
-COMPILE_COST_LENGTH = 32
-
-
-def compile_tokens(batch_size: int, epochs: int = 1) -> float:
-  """`padded_lengths`' compile_tokens for rows padded once per epoch: one compile as padded
-  tokens of a single pass."""
-  return COMPILE_COST_STEPS * batch_size * COMPILE_COST_LENGTH / max(1, epochs)
 
 
 def init_train_state(
@@ -148,6 +104,7 @@ def progress_bar(total: int, desc: str, enabled: bool):
 
 
 def masked_mean(per_example_B: jax.Array, weights_B: jax.Array) -> jax.Array:
+  """The mean of a task loss over the batch's real examples (weight 1; 0 pads the batch)."""
   return jnp.sum(per_example_B * weights_B) / jnp.maximum(jnp.sum(weights_B), 1.0)
 
 
@@ -172,7 +129,7 @@ def _shapes(kind: str, batch: dict) -> tuple:
   return (kind,) + tuple((k, np.shape(v), str(v.dtype)) for k, v in sorted(batch.items()))
 
 
-def _prefetch(trainer: "Trainer", host_batches):
+def prefetch_batches(trainer: "Trainer", host_batches):
   """Global device batches from global host batches (this process feeds its rows), built and
   transferred ahead by pretraining's prefetcher thread; closed with the `with` block."""
   local = (process_rows(b) for b in host_batches)
@@ -195,46 +152,6 @@ def _apply(model, params, batch: dict, **kw):
         **kw,
     )
   return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), **kw)
-
-
-class PackedTokenHead(nn.Module):
-  """A per-token head on packed rows: `model.BertForQuestionAnswering` (`pairs`: start and
-  end logits, "qa_outputs") or `model.BertForTokenClassification` (`dropout`, "classifier"),
-  with `segment_ids` passed to the encoder so that attention stays within each example. The
-  parameter tree is the model head's, so the parameters of one serve the other; it goes
-  when the model's heads take `segment_ids` themselves."""
-
-  cfg: model_lib.BertConfig
-  num_outputs: int  # logits per token: 2 for SQuAD, the tags for NER
-  head: str  # the head's layer name in the model's parameters
-  dropout: bool = False  # dropout on the tokens' states before the head, as NER's
-  pairs: bool = False  # return (logits[..., 0], logits[..., 1]), as the SQuAD head
-
-  @nn.compact
-  def __call__(
-      self,
-      input_ids_BxL,
-      token_type_ids_BxL=None,
-      attention_mask_BxL=None,
-      *,
-      segment_ids=None,
-      cls_positions=None,  # unused: every token is scored
-      deterministic: bool = True,
-  ):
-    del cls_positions
-    enc = model_lib.BertModel(self.cfg, name="bert")(
-        input_ids_BxL,
-        token_type_ids_BxL,
-        attention_mask_BxL,
-        segment_ids=segment_ids,
-        deterministic=deterministic,
-    )
-    x_BxLxH = enc.sequence_output
-    if self.dropout:
-      x_BxLxH = model_ops.Dropout(self.cfg.hidden_dropout_rate)(x_BxLxH, deterministic)
-    logits_BxLxC = model_heads._head(self.cfg, self.num_outputs, self.head)(x_BxLxH)
-    logits_BxLxC = logits_BxLxC.astype(jnp.float32)
-    return (logits_BxLxC[..., 0], logits_BxLxC[..., 1]) if self.pairs else logits_BxLxC
 
 
 def _train_step(state: TrainState, batch: dict, *, model, tx, loss_fn: LossFn):
@@ -284,7 +201,8 @@ class Trainer:
   """Model, optimizer, shardings and jitted steps for one (head, encoder, recipe); `name`
   ("glue", "squad", "ner") opens its progress bars and log lines. `packing` > 0 packs up to
   that many examples into each row (`batching.packed_batch`) to train and predict, with one
-  compiled shape each; the model must take `segment_ids` and `cls_positions` (GLUE's)."""
+  compiled shape each; the model takes `segment_ids` and `cls_positions` (every head of
+  `model.heads` does)."""
 
   def __init__(
       self,
@@ -488,7 +406,7 @@ class Trainer:
     out, treedef = [], None
     bar = progress_bar(len(plan), f"{self.name} predict", progress)
     host = (take(arrays, idx, length, MODEL_INPUTS) for idx, length in plan)
-    with _prefetch(self, host) as batches:
+    with prefetch_batches(self, host) as batches:
       for batch in batches:
         step = self._executables.get(_shapes("predict", batch), self._predict)
         leaves, treedef = jax.tree.flatten(step(params, batch))
@@ -517,7 +435,7 @@ class Trainer:
 
     examples, out, treedef = [], [], None
     bar = progress_bar(-(-len(rows) // batch_size), f"{self.name} predict", progress)
-    with _prefetch(self, host()) as batches:
+    with prefetch_batches(self, host()) as batches:
       for batch in batches:
         step = self._executables.get(_shapes("predict", batch), self._predict)
         leaves, treedef = jax.tree.flatten(step(params, batch))
@@ -533,184 +451,3 @@ class Trainer:
     order_N = np.argsort(np.concatenate(examples))  # back to the input's order
     leaves = [np.concatenate(xs)[order_N] for xs in zip(*out)]
     return jax.tree.unflatten(treedef, leaves)
-
-
-# ---------------------------------------------------------------------------------- the loop
-
-
-def packed_plan(train: dict[str, np.ndarray], recipe: Recipe, max_per_row: int, shards: int):
-  """(example lengths, rows per batch, steps per epoch) of packed training (`fit`): every
-  epoch packs into as many rows, whatever its shuffle (first-fit-decreasing sees only the
-  lengths)."""
-  lengths_N = batching.example_lengths(train["attention_mask"])
-  n_rows = len(batching.pack_examples(lengths_N, train["input_ids"].shape[1], max_per_row))
-  per_batch = batching.packed_batch_rows(recipe.batch_size, len(lengths_N), n_rows, shards)
-  steps = -(-n_rows // per_batch)
-  return lengths_N, per_batch, min(steps, recipe.max_steps) if recipe.max_steps else steps
-
-
-def total_steps(train: dict[str, np.ndarray], recipe: Recipe, packing: int = 0) -> int:
-  """The run's optimizer steps, `recipe.epochs` x the steps of an epoch: packed (`packing`
-  examples a row at most, `packed_plan`) or one example a row (`steps_per_epoch`)."""
-  if packing:
-    steps = packed_plan(train, recipe, packing, batch_shards(recipe))[2]
-  else:
-    steps = steps_per_epoch(len(train["input_ids"]), recipe)
-  return recipe.epochs * steps
-
-
-@dataclasses.dataclass
-class FitResult:
-  best: dict[str, float]  # the best epoch's dev metrics
-  best_epoch: int
-  best_params: Any  # on device
-  history: list[dict]  # per epoch (0 = before training, if asked): train_loss, dev metrics
-
-
-def fit(
-    trainer: Trainer,
-    train: dict[str, np.ndarray],
-    recipe: Recipe,
-    evaluate: Callable[[Any], dict[str, float]],
-    main_metric: str,
-    workdir: str,
-    eval_untrained: bool = False,
-    progress: bool = True,
-    run_name: str = "",
-    predicts: tuple[dict[str, np.ndarray], ...] = (),
-) -> FitResult:
-  """Train for `recipe.epochs` on the rows of `train`, scoring `evaluate(params)` after each
-  epoch; the epoch with the highest `main_metric` is kept. Writes workdir/metrics.jsonl.
-  The predict steps of `predicts` (the arrays `evaluate` predicts on, at
-  `recipe.eval_batch_size`) are compiled with the train steps, side by side.
-  Batches are length-aware (`epoch_batches`, seeded by `recipe.seed`) or packed
-  (`trainer.packing`: `batching.packed_epoch`) and prefetched; the
-  loss is read one step late (progress bar) or once an epoch, so the host never syncs a step.
-  `run_name` (a GLUE task) goes into the progress bars and log lines."""
-  fs.path(workdir).mkdir(parents=True, exist_ok=True)
-  what = f"{run_name} " if run_name else ""
-  epoch_plan, steps, shapes = _epoch_plan(
-      trainer, train, recipe, f"{trainer.name}: {what}", progress
-  )
-  # every step the run will use and the state's init, compiled side by side from their shapes
-  abstract = trainer.built.abstract
-  trainer.compile_ahead(
-      [("train", abstract, batch) for batch in shapes]
-      + [
-          job
-          for arrays in predicts
-          for job in trainer.predict_jobs(abstract.params, arrays, recipe.eval_batch_size)
-      ],
-      init=True,
-  )
-  state = trainer.init_state(recipe.seed, recipe.learning_rate)
-  rng = np.random.default_rng(recipe.seed)
-  history, best, best_epoch, best_params = [], None, 0, None
-  # Written as it goes and flushed after each epoch (an object store uploads it whole on flush).
-  with (fs.path(workdir) / "metrics.jsonl").open("w") as log:
-    if eval_untrained:
-      entry = dict(epoch=0, **evaluate(state.params))
-      history.append(entry)
-      log.write(json.dumps(entry) + "\n")
-      print(f"{trainer.name}: {what}untrained: " + _fmt(entry), flush=True)
-    for epoch in range(1, recipe.epochs + 1):
-      t0 = time.time()
-      host = (make() for make in epoch_plan(rng)[:steps])
-      losses = []
-      bar = progress_bar(
-          steps, f"{run_name or trainer.name} epoch {epoch}/{recipe.epochs}", progress
-      )
-      with _prefetch(trainer, host) as batches:
-        for batch in batches:
-          state, loss = trainer.train_step(state, batch)
-          losses.append(loss)
-          if progress and len(losses) >= 2:  # read one step late: the device never waits
-            bar.set_postfix(loss=f"{float(losses[-2]):.4f}", refresh=False)
-          bar.update(1)
-      bar.close()
-      dev = evaluate(state.params)
-      entry = dict(
-          epoch=epoch,
-          train_loss=float(jnp.mean(jnp.stack(losses))),
-          **dev,
-          seconds=round(time.time() - t0, 1),
-      )
-      history.append(entry)
-      log.write(json.dumps(entry) + "\n")
-      log.flush()
-      improved = best is None or dev[main_metric] > best[main_metric]
-      print(
-          f"{trainer.name}: {what}epoch {epoch}: " + _fmt(entry) + (" (best)" if improved else ""),
-          flush=True,
-      )
-      if improved:
-        best, best_epoch = dev, epoch
-        best_params = jax.tree.map(jnp.copy, state.params)  # the step donates state.params
-  return FitResult(best=best, best_epoch=best_epoch, best_params=best_params, history=history)
-
-
-def _epoch_plan(trainer: Trainer, train: dict, recipe: Recipe, say: str, progress: bool):
-  """(plan(rng) -> the epoch's batches as thunks that build them, steps per epoch, a host
-  batch of every shape to compile): length-bucketed batches of `recipe.batch_size` rows, or
-  packed rows (`trainer.packing`)."""
-  n, max_len = train["input_ids"].shape
-  if trainer.packing:
-    shards = sharding.num_batch_shards(trainer.mesh) * jax.process_count()
-    lengths_N, per_batch, steps = packed_plan(train, recipe, trainer.packing, shards)
-    if progress:
-      print(
-          f"{say}packed rows of {max_len} tokens, up to {trainer.packing} examples each, "
-          f"{per_batch} rows a batch ({np.mean(lengths_N):.1f} real tokens per example; "
-          "--no-packing)",
-          flush=True,
-      )
-
-    def build(rows):
-      return batching.packed_batch(train, lengths_N, rows, trainer.packing, per_batch)[0]
-
-    def packed(rng):
-      epoch = batching.packed_epoch(lengths_N, max_len, trainer.packing, per_batch, rng)
-      return [functools.partial(build, rows) for rows in epoch]
-
-    return packed, steps, [build([[0]])]
-  padded_N = padded_lengths(
-      train["attention_mask"],
-      recipe.length_bucket,
-      MIN_BATCHES_PER_LENGTH * recipe.batch_size,
-      recipe.max_lengths,
-      compile_tokens(recipe.batch_size, recipe.epochs),
-  )
-  lengths = [int(x) for x in np.unique(padded_N)]
-  if progress:
-    print(
-        f"{say}batch lengths {', '.join(map(str, lengths))} "
-        f"({np.mean(padded_N):.1f} tokens per row, {np.mean(train['attention_mask'].sum(1)):.1f} "
-        "real; --length-bucket, --max-lengths)",
-        flush=True,
-    )
-
-  def bucketed(rng):
-    return [
-        functools.partial(train_batch, train, idx, int(padded_N[idx].max()), recipe.batch_size)
-        for idx in epoch_batches(padded_N, recipe.batch_size, rng)
-    ]
-
-  one = np.arange(min(n, 1))
-  shapes = [train_batch(train, one, length, recipe.batch_size) for length in lengths]
-  return bucketed, steps_per_epoch(n, recipe), shapes
-
-
-def _fmt(entry: dict) -> str:
-  return " ".join(
-      f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-      for k, v in entry.items()
-      if k != "epoch"
-  )
-
-
-def save_params(workdir: str, params, meta: dict) -> None:
-  """The fine-tuned parameters (orbax) under workdir/best/, what they are in best.json."""
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(fs.absolute(workdir) / "best", params, force=True)
-  if jax.process_index() == 0:
-    (fs.path(workdir) / "best.json").write_text(json.dumps(meta, indent=2))
