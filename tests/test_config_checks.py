@@ -188,14 +188,14 @@ def test_one_file_serves_any_number_of_processes_and_no_held_out_split_warns(tmp
   config_checks.check_data(c, meta)
   said = []
   writer = type("Writer", (), {"log": lambda self, line: said.append(line)})()
-  assert not loop._has_eval_data(c, writer)
+  assert not loop._has_eval_data(c, meta, writer)
   assert said == [
       f"warning: {tmp_path} holds no held-out documents: training without held-out evaluation. "
       "`bertjax prepare --eval-fraction F` writes them; --config.eval.every_steps=0 silences this"
   ]
   meta["shards"][1]["documents"] = 1
   (tmp_path / "metadata.json").write_text(json.dumps(meta))
-  assert loop._has_eval_data(c, writer) and len(said) == 1
+  assert loop._has_eval_data(c, meta, writer) and len(said) == 1
 
 
 def test_a_missing_tokenizer_or_init_from_is_named(tmp_path):
@@ -221,15 +221,15 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "fields, needles",
     [
-        ({"model.local_attention": 127}, ["config.model.local_attention=127: must be even"]),
+        ({"model.local_attention": 127}, ["config.model: local_attention=127: must be even"]),
         ({"model.local_attention": -2}, ["config.model.local_attention=-2: must be an integer"]),
         (
             {"model.global_every": 1},
-            ["local_attention=128 with config.model.global_every=1", "no layer uses the window"],
+            ["config.model: local_attention=128 with global_every=1", "no layer uses the window"],
         ),
         (
             {"model.local_attention": 0},
-            ["global_every=3 with config.model.local_attention=0", "have no window"],
+            ["config.model: global_every=3 with local_attention=0", "have no window"],
         ),
         ({"model.rope_theta": 0.0}, ["config.model.rope_theta=0.0: must be a finite number > 0"]),
         ({"model.norm_placement": "middle"}, ["config.model.norm_placement='middle': valid: post"]),
@@ -243,8 +243,9 @@ def test_a_contradictory_modern_config_is_one_config_error(fields, needles):
   for k, v in fields.items():
     node, _, key = k.rpartition(".")
     c[node][key] = v
-  with pytest.raises(errors.ConfigError) as e:
+  with pytest.raises(errors.ConfigError) as e:  # a range or a choice, else BertConfig's rules
     config_checks.validate(c)
+    config_checks.preflight(c)
   message = str(e.value)
   assert "\n" not in message
   for needle in needles:

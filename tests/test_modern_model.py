@@ -81,6 +81,22 @@ def test_invalid_switches_name_field_and_valid_values(field, value, needle):
     BertConfig(**{field: value})
 
 
+@pytest.mark.parametrize(
+    "window, every, needle",
+    [
+        (7, 3, "local_attention=7: must be even"),
+        (8, 1, "local_attention=8 with global_every=1: every layer is global"),
+        (0, 3, "global_every=3 with local_attention=0: the layers between global ones"),
+    ],
+)
+def test_a_window_and_a_period_come_together_in_the_config_itself(window, every, needle):
+  # A BertConfig built in Python is held to the rule the pretraining config is: one without the
+  # other would silently run every layer global.
+  with pytest.raises(ValueError, match=f"^BertConfig: {needle}"):
+    BertConfig(local_attention=window, global_every=every)
+  assert BertConfig(local_attention=8, global_every=3).heterogeneous_layers
+
+
 def test_scan_layers_is_refused_for_layers_that_differ():
   with pytest.raises(ValueError, match=r"norm_placement='pre' .* set scan_layers=False"):
     CFG.replace(scan_layers=True)
@@ -90,7 +106,7 @@ def test_scan_layers_is_refused_for_layers_that_differ():
 
 def test_scan_of_identical_modern_layers_equals_the_loop():
   # Post-LN with GLU, RoPE, no biases, all layers global: identical layers, so scan works.
-  cfg = CFG.replace(norm_placement="post", local_attention=0)
+  cfg = CFG.replace(norm_placement="post", local_attention=0, global_every=1)
   params = _params(cfg)
   ids = np.random.default_rng(0).integers(1, VOCAB, (2, 16))
   ref = _apply(params, ids, cfg).sequence_output
@@ -167,7 +183,7 @@ def test_local_windows_change_the_model():
   params = _params()
   ids = np.random.default_rng(2).integers(1, VOCAB, (2, L))
   local = _apply(params, ids).sequence_output
-  global_only = _apply(params, ids, CFG.replace(local_attention=0)).sequence_output
+  global_only = _apply(params, ids, CFG.replace(local_attention=0, global_every=1)).sequence_output
   assert np.abs(local - global_only).max() > 1e-2
 
 

@@ -652,7 +652,7 @@ def test_memory_is_flat_for_a_50_mb_line(tmp_path):
 def test_pretrain_refuses_shards_missing_or_not_their_recorded_size(tmp_path):
   """metadata.json records each shard's size; a shard truncated or deleted after prepare
   (an interrupted copy) stops pretraining with the file named, before any training."""
-  from bertjax.training import loop
+  from bertjax.training import config_checks
   from experiments import pretrain as pretrain_exp
 
   (tmp_path / "a.txt").write_text(_bert_format(GOOD_DOCS * 4))
@@ -684,11 +684,13 @@ def test_pretrain_refuses_shards_missing_or_not_their_recorded_size(tmp_path):
   config.data.path = str(out)
   shard = out / meta["shards"][0]["file"]
   shard.write_bytes(shard.read_bytes()[:-3])
-  with pytest.raises(ValueError, match=rf"{shard}: .* bytes, but metadata.json records"):
-    loop.resolve_config(config, str(tmp_path / "run"))
+  with pytest.raises(
+      errors.BadInputError, match=rf"{shard.name}: .* bytes, but metadata.json records"
+  ):
+    config_checks.preflight(config, str(tmp_path / "run"))
   shard.unlink()
-  with pytest.raises(FileNotFoundError, match=rf"{shard}: missing"):
-    loop.resolve_config(config, str(tmp_path / "run"))
+  with pytest.raises(errors.InputNotFoundError, match=rf"{shard.name}: missing"):
+    config_checks.preflight(config, str(tmp_path / "run"))
 
 
 # ----------------------------------------------------------------------------- checks first

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bertjax.training import loop, metrics_writer
+from bertjax.training import loop, metrics_writer, progress
 from bertjax.training.phases import phases
 from conftest import loop_config, metrics_rows
 
@@ -17,7 +17,7 @@ def _records(workdir):
 
 def test_the_first_evaluation_at_or_above_the_target_counts_once():
   c = loop_config(9, **{"eval.target_mlm_accuracy": 0.5})
-  clock = loop._TimeToTarget(c, phases(c), None)
+  clock = progress.TimeToTarget(c, phases(c), None)
   clock.add(1, {"real_token_fraction": 0.5})  # 16 rows x 32 tokens, half of them real
   assert not clock.check(3, {"eval_mlm_accuracy": 0.49})
   assert clock.check(6, {"eval_mlm_accuracy": 0.5})
@@ -25,7 +25,7 @@ def test_the_first_evaluation_at_or_above_the_target_counts_once():
   assert clock.reached["step"] == 6 and clock.reached["tokens"] == 256
   assert clock.reached["wall_s"] >= 0
   # a resume carries tokens, wall time and the result
-  again = loop._TimeToTarget(c, phases(c), clock.state())
+  again = progress.TimeToTarget(c, phases(c), clock.state())
   assert again.reached == clock.reached and again.tokens == clock.tokens
   assert again.wall_s() >= clock.reached["wall_s"]
 

@@ -112,6 +112,24 @@ class BertConfig:
       )
     if self.global_every < 1:
       raise ValueError(f"BertConfig: global_every={self.global_every}; valid: an integer >= 1")
+    # A window for the local layers and a period of the global ones come together: one without
+    # the other changes nothing, which is never what was meant.
+    window, every = self.local_attention, self.global_every
+    if window % 2:
+      raise ValueError(
+          f"BertConfig: local_attention={window}: must be even (query i sees keys within "
+          f"+-window/2) — use {window + 1} or {window - 1} (ModernBERT: 128)"
+      )
+    if window and every == 1:
+      raise ValueError(
+          f"BertConfig: local_attention={window} with global_every=1: every layer is global, so "
+          "no layer uses the window — set global_every=3 (ModernBERT's) or local_attention=0"
+      )
+    if every > 1 and not window:
+      raise ValueError(
+          f"BertConfig: global_every={every} with local_attention=0: the layers between global "
+          "ones have no window — set local_attention=128 (ModernBERT's) or global_every=1"
+      )
     if self.type_vocab_size < 0:
       raise ValueError(
           f"BertConfig: type_vocab_size={self.type_vocab_size}; valid: 0 (none) or more"

@@ -1,16 +1,19 @@
 """Checks of a pretraining config that name the field and the fix, before anything is written.
 
-Three stages, each raising a `bertjax.errors.UserError` (one line from the command line):
-`validate` (no jax: every field's type and range, the choices), `preflight` (jax: the model
-config, the mesh, the batch splits) and `check_inputs` (the files the run reads: prepared
-data, tokenizer, `init_from` checkpoint). `loop.train_and_evaluate` runs all three before it
-creates the workdir, so a config built in Python gets the same errors as the command line's.
+Two stages, each raising a `bertjax.errors.UserError` (one line from the command line):
+`validate` (no jax: every field's type and range, the choices) and `preflight` (jax: the model
+config, the mesh, the batch splits, then the files the run reads: prepared data, tokenizer,
+`init_from` checkpoint). `preflight` returns a `Plan` — the resolved config, the mesh, the
+phases and the data's metadata — that `loop.train_and_evaluate` runs as it is, so nothing is
+read or checked twice and a config built in Python gets the same errors as the command line's.
+Rules between model fields (the local attention pattern, head sizes) are `BertConfig`'s own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from bertjax import errors
 
@@ -223,37 +226,26 @@ def validate(config) -> None:
           f"config.{path}={n} exceeds config.model.max_position_embeddings={positions} — "
           f"lower config.{path} or raise config.model.max_position_embeddings"
       )
-  _check_attention_pattern(config)
 
 
-def _check_attention_pattern(config) -> None:
-  """Local attention: a window of the local layers and a period of the global ones, both or
-  neither (one without the other changes nothing, which is never what was meant)."""
-  window, every = _get(config, "model.local_attention"), _get(config, "model.global_every")
-  if window is _MISSING or every is _MISSING:
-    return
-  if window % 2:
-    raise errors.ConfigError(
-        f"config.model.local_attention={window}: must be even (query i sees keys within "
-        f"+-window/2) — use {window + 1} or {window - 1} (ModernBERT: 128)"
-    )
-  if window and every == 1:
-    raise errors.ConfigError(
-        f"config.model.local_attention={window} with config.model.global_every=1: every layer "
-        "is global, so no layer uses the window — set config.model.global_every=3 "
-        "(ModernBERT's) or config.model.local_attention=0"
-    )
-  if every > 1 and not window:
-    raise errors.ConfigError(
-        f"config.model.global_every={every} with config.model.local_attention=0: the layers "
-        "between global ones have no window — set config.model.local_attention=128 "
-        "(ModernBERT's) or config.model.global_every=1"
-    )
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What `preflight` checked, for the loop to run as it is."""
+
+  config: Any  # ml_collections.ConfigDict: data path, vocab size and tokenizer from the data
+  mesh: Any  # jax.sharding.Mesh
+  phases: tuple  # training.phases.Phase, in order
+  workdir: str | None = None  # absolute (gs:// stays); None: the inputs were not checked
+  meta: dict | None = None  # the prepared data's metadata.json; None: synthetic, or not yet
+  # prepared (the bundled corpus, which the run prepares into the workdir: `with_data`)
 
 
-def preflight(config) -> None:
-  """The checks that need jax, before the workdir is touched: model fields, mesh, batch split."""
+def preflight(config, workdir: str | None = None) -> Plan:
+  """The checks that need jax, before the workdir is touched: model fields, mesh, batch splits;
+  with `workdir`, also the files the run reads (`check_inputs`), and the config resolved
+  against the data."""
   # Here, not at the top: the checks above run before (and without) jax.
+  from bertjax.runtime import fs
   from bertjax.training import phases as phases_lib, sharding, train
 
   c = config.copy_and_resolve_references()
@@ -269,7 +261,8 @@ def preflight(config) -> None:
     raise errors.ConfigError(msg) from e
   try:
     mesh = sharding.mesh_from_config(config.mesh)
-    for ph in phases_lib.phases(config):
+    phases = tuple(phases_lib.phases(config))
+    for ph in phases:
       field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
       sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)
     if config.eval.every_steps and config.eval.steps:
@@ -278,6 +271,30 @@ def preflight(config) -> None:
     raise
   except ValueError as e:  # the mesh does not fit the devices, a batch does not split
     raise errors.ConfigError(str(e)) from e
+  if workdir is None:
+    return Plan(config, mesh, phases)
+  workdir = str(fs.absolute(workdir))  # orbax writes only to absolute paths; gs:// stays
+  meta = check_inputs(config, workdir)
+  return with_data(Plan(config, mesh, phases, workdir), config.data.path, meta)
+
+
+def with_data(plan: Plan, path: str | None, meta: dict | None = None) -> Plan:
+  """`plan` training on the prepared data at `path` (its metadata `meta`, read and checked here
+  when not given): the config's data path, vocab size and tokenizer filled from the data."""
+  c = plan.config.copy_and_resolve_references()
+  with c.unlocked():
+    if c.data.source == "synthetic":
+      c.model.vocab_size = c.model.vocab_size or 8000
+    elif path:
+      if meta is None:
+        meta = read_metadata(path)
+        check_data(c, meta)
+      from bertjax.runtime import fs
+
+      c.data.path = path
+      c.model.vocab_size = meta["tokenizer"]["vocab_size"]
+      c.data.tokenizer = c.data.tokenizer or str(fs.path(path) / meta["tokenizer"]["file"])
+  return dataclasses.replace(plan, config=c, meta=meta)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -338,15 +355,16 @@ def _missing(path: str | None) -> bool:
   return bool(path) and not fs.path(path).exists()
 
 
-def check_inputs(config, workdir: str) -> None:
+def check_inputs(config, workdir: str) -> dict | None:
   """The files the run reads exist and fit the config: the prepared data (or the bundled
-  corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only."""
+  corpus), the tokenizer, and `train.init_from` on a fresh run. Reads only; returns the
+  prepared data's metadata (None for synthetic data or the bundled corpus)."""
   from bertjax.data import bundled
   from bertjax.runtime import fs
 
   if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
-  vocab = config.model.vocab_size
+  vocab, meta = config.model.vocab_size, None
   if config.data.source == "prepared":
     if config.data.path:
       meta = read_metadata(config.data.path)
@@ -362,6 +380,7 @@ def check_inputs(config, workdir: str) -> None:
   resuming = (fs.path(workdir) / "checkpoints").is_dir()
   if config.train.init_from and not resuming:
     _check_init_from(config, vocab)
+  return meta
 
 
 def _check_init_from(config, vocab: int | None) -> None:

@@ -1,16 +1,18 @@
 """`train_and_evaluate(config, workdir)`: the pretraining loop, top to bottom.
 
-Sections: config and data, mesh and state (init / resume / init_from), input pipeline,
-the loop (step, metrics one step late, guard, logs, evals, checkpoints, preemption), final
-save. Two-phase runs (BERT's seq 128 -> 512) switch phase inside the loop: the pipeline is
-rebuilt for the new length and batch, the state carries over, and a resume in either phase
-restarts that phase's stream where the checkpoint left it.
+`config_checks.preflight` checks the config and the files it names and returns a `Plan` (the
+resolved config, the mesh, the phases, the data's metadata); `_train_and_evaluate` runs it in
+its banner sections — data, the resume check, state and stream, the loop, the final save — on a
+`_Run` that owns the state, the batch stream, the metrics not read yet, the meter and the clock
+(`step`, `drain`, `evaluate`, `save`). Metrics are read one step late so the device stays busy.
+Two-phase runs (BERT's seq 128 -> 512) switch phase inside `step`: the stream is rebuilt for
+the new length and batch, the state carries over, and a resume in either phase restarts that
+phase's stream where the checkpoint left it.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import json
 import os
@@ -28,34 +30,14 @@ from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
     checkpoint,
     config_checks,
-    flops,
     losses,
     metrics_writer,
-    optim,
-    sharding,
+    progress,
     train,
 )
-from bertjax.training.phases import Phase, phase_config, phases
+from bertjax.training.phases import Phase, phase_config
 
 # ----------------------------------------------------------------------------- config and data
-
-
-def resolve_config(config, workdir: str):
-  """Fill what the config leaves open: data path (bundled corpus), vocab size, tokenizer."""
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    if c.data.source == "prepared":
-      if not c.data.path:
-        c.data.path = bundled.prepared_dir(workdir)
-      meta = config_checks.read_metadata(c.data.path)
-      config_checks.check_data(c, meta)
-      c.model.vocab_size = meta["tokenizer"]["vocab_size"]
-      c.data.tokenizer = c.data.tokenizer or str(fs.path(c.data.path) / meta["tokenizer"]["file"])
-    elif c.data.source == "synthetic":
-      c.model.vocab_size = c.model.vocab_size or 8000
-    else:
-      raise errors.ConfigError(f"config.data.source={c.data.source!r}: valid: prepared, synthetic")
-  return c
 
 
 @functools.lru_cache(maxsize=None)  # said once per run
@@ -186,10 +168,13 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   return {"phase": first["phase"], "stream": states[jax.process_index()]}
 
 
-def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, float]:
-  """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed."""
+def evaluate(
+    config, setup: train.Setup, params, phase: Phase, meta: dict | None
+) -> dict[str, float]:
+  """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed; `meta`: the
+  prepared data's metadata.json (None for synthetic data)."""
   stream = make_stream(config, phase, None, split="eval")
-  mask_id = _mask_id(config)
+  mask_id = records.special_ids(meta)["mask"] if meta else MASK_ID
   totals, target_counts = None, collections.Counter()
   for _ in range(config.eval.steps):
     host_batch = next(stream)
@@ -206,13 +191,10 @@ def evaluate(config, setup: train.Setup, params, phase: Phase) -> dict[str, floa
   return out
 
 
-def _has_eval_data(config, writer) -> bool:
+def _has_eval_data(config, meta: dict | None, writer) -> bool:
   """False (with one warning) when the prepared data holds no held-out documents. Any number
   of held-out files serves any number of processes (each reads blocks of all of them)."""
-  if config.data.source != "prepared":
-    return True
-
-  if records.split_shards(records.load_metadata(config.data.path), config.data.path, "eval"):
+  if meta is None or records.split_shards(meta, config.data.path, "eval"):
     return True
   writer.log(
       f"warning: {config.data.path} holds no held-out documents: training without held-out "
@@ -220,123 +202,6 @@ def _has_eval_data(config, writer) -> bool:
       "--config.eval.every_steps=0 silences this"
   )
   return False
-
-
-def _mask_id(config) -> int:
-  """The [MASK] id of the stream: the prepared data's tokenizer's, or SentencePiece's."""
-  if config.data.source != "prepared":
-    return MASK_ID
-
-  return records.special_ids(records.load_metadata(config.data.path))["mask"]
-
-
-class _Meter:
-  """Host-side averages over one log interval, plus throughput, MFU and ETA.
-
-  Every step's metrics count, the first after a (re)compile included; only the timing leaves
-  that step out. The running sums travel in the checkpoint (`partial`), so after a resume an
-  interval averages the same steps as in an uninterrupted run.
-  """
-
-  def __init__(self, config, bert_config, phase: Phase, partial: dict | None = None):
-    self.peak = config.peak_flops_per_device or flops.peak_flops_per_device()
-    self.sums = dict(partial["sums"]) if partial else {}
-    self.count = int(partial["count"]) if partial else 0
-    self.set_phase(bert_config, phase)
-
-  def set_phase(self, bert_config, phase: Phase) -> None:
-    self.phase = phase
-    self.flops = flops.pretraining_flops_per_step(
-        bert_config, phase.batch_size, phase.seq_len, phase.max_predictions
-    )
-    self.t0, self.timed = None, 0
-
-  def add(self, m: dict) -> None:
-    for k, v in m.items():
-      self.sums[k] = self.sums.get(k, 0.0) + v
-    self.count += 1
-    if self.t0 is None:  # the first step's time is mostly compilation: start timing after it
-      self.t0 = time.perf_counter()
-    else:
-      self.timed += 1
-
-  def partial(self) -> dict:
-    return {"sums": dict(self.sums), "count": self.count}
-
-  def exclude(self, seconds: float) -> None:
-    """Leave time spent outside training steps (evals) out of the throughput."""
-    if self.t0 is not None:
-      self.t0 += seconds
-
-  def summary(self, step: int, total: int) -> dict:
-    if not self.count:
-      return {}
-    out = {k: v / self.count for k, v in self.sums.items()}
-    self.sums, self.count = {}, 0
-    if self.timed:
-      now = time.perf_counter()
-      dt = (now - self.t0) / self.timed
-      self.t0, self.timed = now, 0
-      ph = self.phase
-      # Examples (not rows) and real tokens (not padding): packed and unpacked runs compare.
-      out.update(
-          seq_per_sec=ph.batch_size * out.get("examples_per_row", 1.0) / dt,
-          tokens_per_sec=ph.batch_size * ph.seq_len * out.get("real_token_fraction", 1.0) / dt,
-          step_time_sec=dt,
-          eta_sec=(total - step) * dt,
-      )
-      out["mfu"] = self.flops / dt / (jax.device_count() * self.peak) if self.peak else None
-    return out
-
-
-class _TimeToTarget:
-  """Tokens trained and wall time so far (summed over resumes), and the first evaluation whose
-  held-out MLM accuracy reaches `config.eval.target_mlm_accuracy`: MLPerf's time to train.
-
-  Tokens are real (not padding) tokens of the steps applied; wall time runs from the start of
-  the loop (the first step's compilation and the evaluations included) to the end of the
-  evaluation that reached the target. Both travel in the checkpoint (`progress`).
-  """
-
-  def __init__(self, config, plan: list[Phase], saved: dict | None):
-    self.target = config.eval.get("target_mlm_accuracy")
-    self.stop = bool(config.eval.get("stop_at_target", False)) and self.target is not None
-    self.plan = plan
-    saved = saved or {}
-    self.tokens = float(saved.get("tokens", 0.0))
-    self.wall0 = float(saved.get("wall_s", 0.0))
-    self.reached = saved.get("time_to_target")
-    self.t0 = time.perf_counter()
-
-  def start(self) -> None:
-    self.t0 = time.perf_counter()
-
-  def wall_s(self) -> float:
-    return self.wall0 + time.perf_counter() - self.t0
-
-  def add(self, at: int, m: dict) -> None:
-    """Step `at` (1-based) was applied: count its real tokens at its phase's shape."""
-    ph = next((ph for ph in self.plan if ph.start < at <= ph.end), self.plan[-1])
-    self.tokens += ph.batch_size * ph.seq_len * m.get("real_token_fraction", 1.0)
-
-  def state(self) -> dict:
-    return {"tokens": self.tokens, "wall_s": self.wall_s(), "time_to_target": self.reached}
-
-  def check(self, step: int, ev: dict) -> bool:
-    """True the first time an evaluation reaches the target."""
-    if self.target is None or self.reached is not None:
-      return False
-    if ev.get("eval_mlm_accuracy", -1.0) < self.target:
-      return False
-    self.reached = {
-        "step": int(step),
-        "wall_s": round(self.wall_s(), 3),
-        "tokens": int(self.tokens),
-    }
-    return True
-
-  def line(self) -> str:
-    return metrics_writer.time_to_target_line(self.target, self.reached)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -350,229 +215,244 @@ def train_and_evaluate(config, workdir: str) -> int:
   the whole run.
   """
   config_checks.validate(config)
-  config_checks.preflight(config)
-  workdir = str(fs.absolute(workdir))  # orbax writes only to absolute paths; gs:// stays
-  config_checks.check_inputs(config, workdir)
-  with workdir_lock.Lock(workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
+  plan = config_checks.preflight(config, workdir)
+  with workdir_lock.Lock(plan.workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
     try:
-      return _train_and_evaluate(config, workdir)
+      return _train_and_evaluate(plan)
     except checkpoint.DiskFullError as e:
       print(f"bertjax pretrain: {e}", file=sys.stderr, flush=True)
       return 1
 
 
-def _train_and_evaluate(config, workdir: str) -> int:
-  # --- config, mesh --------------------------------------------------------------------------
-  config = resolve_config(config, workdir)
-  mesh = sharding.mesh_from_config(config.mesh)
-  plan = phases(config)
-  total = config.train.steps
-  for ph in plan:
-    sharding.check_batch_size(
-        ph.batch_size,
-        mesh,
-        ph.microbatches,
-        "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size",
+class _Run:
+  """One run's moving parts: the train state and its step, the phase and its batch stream, the
+  metrics of the last step (read one step late, so the device stays busy), the meter and the
+  time-to-target clock. `step`, `drain`, `evaluate` and `save` are the loop's verbs; `step` and
+  `drain` return False when the run must stop (too many non-finite steps)."""
+
+  def __init__(self, plan, setups, mngr, writer, restored, tokenizer_rel: str | None):
+    config = self.config = plan.config
+    self.plan, self.phases, self.setups = plan, plan.phases, setups
+    self.mngr, self.writer, self.tokenizer_rel = mngr, writer, tokenizer_rel
+    data_state = None
+    if restored:
+      self.state = restored.state
+      data_state = _data_state(config, restored.data_states, writer)
+      writer.log(f"resumed from {mngr.directory / str(restored.step)}")
+    else:
+      self.state = setups[0].init_state(config.seed)
+      if config.train.init_from:
+        self.state = _init_from(setups[0], self.state, config.train.init_from)
+        writer.log(f"initialised params from {config.train.init_from}")
+    self.at = self.start = self.last_saved = int(jax.device_get(self.state.step))
+    self.phase = next((ph for ph in self.phases if ph.start <= self.at < ph.end), self.phases[-1])
+    self.batches = self._open(self.phase, data_state)
+    meta = restored.meta if restored else {}
+    self.meter = progress.Meter(
+        config, setups[self.phase.index].bert_config, self.phase, meta.get("metrics_partial")
     )
-  is_main = jax.process_index() == 0
-  setups = {ph.index: train.setup(phase_config(config, ph), mesh) for ph in plan}
-  setup0 = setups[0]
+    self.clock = progress.TimeToTarget(config, list(self.phases), meta.get("progress"))
+    self.pending, self.bad_steps = None, 0
+    self.log_at = {1, config.train.steps} | {ph.end for ph in self.phases}
+
+  @property
+  def finished(self) -> bool:
+    stopped = self.clock.stop and self.clock.reached is not None
+    return self.at >= self.config.train.steps or stopped
+
+  def _open(self, ph: Phase, saved: dict | None):
+    s = saved["stream"] if saved and saved.get("phase") == ph.index else None
+    stream = make_stream(self.config, ph, s)
+    return prefetch.prefetch_to_device(
+        stream, self.setups[ph.index].batch_sharding, self.config.data.prefetch
+    )
+
+  def step(self) -> bool:
+    """One train step (switching phase first at a phase's end), then the previous step's
+    metrics read."""
+    if self.at >= self.phase.end:  # phase switch: new length and batch, same state
+      self.batches.close()
+      self.phase = ph = self.phases[self.phase.index + 1]
+      self.batches = self._open(ph, None)
+      self.meter.set_phase(self.setups[ph.index].bert_config, ph)
+      self.writer.log(
+          f"phase {ph.index}: seq {ph.seq_len}, batch {ph.batch_size}, "
+          f"{ph.max_predictions} predictions, from step {self.at}"
+      )
+    self.state, metrics = self.setups[self.phase.index].train_step(self.state, next(self.batches))
+    self.at += 1
+    ok = self.drain()
+    self.pending = (self.at, metrics)
+    return ok
+
+  def drain(self) -> bool:
+    """Read the metrics not read yet: logged, metered, a non-finite step counted."""
+    if self.pending is None:
+      return True
+    (at, m), self.pending = self.pending, None
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    if not m.pop("finite"):
+      return self._skipped(at, m)
+    self.meter.add(m)
+    self.clock.add(at, m)
+    if at % self.config.log_every_steps == 0 or at in self.log_at:
+      s = self.meter.summary(at, self.config.train.steps)
+      if s:
+        self.writer.log(metrics_writer.progress_line(at, self.config.train.steps, self._shown(s)))
+        self.writer.write(at, s)
+    return True
+
+  def _skipped(self, at: int, m: dict) -> bool:
+    self.bad_steps += 1
+    allowed = self.config.train.max_bad_steps
+    self.writer.log(
+        f"step {at}: non-finite loss {m['loss']} or gradient norm {m['grad_norm']}: "
+        f"update skipped ({self.bad_steps}/{allowed} allowed)"
+    )
+    if self.bad_steps <= allowed:
+      return True
+    self.writer.log(
+        f"stopping: {self.bad_steps} non-finite step(s); nothing after the last checkpoint "
+        f"({self.mngr.latest_step()}) was saved. Lower config.train.learning_rate, check the "
+        "data, or allow skips with config.train.max_bad_steps=K"
+    )
+    return False
+
+  def _shown(self, m: dict, split: str = "train") -> dict:
+    """Printed lines leave out a pair task the run does not train (or, for held-out lines,
+    does not evaluate: config.eval.pair_mode)."""
+    if _held_out(self.config, split, "pair_mode", self.config.data.pair_mode) != "none":
+      return m
+    return {k: v for k, v in m.items() if not k.removeprefix("eval_").startswith("nsp_")}
+
+  def evaluate(self) -> bool:
+    """Held-out metrics now, their time left out of the throughput; True when they first reach
+    the target."""
+    t0 = time.perf_counter()
+    ev = evaluate(
+        self.config, self.setups[self.phase.index], self.state.params, self.phase, self.plan.meta
+    )
+    shown = self._shown(ev, "eval")
+    self.writer.log(
+        f"eval step {self.at}: " + " | ".join(f"{k[5:]} {v:.4f}" for k, v in shown.items())
+    )
+    reached = self.clock.check(self.at, ev)
+    if reached:
+      self.writer.log(self.clock.line())
+      ev = dict(ev, time_to_target=self.clock.reached)
+    self.writer.write(self.at, ev)
+    self.meter.exclude(time.perf_counter() - t0)
+    return reached
+
+  def save(self) -> None:
+    """Checkpoint this step (once), with the input position, partial metrics and progress."""
+    if self.at == self.last_saved:
+      return
+    self.last_saved = self.at
+    self.writer.flush()  # the records of the steps this checkpoint holds are stored before it
+    data = checkpoint.gather_json({"phase": self.phase.index, "stream": self.batches.get_state()})
+    meta = _meta(
+        self.config,
+        self.setups[self.phase.index],
+        self.at,
+        self.tokenizer_rel,
+        self.meter.partial(),
+        self.clock.state(),
+    )
+    self.mngr.save(self.at, self.state, data, meta, force=True)
+
+  def close(self, status: int) -> int:
+    self.batches.close()
+    self.mngr.close()
+    self.writer.close()
+    return status
+
+
+def _train_and_evaluate(plan: config_checks.Plan) -> int:
+  # --- data: the bundled corpus is prepared into the workdir on first use --------------------
+  if plan.config.data.source == "prepared" and plan.meta is None:
+    plan = config_checks.with_data(plan, bundled.prepared_dir(plan.workdir))
+  config, workdir, is_main = plan.config, plan.workdir, jax.process_index() == 0
+  setups = {ph.index: train.setup(phase_config(config, ph), plan.mesh) for ph in plan.phases}
 
   # --- a resume must match the checkpoint before anything of this run is written ------------
   ck = config.checkpoint
   mngr = checkpoint.Manager(workdir, ck.every_steps, ck.max_to_keep, ck.keep_period, ck.async_save)
-
-  def check(meta: dict, where: str) -> None:
-    checkpoint.check_compatible(
-        meta["bert_config"],
-        setup0.bert_config,
-        where,
-        meta.get("optimizer"),
-        config.train.optimizer,
-    )
-
-  restored = mngr.restore_newest_good(
-      setup0.abstract_state, check, log=print if is_main else lambda _: None
+  check = lambda meta, where: checkpoint.check_compatible(
+      meta["bert_config"],
+      setups[0].bert_config,
+      where,
+      meta.get("optimizer"),
+      config.train.optimizer,
   )
-  latest = restored.step if restored else None
+  restored = mngr.restore_newest_good(
+      setups[0].abstract_state, check, log=print if is_main else lambda _: None
+  )
   # metrics.jsonl keeps exactly the records of the steps the checkpoint holds.
   writer = metrics_writer.MetricsWriter(
       workdir,
       enabled=is_main,
       tensorboard=config.get("tensorboard", True),
-      keep_through=latest or 0,
+      keep_through=restored.step if restored else 0,
   )
   if is_main:
     (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   writer.log(
-      f"model: {config.model.preset} {model_lib.count_params(setup0.abstract_state.params):,} "
-      f"params | mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
-      f"devices, {jax.process_count()} process(es) | workdir {workdir}"
+      f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
+      f"params | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
+      f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
 
-  # --- state: resume, init_from, or fresh ------------------------------------------------
-  tokenizer_rel = _copy_tokenizer(config, workdir)
-  data_state = None
-  if restored:
-    state = restored.state
-    data_state = _data_state(config, restored.data_states, writer)
-    writer.log(f"resumed from {mngr.directory / str(latest)}")
-  else:
-    state = setup0.init_state(config.seed)
-    if config.train.init_from:
-      state = _init_from(setup0, state, config.train.init_from)
-      writer.log(f"initialised params from {config.train.init_from}")
-  step = int(jax.device_get(state.step))
-
-  # --- input pipeline for the current phase ----------------------------------------------
-  def open_phase(ph: Phase, saved: dict | None):
-    s = saved["stream"] if saved and saved.get("phase") == ph.index else None
-    stream = make_stream(config, ph, s)
-    return prefetch.prefetch_to_device(
-        stream, setups[ph.index].batch_sharding, config.data.prefetch
-    )
-
-  phase = next((ph for ph in plan if ph.start <= step < ph.end), plan[-1])
-  batches = open_phase(phase, data_state)
-  meter = _Meter(
-      config,
-      setups[phase.index].bert_config,
-      phase,
-      restored.meta.get("metrics_partial") if restored else None,
-  )
-  eval_on = config.eval.every_steps > 0 and config.eval.steps > 0 and _has_eval_data(config, writer)
-  clock = _TimeToTarget(config, plan, restored.meta.get("progress") if restored else None)
+  # --- state (resume, init_from or fresh) and the input stream of its phase ----------------
+  run = _Run(plan, setups, mngr, writer, restored, _copy_tokenizer(config, workdir))
+  eval_every = config.eval.every_steps if config.eval.steps else 0
+  eval_every = eval_every if eval_every > 0 and _has_eval_data(config, plan.meta, writer) else 0
   watcher = distributed.PreemptionWatcher()
-  bad_steps, pending, last_saved, start_step = 0, None, step, step
-  log_at = {1, total} | {ph.end for ph in plan}  # besides every log_every_steps
-
-  def save(at: int, force: bool) -> None:
-    nonlocal last_saved
-    if at == last_saved:
-      return
-    last_saved = at
-    writer.flush()  # the records of the steps this checkpoint holds are stored before it
-    data = checkpoint.gather_json({"phase": phase.index, "stream": batches.get_state()})
-    mngr.save(
-        at,
-        state,
-        data,
-        _meta(config, setups[phase.index], at, tokenizer_rel, meter.partial(), clock.state()),
-        force=force,
-    )
-
-  def read(p) -> bool:  # metrics of the previous step; False stops the run
-    nonlocal bad_steps
-    at, m = p[0], {k: float(v) for k, v in jax.device_get(p[1]).items()}
-    if not m.pop("finite"):
-      bad_steps += 1
-      writer.log(
-          f"step {at}: non-finite loss {m['loss']} or gradient norm {m['grad_norm']}: "
-          f"update skipped ({bad_steps}/{config.train.max_bad_steps} allowed)"
-      )
-      if bad_steps > config.train.max_bad_steps:
-        writer.log(
-            f"stopping: {bad_steps} non-finite step(s); nothing after the last "
-            f"checkpoint ({mngr.latest_step()}) was saved. Lower "
-            "config.train.learning_rate, check the data, or allow skips with "
-            "config.train.max_bad_steps=K"
-        )
-        return False
-      return True
-    meter.add(m)
-    clock.add(at, m)
-    if at % config.log_every_steps == 0 or at in log_at:
-      s = meter.summary(at, total)
-      if s:
-        writer.log(metrics_writer.progress_line(at, total, _shown(s)))
-        writer.write(at, s)
-    return True
-
-  def _shown(m: dict, split: str = "train") -> dict:  # printed lines leave out a pair task
-    # the run does not train (or, for held-out lines, does not evaluate: config.eval.pair_mode)
-    if _held_out(config, split, "pair_mode", config.data.pair_mode) != "none":
-      return m
-    return {k: v for k, v in m.items() if not k.removeprefix("eval_").startswith("nsp_")}
-
-  def stop(status: int) -> int:
-    batches.close()
-    mngr.close()
-    writer.close()
-    return status
-
-  def run_eval() -> bool:  # held-out metrics now; True when they first reach the target
-    ev = evaluate(config, setups[phase.index], state.params, phase)
-    writer.log(
-        f"eval step {step}: "
-        + " | ".join(f"{k[5:]} {v:.4f}" for k, v in _shown(ev, "eval").items())
-    )
-    reached = clock.check(step, ev)
-    if reached:
-      writer.log(clock.line())
-      ev = dict(ev, time_to_target=clock.reached)
-    writer.write(step, ev)
-    return reached
 
   # --- the loop ---------------------------------------------------------------------------
   writer.log(
-      f"training steps {step}..{total} | phase {phase.index}: seq {phase.seq_len}, "
-      f"batch {phase.batch_size}"
+      f"training steps {run.at}..{config.train.steps} | phase {run.phase.index}: "
+      f"seq {run.phase.seq_len}, batch {run.phase.batch_size}"
   )
-  if clock.stop and clock.reached is not None:
-    writer.log(f"{clock.line()}; config.eval.stop_at_target: nothing left to train")
-  clock.start()
-  while step < total and not (clock.stop and clock.reached is not None):
-    if step >= phase.end:  # phase switch: new length and batch, same state
-      batches.close()
-      phase = plan[phase.index + 1]
-      batches = open_phase(phase, None)
-      meter.set_phase(setups[phase.index].bert_config, phase)
-      writer.log(
-          f"phase {phase.index}: seq {phase.seq_len}, batch {phase.batch_size}, "
-          f"{phase.max_predictions} predictions, from step {step}"
-      )
-    state, metrics = setups[phase.index].train_step(state, next(batches))
-    step += 1
-    if pending is not None and not read(pending):  # one step late: the device stays busy
-      return stop(1)
-    pending = (step, metrics)
-    if eval_on and step % config.eval.every_steps == 0:
-      if clock.target is not None:  # this step's tokens count toward the target: read it now
-        ok, pending = pending is None or read(pending), None
-        if not ok:
-          return stop(1)
-      t_eval = time.perf_counter()
-      if run_eval() and clock.stop:
-        writer.log(f"stopping at step {step}: config.eval.stop_at_target")
+  if run.finished and run.clock.stop:
+    writer.log(f"{run.clock.line()}; config.eval.stop_at_target: nothing left to train")
+  run.clock.start()
+  while not run.finished:
+    if not run.step():
+      return run.close(1)
+    if eval_every and run.at % eval_every == 0:
+      # This step's tokens count toward a target: its metrics are read before the evaluation.
+      if run.clock.target is not None and not run.drain():
+        return run.close(1)
+      if run.evaluate() and run.clock.stop:
+        writer.log(f"stopping at step {run.at}: config.eval.stop_at_target")
         break
-      meter.exclude(time.perf_counter() - t_eval)
-    checkpoint_now = step % ck.every_steps == 0 and step < total
-    preempted = watcher.should_stop(step)
-    if checkpoint_now or preempted:
-      # The checkpoint holds this step's metrics too: a resume neither repeats nor loses them
-      # (already read when an evaluation timed to a target ran at this step).
-      ok, pending = pending is None or read(pending), None
-      if not ok:
-        return stop(1)
-      save(step, force=True)
+    preempted = watcher.should_stop(run.at)
+    if (run.at % ck.every_steps == 0 and run.at < config.train.steps) or preempted:
+      # The checkpoint holds this step's metrics too: a resume neither repeats nor loses them.
+      if not run.drain():
+        return run.close(1)
+      run.save()
     if preempted:
       mngr.wait()
       writer.log(
-          f"preempted: saved step {step} to {mngr.directory}; rerun the same command " "to resume"
+          f"preempted: saved step {run.at} to {mngr.directory}; rerun the same command to resume"
       )
-      return stop(0)
-  ok = pending is None or read(pending)
+      return run.close(0)
+
+  # --- final save, evaluation and summary ----------------------------------------------------
+  ok = run.drain()
   if ok:
-    save(step, force=True)
+    run.save()
   mngr.wait()
-  if ok and eval_on and step % config.eval.every_steps and step > start_step:
-    run_eval()
-  if clock.target is not None and step > start_step:
-    writer.write(step, {"time_to_target": clock.reached})  # null: not reached
+  trained = run.at > run.start
+  if ok and eval_every and run.at % eval_every and trained:
+    run.evaluate()
+  if run.clock.target is not None and trained:
+    writer.write(run.at, {"time_to_target": run.clock.reached})  # null: not reached
   writer.log(
       f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
-      f"{fs.path(workdir) / 'tensorboard'}, metrics in "
-      f"{fs.path(workdir) / 'metrics.jsonl'}"
-      + (f" | {clock.line()}" if clock.target is not None else "")
+      f"{fs.path(workdir) / 'tensorboard'}, metrics in {fs.path(workdir) / 'metrics.jsonl'}"
+      + (f" | {run.clock.line()}" if run.clock.target is not None else "")
   )
-  return stop(0 if ok else 1)
+  return run.close(0 if ok else 1)
