@@ -12,9 +12,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow must never grab an accelerator or all host threads in tests.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-# Hermetic runs: no compiled program is read from or written to the user's cache (one test
-# turns it on for itself).
-os.environ["BERTJAX_COMPILE_CACHE"] = "off"
+# One compilation cache per test run, never the user's: a program tests compile again (a run
+# and its resume, the reference run a test compares with, the same tiny step in another module
+# or in a command a test starts) is compiled once and read back after, as `bertjax` commands do
+# by default (bertjax.runtime.compile_cache). pytest-xdist's controller imports this file before
+# it starts its workers, so they, and the processes tests start, inherit the one directory; the
+# process that made it removes it at exit.
+if not os.environ.get("BERTJAX_TEST_XLA_CACHE"):
+  import atexit, shutil, tempfile  # noqa: E401
+
+  os.environ["BERTJAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="bertjax-tests-xla-")
+  atexit.register(shutil.rmtree, os.environ["BERTJAX_TEST_XLA_CACHE"], ignore_errors=True)
+os.environ["BERTJAX_COMPILE_CACHE"] = os.environ["BERTJAX_TEST_XLA_CACHE"]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["BERTJAX_TEST_XLA_CACHE"]
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))  # shared under a lock
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # the steps, not ops
 
 import json  # noqa: E402  (after the environment above, which must come first)
 import pathlib  # noqa: E402
@@ -26,6 +38,49 @@ import pytest  # noqa: E402
 from gcs_fake import gcs  # noqa: E402,F401  (the local Cloud Storage fixture)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+# The unit tier (`make test-fast`: -m "not slow and not multihost") promises no process is
+# started. Every test outside those marks is watched: a process it starts (subprocess, a
+# multiprocessing or Grain worker, a fork) fails it at teardown, so the marks stay true.
+_SPAWN_MARKS = ("slow", "multihost")
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_spawn_nothing(request, monkeypatch):
+  if any(request.node.get_closest_marker(m) for m in _SPAWN_MARKS):
+    yield
+    return
+  import multiprocessing.util
+  import subprocess
+
+  spawned = []
+
+  def watch(owner, name, what):
+    real = getattr(owner, name)
+
+    def wrapper(*a, **kw):
+      said = what(*a)
+      if said:
+        spawned.append(said)
+      return real(*a, **kw)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+  def command(self, args, *_):  # importing TensorFlow runs `uname -p` (h5py): not the test's
+    return None if list(args)[:1] == ["uname"] else f"subprocess {args!r:.80}"
+
+  watch(subprocess.Popen, "_execute_child", command)
+  watch(multiprocessing.util, "spawnv_passfds", lambda path, args, *_: f"process {args!r:.80}")
+  watch(os, "fork", lambda: "os.fork()")
+  watch(os, "posix_spawn", lambda path, *_: f"posix_spawn {path}")
+  yield
+  if spawned:
+    pytest.fail(
+        f"started {len(spawned)} process(es), first: {spawned[0]}; mark the test "
+        "@pytest.mark.slow (or multihost): the unit tier starts none",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -360,17 +415,40 @@ def torch_logits(m, ids, types, mask, pos):
   return mlm, out.seq_relationship_logits.numpy()
 
 
+def built_once(tmp_path_factory, name: str, build) -> pathlib.Path:
+  """`build(directory)` run once per test run, whatever the number of pytest-xdist workers:
+  the first worker builds under a file lock in the run's shared temporary directory, the others
+  wait and reuse it. For inputs tests only read (prepared shards, a finished tiny run)."""
+  import filelock
+
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # shared by the workers of this run
+  out, done = base / f"shared-{name}", base / f"shared-{name}.done"
+  with filelock.FileLock(str(base / f"shared-{name}.lock")):
+    if not done.exists():
+      if out.exists():  # a build that failed part-way: start again
+        import shutil
+
+        shutil.rmtree(out)
+      out.mkdir()
+      build(out)
+      done.touch()
+  return out
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
   """A finished 3-step tiny pretraining workdir (synthetic data, vocab 1000), built once."""
   from bertjax.training import loop
 
-  workdir = tmp_path_factory.mktemp("tiny_run")
-  assert loop.train_and_evaluate(loop_config(3, **{"eval.every_steps": 0}), str(workdir)) == 0
-  return workdir
+  def build(workdir):
+    assert loop.train_and_evaluate(loop_config(3, **{"eval.every_steps": 0}), str(workdir)) == 0
+
+  return built_once(tmp_path_factory, "tiny_run", build)
 
 
 @pytest.fixture(scope="session")
 def austen_shards(tmp_path_factory, prepare_austen):
   """The first ~40k characters of the bundled corpus prepared into shards, built once."""
-  return pathlib.Path(prepare_austen(tmp_path_factory.mktemp("austen_shards"), 40_000))
+  return built_once(tmp_path_factory, "austen_shards", lambda out: prepare_austen(out, 40_000))
