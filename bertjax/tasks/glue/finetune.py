@@ -189,4 +189,3 @@ def train_and_evaluate(
       workdir=workdir,
       compiled_shapes=out.compiled_shapes,
   )
-
