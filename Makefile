@@ -35,9 +35,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
-# The unit tier: no subprocess, multi-host or end-to-end test (those are marked slow/multihost).
+# The unit tier: no subprocess, multi-host or end-to-end test (marked process, multihost, slow).
 test-fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost" tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost and not process" tests
 
 FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py
 lint: $(VENV)/.installed-test

@@ -40,10 +40,11 @@ from gcs_fake import gcs  # noqa: E402,F401  (the local Cloud Storage fixture)
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-# The unit tier (`make test-fast`: -m "not slow and not multihost") promises no process is
-# started. Every test outside those marks is watched: a process it starts (subprocess, a
-# multiprocessing or Grain worker, a fork) fails it at teardown, so the marks stay true.
-_SPAWN_MARKS = ("slow", "multihost")
+# The unit tier (`make test-fast`: -m "not slow and not multihost and not process") promises
+# that no process is started. Every test outside those marks is watched: a process it starts
+# (subprocess, a multiprocessing or Grain worker, a fork) fails it at teardown, so the marks
+# stay true.
+_SPAWN_MARKS = ("slow", "multihost", "process")
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +79,7 @@ def _unmarked_tests_spawn_nothing(request, monkeypatch):
   if spawned:
     pytest.fail(
         f"started {len(spawned)} process(es), first: {spawned[0]}; mark the test "
-        "@pytest.mark.slow (or multihost): the unit tier starts none",
+        "@pytest.mark.process (or slow, multihost): the unit tier starts none",
         pytrace=False,
     )
 

@@ -344,6 +344,7 @@ def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
   assert "$ bertjax" not in printed and printed.count("pretraining done") == 2
 
 
+@pytest.mark.process
 def test_isolated_run_keeps_its_log(tmp_path, capsys):
   log = tmp_path / "x.log"
   assert ablate.run_bertjax(["--version"], str(log), isolate=True) == 0

@@ -465,6 +465,7 @@ def test_compare_packing_times_both_steps_in_one_run(austen_shards, capsys):
   assert "bertjax packed" in table and "packing: real tokens/s packed / unpacked" in table
 
 
+@pytest.mark.slow
 def test_transformers_padding_free_bert_is_checked_not_assumed():
   """The reason the padding-free peer is not timed is measured in the run that reports it."""
   pytest.importorskip("torch")

@@ -126,6 +126,7 @@ def test_pretrain_user_error_is_one_line_and_writes_nothing(case, tmp_path):
         ([f"--config={CONFIG}:tiny"], ["--workdir is required"]),
     ],
 )
+@pytest.mark.process
 def test_pretrain_config_and_workdir_errors(args, needles, tmp_path):
   workdir = tmp_path / "run"
   extra = ["--workdir", workdir] if "--workdir is required" not in needles else []
@@ -153,6 +154,7 @@ def test_compile_user_errors(args, needles):
   _assert_one_line(r, "compile", *needles)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_debug_shows_the_traceback(how, tmp_path):
   args = [
@@ -252,6 +254,7 @@ def test_config_command_help_lists_variants_and_flags(command):
   assert "--helpfull" not in out and "absl.flags" not in out  # not absl's wall of flags
 
 
+@pytest.mark.process
 def test_pretrain_help_with_a_config_lists_its_fields_and_values():
   r = _bertjax("pretrain", "--config", f"{CONFIG}:demo", "--help")
   assert r.returncode == 0, r.stderr

@@ -71,6 +71,7 @@ class _OneAtATime:
       self.busy = False
 
 
+@pytest.mark.process
 def test_each_worker_builds_one_block_at_a_time_and_closes_promptly():
   """On Grain workers, a worker never runs two builds at once (its default read options ran
   16 on threads, and the real builder raced on its reader), blocks come back in order, and

@@ -116,6 +116,7 @@ def test_runner_config_strings_load(sweep, scale):
     assert bert_config(c).num_layers >= 1
 
 
+@pytest.mark.process
 def test_config_files_load_by_path_from_anywhere(tmp_path):
   """`bertjax pretrain --config experiments/no_nsp.py` loads the file by path, with the repo
   root not on sys.path: the base config import must still resolve."""

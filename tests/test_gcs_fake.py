@@ -20,6 +20,9 @@ import pytest
 import gcs_fake
 from gcs_fake import gcs  # noqa: F401  (the fixture)
 
+# The fake is a server process; these tests start it or a client process of their own.
+pytestmark = pytest.mark.process
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 

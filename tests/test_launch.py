@@ -16,6 +16,9 @@ import warnings
 
 import pytest
 
+# Every test here runs a launch script (bash) or a command it starts.
+pytestmark = pytest.mark.process
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 ARGS = [

@@ -314,6 +314,7 @@ def test_synthetic_statistics():
   assert abs(b["nsp_labels"].mean() - 0.5) < 0.02
 
 
+@pytest.mark.process
 def test_synthetic_source_runs_without_tensorflow():
   code = (
       "import sys; sys.modules['tensorflow'] = None\n"

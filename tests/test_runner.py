@@ -139,9 +139,8 @@ def test_the_cache_keeps_a_sweeps_trainer_and_holds_its_encoder():
   recipe = Recipe(batch_size=8, eval_batch_size=8)
   cache = finetuning.TrainerCache()
 
-  def get(enc, r):
-    build = lambda: finetune.make_trainer(glue.task, enc, r, 10)
-    return cache.get(glue, enc, r, 10, 0, build)
+  def get(enc, r):  # a new object stands for each built Trainer: the cache's rules are tested
+    return cache.get(glue, enc, r, 10, 0, object)
 
   first_enc = _encoder("first")
   first = get(first_enc, recipe)

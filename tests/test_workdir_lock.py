@@ -32,6 +32,7 @@ def _write_lock(d, **holder):
   )
 
 
+@pytest.mark.process
 def test_stale_locks_are_taken_over(tmp_path, capsys):
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
@@ -147,6 +148,7 @@ def test_of_many_racing_for_an_object_store_lock_exactly_one_wins(tmp_path):
   assert not (tmp_path / workdir_lock.LOCK_NAME).exists()
 
 
+@pytest.mark.process
 def test_object_store_locks_of_the_dead_and_of_silent_hosts_are_taken_over(tmp_path, capsys):
   import time
 
