@@ -122,7 +122,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.mask_prob = 0.15  # share of tokens chosen for MLM
   c.data.prefetch = 2  # batches transferred ahead of the step
   c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
-  c.data.max_examples_per_row = 8  # packed rows: at most this many examples (NSP labels) each
+  # packed rows: at most this many examples (NSP labels) each; 0: measured on the corpus
+  c.data.max_examples_per_row = 0
   # Processes that build the examples (docs/data.md, "Worker processes"); None: half the cores.
   c.data.workers = ml_collections.FieldReference(None, field_type=int)
 

@@ -223,9 +223,9 @@ ROWS: list[Mistake] = [
         setup=_shards,
     ),
     Mistake(
-        "data_stats_packing_zero_examples_per_row",
-        (*_STATS, "--packing", "--max-examples-per-row", "0"),
-        ("--max-examples-per-row", "'0' must be >= 1"),
+        "data_stats_packing_negative_examples_per_row",
+        (*_STATS, "--packing", "--max-examples-per-row", "-3"),
+        ("--max-examples-per-row", "'-3' must be >= 0"),
         setup=_shards,
     ),
     Mistake(

@@ -46,10 +46,11 @@ def _add_stream_args(p: argparse.ArgumentParser, n: int, n_help: str) -> None:
   )
   p.add_argument(
       "--max-examples-per-row",
-      type=positive_int,
+      type=nonneg_int,
       default=d.max_examples_per_row,
       metavar="E",
-      help="with --packing: examples a row may hold (default %(default)s)",
+      help="with --packing: examples a row may hold; 0 (default): measured on the corpus, as "
+      "pretrain does (the most a row of the first blocks holds with no cap)",
   )
   # -n is the spelling; --n, which `data stats` had, is kept as an alias.
   p.add_argument("-n", "--n", dest="n", type=positive_int, default=n, help=n_help)

@@ -6,6 +6,7 @@ row, stats counts examples (not rows) and reports how full the rows are.
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 
@@ -97,7 +98,10 @@ def stats(
     cfg: pretraining.InputConfig, n: int, batch_size: int = 256, split: str = "train"
 ) -> dict:
   """Masking and label statistics over the first `n` examples of the stream (packed: whole
-  rows until `n` examples are in), and `real_token_fraction`, real tokens over row slots."""
+  rows until `n` examples are in), and `real_token_fraction`, real tokens over row slots.
+  Packed with `max_examples_per_row` 0, the E measured on the corpus is reported."""
+  if cfg.packing:
+    cfg = dataclasses.replace(cfg, max_examples_per_row=pretraining.examples_per_row(cfg))
   stream = pretraining.make_stream(
       cfg, global_batch_size=batch_size, process_index=0, process_count=1, split=split
   )

@@ -98,7 +98,10 @@ RANGES: dict[str, Range] = {
     "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
     "data.workers": _at_least(1, "processes building examples; None: half the cores", none_ok=True),
     "data.max_examples_per_row": Range(
-        int, 1, 64, why="examples a packed row may hold: NSP labels per row; 8 by default"
+        int,
+        0,
+        64,
+        why="examples a packed row may hold: NSP labels per row; 0 (default): measured on the corpus",
     ),
     "train.batch_size": _at_least(1, "global sequences per step"),
     "train.steps": _at_least(1, "total optimizer steps"),

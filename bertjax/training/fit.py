@@ -23,7 +23,7 @@ import jax
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, packing
+from bertjax.data import bundled, packing, pretraining
 from bertjax.training import flops as flops_lib, phases as phases_lib, sharding, tpu, train
 
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
@@ -199,7 +199,9 @@ def _abstract_batch(ph, batch_sharding, data=None) -> dict:
   masked arrays with R = packing.prediction_budget (what the packed stream yields)."""
   b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
   packed = bool(data is not None and data.get("packing", False))
-  e = data.get("max_examples_per_row", 8) if packed else 1
+  e = data.get("max_examples_per_row", 0) if packed else 1
+  # Measured on the corpus (0): the largest E that may be measured, so a fit holds for any corpus.
+  e = e or pretraining.auto_examples_cap(l)
   if packed:
     p = packing.prediction_budget(l, p, data.mask_prob, e)
   shapes = dict(

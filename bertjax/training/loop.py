@@ -77,7 +77,7 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       seed=seed,
       vocab_size=config.model.vocab_size,
       packing=_held_out(config, split, "packing", d.get("packing", False)),
-      max_examples_per_row=d.get("max_examples_per_row", 8),
+      max_examples_per_row=d.get("max_examples_per_row", pretraining.AUTO),
       # Evaluation streams are short: worker processes would cost more to start than they save.
       workers=input_workers(d.get("workers")) if split == "train" else 0,
   )
@@ -263,6 +263,12 @@ class _Run:
   def _open(self, ph: Phase, saved: dict | None):
     s = saved["stream"] if saved and saved.get("phase") == ph.index else None
     stream = make_stream(self.config, ph, s)
+    if stream.cfg.packing:
+      auto = "measured on the corpus" if not self.config.data.get("max_examples_per_row") else "set"
+      self.writer.log(
+          f"packing: up to {stream.cfg.max_examples_per_row} examples per row at seq "
+          f"{ph.seq_len} ({auto})"
+      )
     return prefetch.prefetch_to_device(
         stream, self.setups[ph.index].batch_sharding, self.config.data.prefetch
     )
