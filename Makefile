@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= runs/demo
 # torch is only needed by the parity/interop tests and the benchmark; pin the CPU build.
 TORCH ?= torch==2.13.0
-PYTEST_ARGS ?= -n 2
+# worksteal: a worker that runs out takes queued tests from the other (the slow ones bunch up)
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: demo test test-fast lint format bench install install-test clean
 

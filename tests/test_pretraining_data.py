@@ -383,20 +383,19 @@ def test_a_split_without_shards_and_a_directory_without_data_are_named(data_dir,
 # ----------------------------------------------------------------------- worker processes
 
 
-@pytest.mark.slow  # starts 7 worker processes, each importing bertjax
+@pytest.mark.slow  # starts 5 worker processes, each importing bertjax
 @pytest.mark.parametrize("packing", [False, True])
 def test_batches_do_not_depend_on_the_number_of_workers(data_dir, packing):
-  """1 (in-process), 2 and 3 Grain worker processes give the same batches, batch by batch,
-  across an epoch's end, and the state of one resumes with another."""
+  """1 (in-process) and 3 Grain worker processes give the same batches, batch by batch,
+  across an epoch's end, and the state of one resumes with another number (2)."""
   cfg = _cfg(data_dir, packing=packing, shuffle_buffer=16)
-  streams = {w: _stream(pretraining.dataclasses.replace(cfg, workers=w)) for w in (1, 2, 3)}
+  streams = {w: _stream(pretraining.dataclasses.replace(cfg, workers=w)) for w in (1, 3)}
   blocks = streams[1].builder.blocks_per_epoch
   try:
     for step in range(60):
       batches = {w: next(s) for w, s in streams.items()}
-      for w in (2, 3):
-        for k, v in batches[1].items():
-          np.testing.assert_array_equal(batches[w][k], v, err_msg=f"{k}, step {step}, {w} workers")
+      for k, v in batches[1].items():
+        np.testing.assert_array_equal(batches[3][k], v, err_msg=f"{k}, step {step}, 3 workers")
       assert len({json.dumps(s.get_state()) for s in streams.values()}) == 1
     state = streams[3].get_state()
     assert state["epoch"] >= 1 or state["block"] > 2 * 3  # several blocks per worker
