@@ -9,8 +9,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= runs/demo
 # torch is only needed by the parity/interop tests and the benchmark; pin the CPU build.
 TORCH ?= torch==2.13.0
-# worksteal: a worker that runs out takes queued tests from the other (the slow ones bunch up)
-PYTEST_ARGS ?= -n 2 --dist worksteal
+PYTEST_ARGS ?= -n 2
 
 .PHONY: demo test test-fast lint format bench install install-test clean
 

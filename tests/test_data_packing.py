@@ -281,8 +281,8 @@ def test_synthetic_packing_is_host_independent_and_matches_unpacked_at_one_examp
 
 
 def test_config_and_state_checks(data_dir):
-  with pytest.raises(errors.ConfigError, match=r"InputConfig.max_examples_per_row=0 must be >= 1"):
-    _stream(_cfg(data_dir, max_examples_per_row=0))
+  with pytest.raises(errors.ConfigError, match=r"max_examples_per_row=-1 must be >= 1, or 0 to"):
+    _stream(_cfg(data_dir, max_examples_per_row=-1))
   plain_state = _stream(_cfg(data_dir, packing=False)).get_state()
   with pytest.raises(errors.ConfigError, match="different settings.*packing"):
     _stream(_cfg(data_dir), state=plain_state)
