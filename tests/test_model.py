@@ -101,6 +101,62 @@ def test_hf_roundtrip_is_exact(hf_model, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, params2)
 
 
+@pytest.mark.slow
+def test_masked_lm_and_base_model_directories_load_with_fresh_heads(hf_model, tmp_path):
+  """What transformers' run_mlm.py saves (`BertForMaskedLM`: no pooler, no NSP head) and a bare
+  `BertModel` (no MLM or NSP head) load: their own tensors exactly, so equal MLM logits or
+  encoder outputs; the heads they lack start fresh and are named."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  pretraining, _ = hf_model
+  batch = _batch(pretraining.config.vocab_size)
+  ids, types, mask, pos = batch
+  inputs = dict(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      token_type_ids=torch.tensor(types, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+  )
+  real = mask.astype(bool)
+
+  mlm = transformers.BertForMaskedLM(pretraining.config).eval()
+  mlm.load_state_dict(pretraining.state_dict(), strict=False)  # its weights, moved off init
+  assert mlm.bert.pooler is None
+  mlm.save_pretrained(tmp_path / "mlm")
+  fresh = []
+  cfg, params = convert.load_hf(tmp_path / "mlm", fresh=fresh)
+  assert fresh == ["the pooler", "the NSP head"]
+  out = _apply(cfg, params, batch)
+  with torch.no_grad():
+    logits = mlm(**inputs).logits.numpy()
+  np.testing.assert_allclose(
+      np.asarray(out.mlm_logits), np.take_along_axis(logits, pos[:, :, None], axis=1), atol=1e-5
+  )
+  ref = convert.load_hf(hf_model[1])[1]  # the same tensors from BertForPreTraining
+  jax.tree.map(np.testing.assert_array_equal, params["bert"]["encoder"], ref["bert"]["encoder"])
+  fresh_heads = convert._fresh_heads(cfg)
+  jax.tree.map(np.testing.assert_array_equal, params["nsp"], fresh_heads["nsp"])
+
+  base = pretraining.bert.eval()
+  base.save_pretrained(tmp_path / "base")
+  fresh = []
+  cfg, params = convert.load_hf(tmp_path / "base", fresh=fresh)
+  assert fresh == ["the NSP head", "the MLM head"]
+  out = _apply(cfg, params, batch)
+  with torch.no_grad():
+    want = base(**inputs)
+  np.testing.assert_allclose(
+      np.asarray(out.sequence_output)[real], want.last_hidden_state.numpy()[real], atol=1e-5
+  )
+  np.testing.assert_allclose(np.asarray(out.pooled_output), want.pooler_output.numpy(), atol=1e-5)
+  jax.tree.map(np.testing.assert_array_equal, params["mlm_transform"], fresh_heads["mlm_transform"])
+  # Saved back, it is a BertForPreTraining directory transformers reads without a missing key.
+  convert.save_hf(params, cfg, tmp_path / "back")
+  _, info = transformers.BertForPreTraining.from_pretrained(
+      tmp_path / "back", output_loading_info=True
+  )
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
 def test_load_hf_errors_name_the_file(tmp_path):
   with pytest.raises(convert.ConversionError, match="config.json: not found"):
     convert.load_hf(tmp_path)

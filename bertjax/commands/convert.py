@@ -143,7 +143,10 @@ def _load(args):
         )
     cfg, params = google_ckpt.load_google(src, config)
   elif args.src_kind == "hf":
-    cfg, params = convert_lib.load_hf(src)
+    fresh: list[str] = []
+    cfg, params = convert_lib.load_hf(src, fresh=fresh)
+    if fresh:
+      print(f"{src}: {' and '.join(fresh)} not in the checkpoint: initialised fresh", flush=True)
   else:
     from bertjax.tasks import encoder as encoder_lib
 

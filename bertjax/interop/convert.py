@@ -13,7 +13,10 @@ query/key/value into one kernel [H, 3, N, D] and keeps the attention output kern
 its GLU `Wi` [2·F, H] (input half, then gate half) is bertjax's [H, 2, F] GLU kernel.
 
 ModernBERT has no pooler and no NSP head; loading one gives bertjax's (`bert/pooler`, `nsp`)
-fresh, deterministic initial values (`_fresh_heads`) and saving one drops them.
+fresh, deterministic initial values (`_fresh_heads`) and saving one drops them. A BERT
+directory may lack heads too: `BertForMaskedLM` (what transformers' `run_mlm.py` saves) has no
+pooler and no NSP head, `BertModel` no MLM or NSP head; those heads start fresh the same way,
+and `load_hf(..., fresh=[])` says which.
 """
 
 from __future__ import annotations
@@ -29,262 +32,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.model import bert as bert_lib
 from bertjax.model.config import BertConfig
 from bertjax.runtime import fs
 
-Params = dict[str, Any]
-
-REQUIRED_HF_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
+# The configs (importable from here, where callers have always found them).
+from bertjax.interop.hf_config import (  # noqa: F401
+    REQUIRED_HF_FIELDS,
+    ConversionError,
+    config_from_hf,
+    config_from_modernbert,
+    config_to_hf,
+    config_to_modernbert,
+    hf_architecture,
 )
-_HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "relu": "relu"}
 
-
-class ConversionError(errors.UserError, ValueError):
-  """A checkpoint could not be converted; the message names the file and tensor."""
-
-
-# ------------------------------------------------------------------------------------ configs
-
-
-def config_from_hf(hf: dict[str, Any], **overrides) -> BertConfig:
-  """A `BertConfig` from a Hugging Face `config.json` dict."""
-  if not isinstance(hf, dict):
-    raise ConversionError(f"config.json: a JSON object expected, found {type(hf).__name__}")
-  for field in REQUIRED_HF_FIELDS:
-    if field not in hf:
-      raise ConversionError(f"config.json: field {field!r} is missing — is this a BERT config?")
-  act = hf.get("hidden_act", "gelu")
-  if act not in _HF_ACT:
-    raise ConversionError(
-        f"config.json: hidden_act={act!r} is not supported; " f"valid: {sorted(_HF_ACT)}"
-    )
-  if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ConversionError(
-        "config.json: position_embedding_type="
-        f"{hf['position_embedding_type']!r}; only 'absolute' is BERT"
-    )
-  fields = dict(
-      vocab_size=hf["vocab_size"],
-      hidden_size=hf["hidden_size"],
-      num_layers=hf["num_hidden_layers"],
-      num_heads=hf["num_attention_heads"],
-      intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 512),
-      type_vocab_size=hf.get("type_vocab_size", 2),
-      hidden_act=_HF_ACT[act],
-      hidden_dropout_rate=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      initializer_range=hf.get("initializer_range", 0.02),
-  )
-  fields.update(overrides)
-  return BertConfig(**fields)
-
-
-def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
-  """The `config.json` dict that `transformers.BertConfig` reads."""
-  return {
-      "architectures": ["BertForPreTraining"],
-      "model_type": "bert",
-      "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "hidden_act": cfg.hidden_act,
-      "hidden_dropout_prob": cfg.hidden_dropout_rate,
-      "attention_probs_dropout_prob": cfg.attention_dropout_rate,
-      "max_position_embeddings": cfg.max_position_embeddings,
-      "type_vocab_size": cfg.type_vocab_size,
-      "initializer_range": cfg.initializer_range,
-      "layer_norm_eps": cfg.layer_norm_eps,
-      "position_embedding_type": "absolute",
-      "pad_token_id": 0,
-      "tie_word_embeddings": True,
-  }
-
-
-# ----------------------------------------------------------------------- ModernBERT's configs
-
-# The switches that tell the two architectures apart, with each one's value (BERT, ModernBERT).
-_ARCH_FIELDS = {
-    "norm_placement": ("post", "pre"),
-    "mlp_type": ("dense", "glu"),
-    "position_embedding": ("learned", "rope"),
-}
-_BIAS_FIELDS = ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias")
-
-
-def hf_architecture(cfg: BertConfig) -> str:
-  """'bert' (transformers' `BertForPreTraining`) or 'modernbert' (`ModernBertForMaskedLM`).
-
-  `norm_placement` decides which one a config means; any other field that departs from that
-  architecture makes it neither: a ConversionError naming the field.
-  """
-  arch, name = ("bert", "BERT") if cfg.norm_placement == "post" else ("modernbert", "ModernBERT")
-  i = 0 if arch == "bert" else 1
-  want = {field: values[i] for field, values in _ARCH_FIELDS.items()}
-  if arch == "bert":
-    want["use_bias"] = True  # transformers' BERT has every bias
-  else:
-    want["type_vocab_size"] = 0  # ModernBERT has no token types
-  for field, value in want.items():
-    if getattr(cfg, field) != value:
-      raise ConversionError(
-          f"config is neither BERT- nor ModernBERT-shaped: norm_placement="
-          f"{cfg.norm_placement!r} is {name}'s but {field}={getattr(cfg, field)!r} is not "
-          f"({name}: {value!r})"
-      )
-  if arch == "bert" and cfg.type_vocab_size < 1:
-    raise ConversionError(
-        "config is neither BERT- nor ModernBERT-shaped: norm_placement='post' is BERT's but "
-        "type_vocab_size=0 is not (BERT: 1 or more)"
-    )
-  if arch == "bert" and cfg.local_attention and cfg.global_every > 1:
-    raise ConversionError(
-        "config is neither BERT- nor ModernBERT-shaped: norm_placement='post' is BERT's but "
-        f"local_attention={cfg.local_attention} is not (BERT: 0, every layer global)"
-    )
-  return arch
-
-
-def _global_every(layer_types: list[str], source: str) -> int:
-  """The n for which layer i is "full_attention" exactly when i % n == 0."""
-  for n in range(1, len(layer_types) + 1):
-    pattern = [
-        "full_attention" if i % n == 0 else "sliding_attention" for i in range(len(layer_types))
-    ]
-    if layer_types == pattern:
-      return n
-  raise ConversionError(
-      f"{source}: layer_types={layer_types} is not a global layer every n layers from layer 0, "
-      "the pattern bertjax's global_every describes"
-  )
-
-
-def config_from_modernbert(
-    hf: dict[str, Any], source: str = "config.json", **overrides
-) -> BertConfig:
-  """A `BertConfig` from a transformers ModernBERT `config.json` dict (the fields of
-  transformers 5, `layer_types` and `rope_parameters`, or the older `global_attn_every_n_layers`
-  and `global_rope_theta` / `local_rope_theta`)."""
-  for field in REQUIRED_HF_FIELDS:
-    if field not in hf:
-      raise ConversionError(f"{source}: field {field!r} is missing")
-  act = hf.get("hidden_activation", "gelu")
-  if act not in _HF_ACT:
-    raise ConversionError(
-        f"{source}: hidden_activation={act!r} is not supported; valid: {sorted(_HF_ACT)}"
-    )
-  if hf.get("classifier_activation", act) != act:
-    raise ConversionError(
-        f"{source}: classifier_activation={hf['classifier_activation']!r} differs from "
-        f"hidden_activation={act!r}; bertjax's MLM head uses hidden_act"
-    )
-  biases = {f: bool(hf.get(f, False)) for f in _BIAS_FIELDS}
-  if len(set(biases.values())) > 1:
-    raise ConversionError(
-        f"{source}: {biases} mix biases; bertjax's use_bias is one switch for all of them"
-    )
-  layers = hf["num_hidden_layers"]
-  every = hf.get("global_attn_every_n_layers", 3)
-  layer_types = hf.get("layer_types") or [
-      "sliding_attention" if i % every else "full_attention" for i in range(layers)
-  ]
-  global_every = _global_every(list(layer_types), source)
-  rope = hf.get("rope_parameters") or {}
-  theta = {}
-  for kind, old_field, default in (
-      ("full_attention", "global_rope_theta", 160000.0),
-      ("sliding_attention", "local_rope_theta", 10000.0),
-  ):
-    params = rope.get(kind) or {}
-    if params.get("rope_type", "default") != "default":
-      raise ConversionError(
-          f"{source}: rope_parameters.{kind}.rope_type={params['rope_type']!r}; only 'default' "
-          "(plain RoPE) is supported"
-      )
-    theta[kind] = float(params.get("rope_theta", hf.get(old_field, default)))
-  fields = dict(
-      vocab_size=hf["vocab_size"],
-      hidden_size=hf["hidden_size"],
-      num_layers=layers,
-      num_heads=hf["num_attention_heads"],
-      intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 8192),
-      type_vocab_size=0,
-      hidden_act=_HF_ACT[act],
-      # Dropout sits in slightly different places (transformers drops the GLU's product and
-      # the embeddings separately); equal in evaluation, where there is none.
-      hidden_dropout_rate=hf.get("mlp_dropout", 0.0),
-      attention_dropout_rate=hf.get("attention_dropout", 0.0),
-      layer_norm_eps=hf.get("norm_eps", 1e-5),
-      initializer_range=hf.get("initializer_range", 0.02),
-      norm_placement="pre",
-      mlp_type="glu",
-      position_embedding="rope",
-      rope_theta=theta["full_attention"],
-      local_rope_theta=theta["sliding_attention"],
-      use_bias=biases["attention_bias"],
-      local_attention=hf.get("local_attention", 128) if global_every > 1 else 0,
-      global_every=global_every,
-  )
-  fields.update(overrides)
-  return BertConfig(**fields)
-
-
-def config_to_modernbert(cfg: BertConfig) -> dict[str, Any]:
-  """The `config.json` dict that `transformers.ModernBertConfig` reads (version 5's fields, and
-  the older ones beside them for transformers 4.48-4.57)."""
-  local = cfg.local_attention > 0 and cfg.global_every > 1
-  layer_types = [
-      "full_attention" if not local or i % cfg.global_every == 0 else "sliding_attention"
-      for i in range(cfg.num_layers)
-  ]
-  return {
-      "architectures": ["ModernBertForMaskedLM"],
-      "model_type": "modernbert",
-      "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "hidden_activation": cfg.hidden_act,
-      "classifier_activation": cfg.hidden_act,
-      "max_position_embeddings": cfg.max_position_embeddings,
-      "initializer_range": cfg.initializer_range,
-      "norm_eps": cfg.layer_norm_eps,
-      **{field: cfg.use_bias for field in _BIAS_FIELDS},
-      "decoder_bias": True,
-      "attention_dropout": cfg.attention_dropout_rate,
-      "mlp_dropout": cfg.hidden_dropout_rate,
-      "embedding_dropout": cfg.hidden_dropout_rate,
-      # With every layer global the window is never used; a window over everything says so.
-      "local_attention": cfg.local_attention if local else 2 * cfg.max_position_embeddings,
-      "layer_types": layer_types,
-      "global_attn_every_n_layers": cfg.global_every if local else 1,
-      "rope_parameters": {
-          "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-          "sliding_attention": {"rope_type": "default", "rope_theta": cfg.local_rope_theta},
-      },
-      "global_rope_theta": cfg.rope_theta,
-      "local_rope_theta": cfg.local_rope_theta,
-      "pad_token_id": 0,
-      "bos_token_id": None,
-      "eos_token_id": None,
-      "cls_token_id": None,
-      "sep_token_id": None,
-      "tie_word_embeddings": True,
-  }
-
+Params = dict[str, Any]
 
 # ------------------------------------------------------------------------------- tensor table
 
@@ -414,17 +178,36 @@ def _entries(cfg: BertConfig) -> Iterator[_Entry]:
 
 
 def _fresh_heads(cfg: BertConfig) -> Params:
-  """bertjax's pooler and NSP head, which ModernBERT does not have: their initial values,
-  the same on every load (seed 0)."""
-  pooler_key, nsp_key = jax.random.split(jax.random.key(0))
+  """bertjax's pooler, NSP head and MLM head (its transform, LayerNorm and output bias; the
+  decoder is the tied word embeddings), for checkpoints without them: their initial values as
+  the model initialises them, the same on every load (seed 0)."""
+  pooler_key, nsp_key, mlm_key = jax.random.split(jax.random.key(0), 3)
   x_1xH = jnp.zeros((1, cfg.hidden_size), cfg.params_dtype)
   pooler = bert_lib.dense(cfg, cfg.hidden_size, ("embed", "embed_out"), use_bias=True)
   nsp = bert_lib.dense(cfg, 2, ("embed", "classes"), use_bias=True)
+  transform = bert_lib.dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
   to_numpy = lambda tree: jax.tree.map(np.asarray, nn.unbox(tree["params"]))
+  h = cfg.hidden_size
   return {
       "pooler": to_numpy(pooler.init(pooler_key, x_1xH)),
       "nsp": to_numpy(nsp.init(nsp_key, x_1xH)),
+      "mlm_transform": to_numpy(transform.init(mlm_key, x_1xH)),
+      "mlm_layer_norm": {"scale": np.ones(h, np.float32), "bias": np.zeros(h, np.float32)},
+      "mlm_bias": np.zeros(cfg.vocab_size, np.float32),
   }
+
+
+# A BERT checkpoint's optional heads: what each is called, the prefix of its tensors, and the
+# parameters it fills.
+_BERT_HEADS = (
+    ("the pooler", "bert.pooler.", (("bert", "pooler"),)),
+    ("the NSP head", "cls.seq_relationship.", (("nsp",),)),
+    (
+        "the MLM head",
+        "cls.predictions.",
+        (("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)),
+    ),
+)
 
 
 def hf_tensor_names(cfg: BertConfig) -> set[str]:
@@ -443,10 +226,15 @@ def _legacy_names(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def hf_to_params(
-    state: dict[str, np.ndarray], cfg: BertConfig, source: str = "checkpoint"
+    state: dict[str, np.ndarray],
+    cfg: BertConfig,
+    source: str = "checkpoint",
+    fresh: list[str] | None = None,
 ) -> Params:
   """A bertjax `BertForPreTraining` parameter tree (unscanned) from HF tensors (numpy):
-  `BertForPreTraining`'s, or `ModernBertForMaskedLM`'s for a ModernBERT-shaped config."""
+  `BertForPreTraining`'s (or `BertForMaskedLM`'s, `BertModel`'s), or `ModernBertForMaskedLM`'s
+  for a ModernBERT-shaped config. Heads the checkpoint has none of start fresh
+  (`_fresh_heads`); their names are appended to `fresh` when given."""
   modern = hf_architecture(cfg) == "modernbert"
   if not modern:
     state = _legacy_names(state)
@@ -460,7 +248,16 @@ def hf_to_params(
     state = dict(state, **{"decoder.bias": np.zeros(cfg.vocab_size, np.float32)})
   params: Params = {}
   used = set()
+  absent = set()  # parameter paths of the heads the checkpoint has none of
+  if not modern:
+    for what, prefix, paths in _BERT_HEADS:
+      if not any(k.startswith(prefix) and k != "cls.predictions.decoder.weight" for k in state):
+        absent.update(paths)
+        if fresh is not None:
+          fresh.append(what)
   for path, names, to_ours, _ in _entries(cfg):
+    if any(path[: len(p)] == p for p in absent):
+      continue
     missing = [nm for nm in names if nm not in state]
     if missing:
       kind = "ModernBertForMaskedLM" if modern else "BertForPreTraining"
@@ -474,8 +271,16 @@ def hf_to_params(
     node[path[-1]] = value
     used.update(names)
   if modern:
-    params["bert"].update(pooler=_fresh_heads(cfg)["pooler"])
-    params["nsp"] = _fresh_heads(cfg)["nsp"]
+    absent = {("bert", "pooler"), ("nsp",)}
+    if fresh is not None:
+      fresh.extend(("the pooler", "the NSP head"))
+  if absent:
+    heads = _fresh_heads(cfg)
+    for path in absent:
+      node = params
+      for key in path[:-1]:
+        node = node.setdefault(key, {})
+      node[path[-1]] = heads[path[-1]]
   decoder = state.get("decoder.weight" if modern else "cls.predictions.decoder.weight")
   if decoder is not None and not np.array_equal(
       np.asarray(decoder, np.float32), params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -573,12 +378,17 @@ def read_hf_state(path: str | epath.Path) -> dict[str, np.ndarray]:
   raise ConversionError(f"{path}: no model.safetensors or pytorch_model.bin found")
 
 
-def load_hf(path: str | epath.Path, **config_overrides) -> tuple[BertConfig, Params]:
-  """Read a Hugging Face `BertForPreTraining` or `ModernBertForMaskedLM` directory (config.json
-  with model_type "bert" or "modernbert", and model.safetensors or pytorch_model.bin).
+def load_hf(
+    path: str | epath.Path, *, fresh: list[str] | None = None, **config_overrides
+) -> tuple[BertConfig, Params]:
+  """Read a Hugging Face `BertForPreTraining`, `BertForMaskedLM`, `BertModel` or
+  `ModernBertForMaskedLM` directory (config.json with model_type "bert" or "modernbert", and
+  model.safetensors or pytorch_model.bin).
 
-  Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`
-  (for ModernBERT with a fresh pooler and NSP head, `_fresh_heads`).
+  Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`;
+  heads the directory lacks (ModernBERT's pooler and NSP head, a `BertForMaskedLM`'s pooler and
+  NSP head, a `BertModel`'s MLM and NSP heads) start fresh (`_fresh_heads`) and are named in
+  `fresh` when a list is given.
   """
   path = fs.path(path)
   cfg_file = path / "config.json"
@@ -592,7 +402,7 @@ def load_hf(path: str | epath.Path, **config_overrides) -> tuple[BertConfig, Par
     cfg = config_from_modernbert(hf_cfg, str(cfg_file), **config_overrides)
   else:
     cfg = config_from_hf(hf_cfg, **config_overrides)
-  return cfg, hf_to_params(read_hf_state(path), cfg, source=str(path))
+  return cfg, hf_to_params(read_hf_state(path), cfg, source=str(path), fresh=fresh)
 
 
 def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:

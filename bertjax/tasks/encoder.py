@@ -115,14 +115,17 @@ def _checkpoint_tokenizer(cfg, tok_path: str | None, what: str, n, lower_case) -
   return tok
 
 
-def read_encoder(path: fs.PathLike) -> tuple[model_lib.BertConfig, Any, str | None, str]:
+def read_encoder(
+    path: fs.PathLike, fresh: list[str] | None = None
+) -> tuple[model_lib.BertConfig, Any, str | None, str]:
   """(config, bert params, tokenizer path or None, kind) of a bertjax, Hugging Face or Google
-  checkpoint; kind is "bertjax", "hf" or "google". A remote Hugging Face or Google checkpoint
+  checkpoint; kind is "bertjax", "hf" or "google". A Hugging Face directory's heads that start
+  fresh are named in `fresh` (`convert.load_hf`). A remote Hugging Face or Google checkpoint
   is read by `convert` and `google_ckpt`, which copy its weight files locally."""
   path = fs.path(path)
   kind = checkpoint_kind(path)
   if kind == "hf":
-    cfg, params = convert.load_hf(path)
+    cfg, params = convert.load_hf(path, fresh=fresh)
     return cfg, params["bert"], _tokenizer_in(path), "hf"
   if kind == "google":
     cfg, params = google_ckpt.load_google(path)
@@ -188,6 +191,9 @@ def load_encoder(
     )
   if checkpoint_kind(init) is None:
     raise errors.BadInputError(f"{n['init']} {init}: not a checkpoint — expected {KINDS}")
-  cfg, bert_params, recorded, kind = read_encoder(init)
+  fresh: list[str] = []
+  cfg, bert_params, recorded, kind = read_encoder(init, fresh)
+  if "the pooler" in fresh:  # a BertForMaskedLM or a ModernBERT: a head's input starts fresh
+    print(f"{n['init']} {init}: has no pooler; it starts fresh, like the task's head", flush=True)
   tok = _checkpoint_tokenizer(cfg, tokenizer or recorded, f"{n['init']} {init}", n, lower_case)
   return Encoder(cfg, bert_params, tok, f"{kind}:{init}")
