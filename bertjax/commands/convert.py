@@ -146,7 +146,8 @@ def _load(args):
     fresh: list[str] = []
     cfg, params = convert_lib.load_hf(src, fresh=fresh)
     if fresh:
-      print(f"{src}: {' and '.join(fresh)} not in the checkpoint: initialised fresh", flush=True)
+      are = "is" if len(fresh) == 1 else "are"
+      print(f"{src}: {' and '.join(fresh)} {are} not in the checkpoint: initialised fresh")
   else:
     from bertjax.tasks import encoder as encoder_lib
 
