@@ -130,9 +130,9 @@ def examples_per_row(cfg: InputConfig) -> int:
   """E for `max_examples_per_row=AUTO`: the most examples any row holds when the first blocks
   of the training split are packed at cfg.seq_len with no cap, rounded up to a multiple of 8
   (stable shapes), within 8..`auto_examples_cap`. A pure function of the corpus, the seed and
-  the pair settings, so every host and every resume computes the same E. Packing with it leaves
-  those blocks' rows as with no cap; a later block with more short examples than these may hit
-  it, which only closes its rows earlier."""
+  the pair settings, so every host and every resume computes the same E. Unless the cap clips
+  it, packing with it leaves those blocks' rows as with no cap; a later block with more short
+  examples than these may hit it, which only closes its rows earlier."""
   if cfg.max_examples_per_row != AUTO:
     return cfg.max_examples_per_row
   if cfg.source == "synthetic":
