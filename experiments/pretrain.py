@@ -116,6 +116,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.tokenizer = ml_collections.FieldReference(
       None, field_type=str
   )  # None: data/tokenizer.model
+  # Several prepared datasets mixed by weight instead of data.path (docs/data.md, "Mixtures"):
+  # 'NAME=PATH:WEIGHT[:PHASE2_WEIGHT],...'; a weight is the share of the real training tokens.
+  c.data.sources = ""
   c.data.seq_len = 128  # tokens per example incl. [CLS]/[SEP]
   c.data.max_predictions_per_seq = 20  # masked positions per example (0.15 * 128, rounded)
   c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)

@@ -3,6 +3,7 @@
 bertjax data preview --data runs/data -n 5
 bertjax data stats --data runs/data --seq-len 128 --pair-mode nsp -n 10000
 bertjax data stats --data runs/data --seq-len 512 --max-predictions 80 --packing
+bertjax data stats --sources 'web=runs/web:0.7,books=runs/books:0.3'   # a mixture, as pretrain's
 """
 
 from __future__ import annotations
@@ -24,7 +25,21 @@ _MIN_SEQ_LEN = {"nsp": 5, "sop": 5, "none": 3}
 
 def _add_stream_args(p: argparse.ArgumentParser, n: int, n_help: str) -> None:
   d = pretraining.InputConfig()
-  p.add_argument("--data", required=True, metavar="DIR", help="output of `bertjax prepare`")
+  data = p.add_mutually_exclusive_group(required=True)
+  data.add_argument("--data", metavar="DIR", help="output of `bertjax prepare`")
+  data.add_argument(
+      "--sources",
+      metavar="SPEC",
+      help="a mixture, as config.data.sources writes it: 'NAME=DIR:WEIGHT[:PHASE2_WEIGHT],...'; "
+      "stats then reports each source's requested and realised share of the real tokens",
+  )
+  p.add_argument(
+      "--phase",
+      type=int,
+      choices=(1, 2),
+      default=1,
+      help="with --sources: the phase whose weights to draw with",
+  )
   p.add_argument("--split", choices=("train", "eval"), default="train")
   p.add_argument("--seq-len", type=positive_int, default=d.seq_len)
   p.add_argument("--max-predictions", type=positive_int, default=d.max_predictions_per_seq)
@@ -74,15 +89,23 @@ def _check(args: argparse.Namespace) -> None:
         f"--seq-len {args.seq_len} is too short for --pair-mode {args.pair_mode}: it must be "
         f">= {need} ([CLS] and [SEP]s included)"
     )
-  data = fs.path(args.data)
+  if args.sources:
+    from bertjax.data import mixture
+
+    for s in mixture.parse_sources(args.sources, "--sources"):
+      _check_dir(s.path, f"--sources {s.name}={s.path}")
+    return
+  _check_dir(args.data, f"--data {args.data}")
+
+
+def _check_dir(path: str, field: str) -> None:
+  data = fs.path(path)
   if not data.exists():
     raise errors.InputNotFoundError(
-        f"--data {args.data}: no such directory — give the --output of `bertjax prepare`"
+        f"{field}: no such directory — give the --output of `bertjax prepare`"
     )
   if data.is_file():
-    raise errors.ConfigError(
-        f"--data {args.data}: is a file — give the directory `bertjax prepare` wrote"
-    )
+    raise errors.ConfigError(f"{field}: is a file — give the directory `bertjax prepare` wrote")
 
 
 def main(argv: list[str]) -> int:
@@ -90,9 +113,13 @@ def main(argv: list[str]) -> int:
   _check(args)
   from bertjax.data import inspect
 
+  from bertjax.data import mixture
+
+  sources = mixture.parse_sources(args.sources, "--sources")
   cfg = pretraining.InputConfig(
       source="prepared",
-      path=args.data,
+      path=args.data or "",
+      sources=mixture.phase_weights(sources, args.phase - 1) if sources else (),
       seq_len=args.seq_len,
       max_predictions_per_seq=args.max_predictions,
       pair_mode=args.pair_mode,

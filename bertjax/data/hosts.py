@@ -115,7 +115,20 @@ class PreparedStream:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    parts, need = [], self.rows
+    batch = self.take(self.rows)
+    self.step += 1
+    return batch
+
+  def upcoming_real_tokens(self) -> float:
+    """Mean real tokens per row of the current block (loaded if not yet): what a mixture
+    expects of this source's rows before it has drawn any (mixture.py)."""
+    if self._current is None:
+      self._load_block()
+    return float(self._current["attention_mask"].sum(1).mean())
+
+  def take(self, rows: int) -> dict[str, np.ndarray]:
+    """The next `rows` rows (a batch, or a mixture's share of one: mixture.py)."""
+    parts, need = [], rows
     while need:
       if self._current is None:
         self._load_block()
@@ -126,7 +139,6 @@ class PreparedStream:
       if self.offset >= n:  # the block is used up: on to the host's next one
         self.item, self._current = self.item + 1, None
         self.offset = self.plan(self.item)[1][2]
-    self.step += 1
     if len(parts) == 1:
       return {k: np.ascontiguousarray(v) for k, v in parts[0].items()}
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -160,6 +172,10 @@ def resume_states(saved: list[dict], process_count: int) -> tuple[list[dict], st
   no document is used twice or skipped, across any number of such changes.
   """
   first = saved[0]
+  if "sources" in first:  # a mixture: each source's stream carried over on its own
+    from bertjax.data import mixture
+
+    return mixture.resume_states(saved, process_count, resume_states)
   agree = _SHARED + ("step", "blocks_per_epoch", "leftover", "untouched_from")
   differ = {k for s in saved for k in agree if s.get(k) != first.get(k)}
   if differ:

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.data import packing, pretraining, records, wordpiece
+from bertjax.data import mixture, packing, pretraining, records, wordpiece
 from bertjax.data.tokenizer import WORD_START
 from bertjax.runtime import fs
 
@@ -64,7 +64,7 @@ def describe(tok, batch: dict[str, np.ndarray], row: int, pair_mode: str, offset
 
 def preview(cfg: pretraining.InputConfig, n: int, split: str = "train") -> str:
   """The first `n` rows of the stream as text (packed: every example of each row)."""
-  tok = _tokenizer(cfg.path)
+  tok = _tokenizer(cfg.sources[0][1] if cfg.sources else cfg.path)
   stream = pretraining.make_stream(
       cfg, global_batch_size=n, process_index=0, process_count=1, split=split
   )
@@ -105,7 +105,9 @@ def stats(
   stream = pretraining.make_stream(
       cfg, global_batch_size=batch_size, process_index=0, process_count=1, split=split
   )
-  ids_of = records.special_ids(records.load_metadata(cfg.path))
+  first = cfg.sources[0][1] if cfg.sources else cfg.path  # a mixture: one tokenizer for all
+  ids_of = records.special_ids(records.load_metadata(first))
+  by_source = np.zeros(len(cfg.sources))
   pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
   names = "rows examples filled real masked mask_token random unchanged positive length segment_b"
   c = dict.fromkeys(names.split(), 0)
@@ -133,6 +135,8 @@ def stats(
     c["length"] += int(b["attention_mask"].sum())
     c["segment_b"] += _two_segment_examples(b)
     c["examples"] += int(present.sum())
+    if cfg.sources:
+      by_source += b["attention_mask"].sum(1) @ b[mixture.SOURCE_FEATURE]
   m, e = max(1, c["masked"]), max(1, c["examples"])
   return {
       "examples": c["examples"],
@@ -152,4 +156,21 @@ def stats(
       "rows": c["rows"],
       "examples_per_row": c["examples"] / max(1, c["rows"]),
       "real_token_fraction": c["filled"] / max(1, c["rows"]),
+      **({"mixture": _mixture(cfg, by_source)} if cfg.sources else {}),
   }
+
+
+def _mixture(cfg: pretraining.InputConfig, by_source: np.ndarray) -> dict:
+  """Each source's requested and realised share of the real tokens measured, and after how
+  many training tokens it has been read once at its weight (then it repeats: mixture.py)."""
+  out = {}
+  for (name, path, weight), n in zip(cfg.sources, by_source):
+    own = mixture.train_tokens(path)
+    out[name] = {
+        "requested": round(weight, 6),
+        "realised": round(float(n / max(1.0, by_source.sum())), 6),
+        "tokens": int(n),
+        "train_tokens": own,
+        "epoch_after_tokens": int(own / weight) if weight > 0 else None,
+    }
+  return out

@@ -112,6 +112,9 @@ class InputConfig:
   # Processes that build blocks (prefetch.map_blocks, on Grain); 0 or 1: in this process.
   # The batches are the same for any number.
   workers: int = 0
+  # Several prepared datasets mixed by weight (mixture.py): ((name, path, weight), ...) for
+  # this phase, weights summing to 1; `path` is then unused. (): `path` alone.
+  sources: tuple = ()
 
 
 AUTO = 0  # max_examples_per_row: measured on the corpus
@@ -137,6 +140,10 @@ def examples_per_row(cfg: InputConfig) -> int:
     return cfg.max_examples_per_row
   if cfg.source == "synthetic":
     return _SYNTHETIC_E
+  if cfg.sources:  # a mixture: the rows of every source have one shape
+    from bertjax.data import mixture
+
+    return max(examples_per_row(c) for c in mixture.source_configs(cfg))
   _, shards = split_shards(cfg, "train")
   uncapped = dataclasses.replace(cfg, packing=True, max_examples_per_row=cfg.seq_len)
   builder = BlockBuilder(uncapped, None, shards, "python", one_block_reads=True)  # rows only
@@ -222,6 +229,16 @@ def _fingerprint(
       "packing": cfg.packing,
       **({"max_examples_per_row": cfg.max_examples_per_row} if cfg.packing else {}),
   }
+
+
+def check_state(state: dict, fingerprint: dict) -> None:
+  """A saved state resumes only a stream with the settings it was saved with."""
+  mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
+  if mismatched:
+    raise errors.ConfigError(
+        "input state was saved with different settings "
+        f"(saved, now): {mismatched}; resume with the same config and hosts"
+    )
 
 
 def _budget(cfg: InputConfig) -> int:
@@ -505,6 +522,18 @@ def make_stream(
   """This host's endless stream of batches; `state` from `get_state()` resumes exactly
   (a state saved with another host count: through `resume_states` first)."""
   _check(cfg, global_batch_size, process_index, process_count, split)
+  if cfg.sources and cfg.source == "prepared":
+    from bertjax.data import mixture
+
+    return mixture.make(
+        cfg,
+        global_batch_size=global_batch_size,
+        process_index=process_index,
+        process_count=process_count,
+        state=state,
+        split=split,
+        make_one=make_stream,
+    )
   if cfg.packing and cfg.max_examples_per_row == AUTO:
     cfg = dataclasses.replace(cfg, max_examples_per_row=examples_per_row(cfg))
   rows = global_batch_size // process_count
@@ -512,12 +541,7 @@ def make_stream(
   state = dict(state or {})
   if "source" in state:  # a fingerprinted state saved before packing existed was unpacked
     state.setdefault("packing", False)
-  mismatched = {k: (state[k], v) for k, v in fingerprint.items() if k in state and state[k] != v}
-  if mismatched:
-    raise errors.ConfigError(
-        "input state was saved with different settings "
-        f"(saved, now): {mismatched}; resume with the same config and hosts"
-    )
+  check_state(state, fingerprint)
   if cfg.source == "synthetic":
     if not cfg.vocab_size:
       raise errors.ConfigError("source 'synthetic' needs InputConfig.vocab_size")

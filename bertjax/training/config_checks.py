@@ -229,6 +229,8 @@ def validate(config) -> None:
           f"config.{path}={n} exceeds config.model.max_position_embeddings={positions} — "
           f"lower config.{path} or raise config.model.max_position_embeddings"
       )
+  if _get(config, "data.sources") not in (None, "", _MISSING):
+    _sources(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +280,15 @@ def preflight(config, workdir: str | None = None) -> Plan:
     return Plan(config, mesh, phases)
   workdir = str(fs.absolute(workdir))  # orbax writes only to absolute paths; gs:// stays
   meta = check_inputs(config, workdir)
-  return with_data(Plan(config, mesh, phases, workdir), config.data.path, meta)
+  return with_data(Plan(config, mesh, phases, workdir), data_path(config), meta)
+
+
+def data_path(config) -> str | None:
+  """config.data.path, or the first source of a mixture (its tokenizer is all the sources')."""
+  from bertjax.data import mixture
+
+  sources = mixture.parse_sources(config.data.get("sources"))
+  return sources[0].path if sources else config.data.path
 
 
 def with_data(plan: Plan, path: str | None, meta: dict | None = None) -> Plan:
@@ -294,7 +304,8 @@ def with_data(plan: Plan, path: str | None, meta: dict | None = None) -> Plan:
         check_data(c, meta)
       from bertjax.runtime import fs
 
-      c.data.path = path
+      if not c.data.get("sources"):  # a mixture's sources stay where they are named
+        c.data.path = path
       c.model.vocab_size = meta["tokenizer"]["vocab_size"]
       c.data.tokenizer = c.data.tokenizer or str(fs.path(path) / meta["tokenizer"]["file"])
   return dataclasses.replace(plan, config=c, meta=meta)
@@ -303,26 +314,28 @@ def with_data(plan: Plan, path: str | None, meta: dict | None = None) -> Plan:
 # ----------------------------------------------------------------------------- inputs
 
 
-def read_metadata(path: str) -> dict:
-  """metadata.json of the prepared data at `path` (config.data.path), its shards checked."""
+def read_metadata(path: str, where: str = "") -> dict:
+  """metadata.json of the prepared data at `path` (config.data.path, or as `where` names it:
+  a mixture's source), its shards checked."""
   from etils import epath
 
   from bertjax.data import records
   from bertjax.runtime import fs
 
   shown = str(epath.Path(path))
+  field = f"{where}: {path}" if where else f"config.data.path={path}"
   if not fs.path(path).is_dir():
+    unset = "" if where else ", or leave config.data.path unset to train on the bundled corpus"
     raise errors.InputNotFoundError(
-        f"config.data.path={path}: no such directory — write it with `bertjax prepare "
-        f"--output {path}`, or leave config.data.path unset to train on the bundled corpus"
+        f"{field}: no such directory — write it with `bertjax prepare --output {path}`{unset}"
     )
   try:
     meta = records.load_metadata(path)
     records.check_shards(meta, path)
   except FileNotFoundError as e:  # records' errors name the file; this names the field too
-    raise errors.InputNotFoundError(f"config.data.path={path}: {_strip(e, shown)}") from e
+    raise errors.InputNotFoundError(f"{field}: {_strip(e, shown)}") from e
   except (ValueError, KeyError) as e:  # unreadable JSON, a truncated shard
-    raise errors.BadInputError(f"config.data.path={path}: {_strip(e, shown)}") from e
+    raise errors.BadInputError(f"{field}: {_strip(e, shown)}") from e
   return meta
 
 
@@ -330,24 +343,24 @@ def _strip(e: BaseException, prefix: str) -> str:
   return str(e).removeprefix(f"{prefix}: ")
 
 
-def check_data(config, meta: dict) -> None:
+def check_data(config, meta: dict, where: str = "") -> None:
   """The prepared data holds training documents and the vocabulary the config asks for. Any
   number of shard files serves any number of processes: every process reads blocks of all of
-  them (docs/data.md, "Sharding across hosts")."""
-  path = config.data.path
+  them (docs/data.md, "Sharding across hosts"). `where`: a mixture's source, as errors name it."""
+  field = where or f"config.data.path={config.data.path}"
   train = [s for s in meta.get("shards", []) if s.get("split") == "train" and s.get("documents")]
   if not train:
     problems = "; ".join(meta.get("examples_of_problems", [])[:2])
     inputs = ", ".join(meta.get("inputs", [])[:3]) or "its input"
     raise errors.InputNotFoundError(
-        f"config.data.path={path}: the prepared data holds no training documents "
+        f"{field}: the prepared data holds no training documents "
         f"(`bertjax prepare` found no text in {inputs}{': ' + problems if problems else ''}) — "
         "re-run `bertjax prepare` on a non-empty corpus"
     )
   vocab = meta["tokenizer"]["vocab_size"]
   if config.model.vocab_size and config.model.vocab_size != vocab:
     raise errors.ConfigError(
-        f"config.model.vocab_size={config.model.vocab_size} but {path} was tokenized with "
+        f"config.model.vocab_size={config.model.vocab_size} but {field} was tokenized with "
         f"vocab_size={vocab} — drop the override (the data's is used)"
     )
 
@@ -368,7 +381,18 @@ def check_inputs(config, workdir: str) -> dict | None:
   if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
   vocab, meta = config.model.vocab_size, None
-  if config.data.source == "prepared":
+  sources = _sources(config)
+  if sources:
+    from bertjax.data import mixture
+
+    metas = []
+    for s in sources:
+      where = f"config.data.sources ({s.name}={s.path})"
+      metas.append(read_metadata(s.path, where))
+      check_data(config, metas[-1], where)
+    mixture.check_tokenizers(sources, metas)
+    meta, vocab = metas[0], metas[0]["tokenizer"]["vocab_size"]
+  elif config.data.source == "prepared":
     if config.data.path:
       meta = read_metadata(config.data.path)
       check_data(config, meta)
@@ -384,6 +408,25 @@ def check_inputs(config, workdir: str) -> dict | None:
   if config.train.init_from and not resuming:
     _check_init_from(config, vocab)
   return meta
+
+
+def _sources(config) -> tuple:
+  """config.data.sources parsed (a mixture), () without; one line when it is malformed or set
+  beside config.data.path."""
+  from bertjax.data import mixture
+
+  sources = mixture.parse_sources(config.data.get("sources"))
+  if sources and config.data.path:
+    raise errors.ConfigError(
+        "config.data.path and config.data.sources are both set: a run reads one dataset "
+        "(data.path) or a mixture (data.sources) — unset one"
+    )
+  if sources and config.data.source != "prepared":
+    raise errors.ConfigError(
+        f"config.data.sources mixes prepared datasets; config.data.source is "
+        f"{config.data.source!r} — set it to 'prepared' or unset data.sources"
+    )
+  return sources
 
 
 def _check_init_from(config, vocab: int | None) -> None:

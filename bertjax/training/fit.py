@@ -24,7 +24,7 @@ import jax
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import bundled, packing, pretraining
-from bertjax.training import flops as flops_lib, phases as phases_lib, sharding, tpu, train
+from bertjax.training import config_checks, flops as flops_lib, phases as phases_lib, sharding, tpu, train
 
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
 ICI_AXES = ("data", "fsdp", "tensor")  # within a slice; one may be -1 (the devices left)
@@ -89,15 +89,16 @@ def resolve_vocab(config) -> tuple[int, str]:
     return c.model.vocab_size, "config.model.vocab_size"
   if c.data.source == "synthetic":
     return 8000, f"the synthetic stream's default; {hint}"
-  if c.data.path:
+  data_path = config_checks.data_path(c)  # data.path, or a mixture's first source
+  if data_path:
     from bertjax.data import records
 
     try:
-      meta = records.load_metadata(c.data.path)
-      return int(meta["tokenizer"]["vocab_size"]), f"{c.data.path}/metadata.json"
+      meta = records.load_metadata(data_path)
+      return int(meta["tokenizer"]["vocab_size"]), f"{data_path}/metadata.json"
     except (OSError, KeyError, ValueError) as e:
       return BERT_VOCAB, (
-          f"assumed (BERT's): cannot read {c.data.path}/metadata.json "
+          f"assumed (BERT's): cannot read {data_path}/metadata.json "
           f"({type(e).__name__}); {hint}"
       )
   from bertjax.data import tokenizer

@@ -24,7 +24,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, prefetch, pretraining, records
+from bertjax.data import bundled, mixture, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
@@ -80,6 +80,7 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       max_examples_per_row=d.get("max_examples_per_row", pretraining.AUTO),
       # Evaluation streams are short: worker processes would cost more to start than they save.
       workers=input_workers(d.get("workers")) if split == "train" else 0,
+      sources=mixture.phase_weights(mixture.parse_sources(d.get("sources")), phase.index),
   )
   stream = pretraining.make_stream(
       cfg,
@@ -93,6 +94,17 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def source_names(config) -> list[str]:
+  """The names `tokens_by_source` counts under: a mixture's sources, else the one dataset's
+  directory name ("bundled": the bundled corpus; "synthetic")."""
+  sources = mixture.parse_sources(config.data.get("sources"))
+  if sources:
+    return [s.name for s in sources]
+  if config.data.source == "synthetic":
+    return ["synthetic"]
+  return [fs.path(config.data.path).name if config.data.path else "bundled"]
 
 
 def _meta(
@@ -149,7 +161,8 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   first = saved[0]
   # States of several processes saved before the hosts shared blocks out go to resume_states,
   # which says why they cannot carry over.
-  if len(saved) == jax.process_count() and (len(saved) == 1 or "untouched_from" in first["stream"]):
+  shared_out = "untouched_from" in first["stream"] or "sources" in first["stream"]
+  if len(saved) == jax.process_count() and (len(saved) == 1 or shared_out):
     return saved[jax.process_index()]
   if config.data.source == "synthetic":  # batch s is f(seed, s) for any host count
     return {"phase": first["phase"], "stream": {"step": first["stream"]["step"]}}
@@ -194,10 +207,16 @@ def evaluate(
 def _has_eval_data(config, meta: dict | None, writer) -> bool:
   """False (with one warning) when the prepared data holds no held-out documents. Any number
   of held-out files serves any number of processes (each reads blocks of all of them)."""
-  if meta is None or records.split_shards(meta, config.data.path, "eval"):
+  sources = mixture.parse_sources(config.data.get("sources"))
+  if sources:  # a mixture evaluates on the sources that hold held-out documents
+    paths = [s.path for s in sources]
+    if any(records.split_shards(records.load_metadata(p), p, "eval") for p in paths):
+      return True
+  elif meta is None or records.split_shards(meta, config.data.path, "eval"):
     return True
+  where = "no source of config.data.sources holds" if sources else f"{config.data.path} holds no"
   writer.log(
-      f"warning: {config.data.path} holds no held-out documents: training without held-out "
+      f"warning: {where} held-out documents: training without held-out "
       "evaluation. `bertjax prepare --eval-fraction F` writes them; "
       "--config.eval.every_steps=0 silences this"
   )
@@ -251,7 +270,9 @@ class _Run:
     self.meter = progress.Meter(
         config, setups[self.phase.index].bert_config, self.phase, meta.get("metrics_partial")
     )
-    self.clock = progress.TimeToTarget(config, list(self.phases), meta.get("progress"))
+    self.clock = progress.TimeToTarget(
+        config, list(self.phases), meta.get("progress"), source_names(config)
+    )
     self.pending, self.bad_steps = None, 0
     self.log_at = {1, config.train.steps} | {ph.end for ph in self.phases}
 
@@ -263,6 +284,11 @@ class _Run:
   def _open(self, ph: Phase, saved: dict | None):
     s = saved["stream"] if saved and saved.get("phase") == ph.index else None
     stream = make_stream(self.config, ph, s)
+    if isinstance(stream, mixture.MixtureStream):
+      shares = ", ".join(
+          f"{name} {w:.0%} ({path})" for name, path, w in stream.cfg.sources if w > 0
+      )
+      self.writer.log(f"data: a mixture; shares of the real tokens: {shares}")
     if stream.cfg.packing:
       auto = "measured on the corpus" if not self.config.data.get("max_examples_per_row") else "set"
       self.writer.log(
@@ -296,16 +322,18 @@ class _Run:
     if self.pending is None:
       return True
     (at, m), self.pending = self.pending, None
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    m = jax.device_get(m)
+    by_source = m.pop("tokens_by_source", None)  # a mixture's [N] real tokens per source
+    m = {k: float(v) for k, v in m.items()}
     if not m.pop("finite"):
       return self._skipped(at, m)
     self.meter.add(m)
-    self.clock.add(at, m)
+    self.clock.add(at, m, by_source)
     if at % self.config.log_every_steps == 0 or at in self.log_at:
       s = self.meter.summary(at, self.config.train.steps)
       if s:
         self.writer.log(metrics_writer.progress_line(at, self.config.train.steps, self._shown(s)))
-        self.writer.write(at, s)
+        self.writer.write(at, dict(s, tokens_by_source=self.clock.tokens_by_source()))
     return True
 
   def _skipped(self, at: int, m: dict) -> bool:
@@ -346,7 +374,7 @@ class _Run:
     if reached:
       self.writer.log(self.clock.line())
       ev = dict(ev, time_to_target=self.clock.reached)
-    self.writer.write(self.at, ev)
+    self.writer.write(self.at, dict(ev, tokens_by_source=self.clock.tokens_by_source()))
     self.meter.exclude(time.perf_counter() - t0)
     return reached
 
@@ -455,7 +483,10 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   if ok and eval_every and run.at % eval_every and trained:
     run.evaluate()
   if run.clock.target is not None and trained:
-    writer.write(run.at, {"time_to_target": run.clock.reached})  # null: not reached
+    writer.write(  # null: not reached
+        run.at,
+        {"time_to_target": run.clock.reached, "tokens_by_source": run.clock.tokens_by_source()},
+    )
   writer.log(
       f"done: checkpoints in {mngr.directory}, TensorBoard logs in "
       f"{fs.path(workdir) / 'tensorboard'}, metrics in {fs.path(workdir) / 'metrics.jsonl'}"

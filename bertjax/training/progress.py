@@ -81,12 +81,15 @@ class TimeToTarget:
   evaluation that reached the target. Both travel in the checkpoint (`progress`).
   """
 
-  def __init__(self, config, plan: list[Phase], saved: dict | None):
+  def __init__(self, config, plan: list[Phase], saved: dict | None, sources=("data",)):
     self.target = config.eval.get("target_mlm_accuracy")
     self.stop = bool(config.eval.get("stop_at_target", False)) and self.target is not None
     self.plan = plan
     saved = saved or {}
     self.tokens = float(saved.get("tokens", 0.0))
+    # Real tokens of each source (a mixture's, bertjax.data.mixture; else the one dataset).
+    by = saved.get("tokens_by_source") or {}
+    self.by_source = {name: float(by.get(name, 0.0)) for name in sources}
     self.wall0 = float(saved.get("wall_s", 0.0))
     self.reached = saved.get("time_to_target")
     self.t0 = time.perf_counter()
@@ -97,13 +100,27 @@ class TimeToTarget:
   def wall_s(self) -> float:
     return self.wall0 + time.perf_counter() - self.t0
 
-  def add(self, at: int, m: dict) -> None:
-    """Step `at` (1-based) was applied: count its real tokens at its phase's shape."""
+  def add(self, at: int, m: dict, by_source=None) -> None:
+    """Step `at` (1-based) was applied: count its real tokens at its phase's shape;
+    `by_source`: a mixture's real tokens of each source in this step (the step's metric)."""
     ph = next((ph for ph in self.plan if ph.start < at <= ph.end), self.plan[-1])
-    self.tokens += ph.batch_size * ph.seq_len * m.get("real_token_fraction", 1.0)
+    tokens = ph.batch_size * ph.seq_len * m.get("real_token_fraction", 1.0)
+    self.tokens += tokens
+    if by_source is None:
+      by_source = [tokens] if len(self.by_source) == 1 else [0.0] * len(self.by_source)
+    for name, n in zip(self.by_source, by_source):
+      self.by_source[name] += float(n)
+
+  def tokens_by_source(self) -> dict[str, int]:
+    return {name: int(round(n)) for name, n in self.by_source.items()}
 
   def state(self) -> dict:
-    return {"tokens": self.tokens, "wall_s": self.wall_s(), "time_to_target": self.reached}
+    return {
+        "tokens": self.tokens,
+        "wall_s": self.wall_s(),
+        "time_to_target": self.reached,
+        "tokens_by_source": dict(self.by_source),
+    }
 
   def check(self, step: int, ev: dict) -> bool:
     """True the first time an evaluation reaches the target."""

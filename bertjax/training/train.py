@@ -44,7 +44,10 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positio
 PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 # What the train step reads of a batch; anything else the stream adds stays out of the jit.
 STEP_INPUTS = (
-    MODEL_INPUTS + PACKED_INPUTS + ("masked_ids", "masked_weights", "nsp_labels", "nsp_weights")
+    MODEL_INPUTS
+    + PACKED_INPUTS
+    + ("masked_ids", "masked_weights", "nsp_labels", "nsp_weights")
+    + ("sources",)  # a mixture's [B, N] one-hot source of each row (bertjax.data.mixture)
 )
 # BertConfig fields that `config.model` may set besides `preset`.
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
@@ -309,10 +312,13 @@ def batch_shape_metrics(batch: dict) -> dict:
   real_BxL = batch["attention_mask"].astype(jnp.float32)
   if "row_weights" in batch:  # batch-size warmup: the rows trained on
     real_BxL = real_BxL * batch["row_weights"][:, None]
-  return dict(
+  out = dict(
       real_token_fraction=jnp.mean(real_BxL),
       examples_per_row=jnp.asarray(examples, jnp.float32),
   )
+  if "sources" in batch:  # a mixture: the real tokens of each source, [N]
+    out["tokens_by_source"] = jnp.sum(real_BxL, 1) @ batch["sources"].astype(jnp.float32)
+  return out
 
 
 def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
