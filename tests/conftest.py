@@ -478,3 +478,25 @@ def tiny_run(tmp_path_factory):
 def austen_shards(tmp_path_factory, prepare_austen):
   """The first ~40k characters of the bundled corpus prepared into shards, built once."""
   return built_once(tmp_path_factory, "austen_shards", lambda out: prepare_austen(out, 40_000))
+
+
+@pytest.fixture(scope="session")
+def snippet_shards(tmp_path_factory):
+  """2,000 film-review snippets of the bundled task (mean ~35 tokens), each its own document."""
+  from bertjax.data import prepare as prepare_lib
+
+  def build(out):
+    rows = (REPO / "data" / "movie_snippets" / "train.tsv").read_text().splitlines()[1:2001]
+    corpus = out / "snippets.txt"
+    corpus.write_text("".join(r.split("\t")[0] + "\n\n" for r in rows), encoding="utf-8")
+    prepare_lib.prepare(
+        prepare_lib.PrepareConfig(
+            output=str(out / "data"),
+            tokenizer=str(REPO / "data" / "tokenizer.model"),
+            inputs=(str(corpus),),
+            processes=1,
+            progress=False,
+        )
+    )
+
+  return str(built_once(tmp_path_factory, "snippet_shards", build) / "data")

@@ -146,6 +146,37 @@ ROWS: list[Mistake] = [
         fixtures=("austen_shards",),
     ),
     Mistake(
+        "pretrain_source_without_weight",
+        ("pretrain", "--config", "tiny", *RUN, "--config.data.sources=web={austen_shards}"),
+        ("config.data.sources", "has no weight", "NAME=PATH:WEIGHT"),
+        fixtures=("austen_shards",),
+    ),
+    Mistake(
+        "pretrain_sources_beside_data_path",
+        (
+            "pretrain",
+            "--config",
+            "tiny",
+            *RUN,
+            "--config.data.path={austen_shards}",
+            "--config.data.sources=web={austen_shards}:1",
+        ),
+        ("config.data.path and config.data.sources are both set", "unset one"),
+        fixtures=("austen_shards",),
+    ),
+    Mistake(
+        "pretrain_missing_source",
+        (
+            "pretrain",
+            "--config",
+            "tiny",
+            *RUN,
+            "--config.data.sources=web={austen_shards}:0.5,books=nowhere:0.5",
+        ),
+        ("config.data.sources (books): nowhere: no such directory", "bertjax prepare"),
+        fixtures=("austen_shards",),
+    ),
+    Mistake(
         "pretrain_missing_tokenizer",
         ("pretrain", *SYNTH, "--config.data.tokenizer=nowhere.model"),
         ("config.data.tokenizer=nowhere.model", "no such file"),

@@ -4,32 +4,8 @@ corpus at the run's sequence length (pretraining.examples_per_row), not a fixed 
 import dataclasses
 
 import numpy as np
-import pytest
 
 from bertjax.data import inspect, pretraining
-from conftest import REPO, built_once
-
-
-@pytest.fixture(scope="session")
-def snippet_shards(tmp_path_factory):
-  """2,000 film-review snippets of the bundled task (mean ~35 tokens), each its own document."""
-  from bertjax.data import prepare as prepare_lib
-
-  def build(out):
-    rows = (REPO / "data" / "movie_snippets" / "train.tsv").read_text().splitlines()[1:2001]
-    corpus = out / "snippets.txt"
-    corpus.write_text("".join(r.split("\t")[0] + "\n\n" for r in rows), encoding="utf-8")
-    prepare_lib.prepare(
-        prepare_lib.PrepareConfig(
-            output=str(out / "data"),
-            tokenizer=str(REPO / "data" / "tokenizer.model"),
-            inputs=(str(corpus),),
-            processes=1,
-            progress=False,
-        )
-    )
-
-  return str(built_once(tmp_path_factory, "snippet_shards", build) / "data")
 
 
 def _cfg(path, seq_len, e=pretraining.AUTO):

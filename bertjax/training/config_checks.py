@@ -387,7 +387,7 @@ def check_inputs(config, workdir: str) -> dict | None:
 
     metas = []
     for s in sources:
-      where = f"config.data.sources ({s.name}={s.path})"
+      where = f"config.data.sources ({s.name})"
       metas.append(read_metadata(s.path, where))
       check_data(config, metas[-1], where)
     mixture.check_tokenizers(sources, metas)
