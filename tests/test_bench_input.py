@@ -87,3 +87,37 @@ def test_host_check_flags_go_together(capsys):
   assert err == [
       "bertjax bench: --config and --accelerator go together — add --accelerator TYPE (e.g. v4-32)"
   ]
+
+
+def test_the_same_documents_in_every_format_prepare_to_the_same_tokens(tmp_path):
+  """`--formats`: text, JSON lines (plain and gzip) and Parquet hold the same documents, and
+  prepare makes the same tokens of the records (within 1% of the text's, whose sentences are its
+  lines); the profile's shares cover the whole time."""
+  from etils import epath
+
+  from bertjax.data import records
+
+  chapters = (input_bench.REPO / "data" / "austen.txt").read_text().split("\n\n")[:12]
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n\n".join(chapters) + "\n")
+  paths = input_bench.write_formats(
+      epath.Path(corpus), 2, epath.Path(tmp_path), input_bench.FORMATS
+  )
+  assert list(paths) == list(input_bench.FORMATS)
+  tokens = {}
+  for fmt, path in paths.items():
+    shares = input_bench.profile_prepare(
+        path, input_bench.InputBenchSpec().tokenizer, tmp_path / fmt
+    )
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+    assert shares["tokenize (sentencepiece)"] > 0.05, shares
+    meta = records.load_metadata(tmp_path / fmt)
+    assert meta["documents"] == 24, fmt
+    tokens[fmt] = meta["tokens"]
+  text = tokens.pop("text")
+  assert len(set(tokens.values())) == 1, tokens  # the records: the same text, the same split
+  # Text's sentences are its lines, the records' the segmenter's: pieces differ at a few
+  # sentence boundaries (a sentence starts with a word-start piece).
+  assert abs(text - tokens["jsonl"]) / text < 0.01, (text, tokens)
+  with pytest.raises(errors.ConfigError, match="unknown format 'csv'"):
+    input_bench.InputBenchSpec(formats=("csv",))

@@ -59,11 +59,18 @@ class InputBenchSpec:
   google_bert_dir: str = ""  # unpacked bert-tensorflow sdist; "" = skip Google's script
   google_copies: int = 1  # corpus copies for Google's script
   workdir: str = ""  # where the prepared copies go; "" = a temporary directory
+  # Only `prepare` on the same documents in these formats (FORMATS), one process each.
+  formats: tuple[str, ...] = ()
 
   def __post_init__(self):
     for field in ("copies", "batch", "steps", "google_copies"):
       if getattr(self, field) < 1:
         raise errors.ConfigError(f"InputBenchSpec.{field}={getattr(self, field)} must be >= 1")
+    odd = [f for f in self.formats if f not in FORMATS]
+    if odd:
+      raise errors.ConfigError(
+          f"InputBenchSpec.formats: unknown format {odd[0]!r} — valid: {', '.join(FORMATS)}"
+      )
     bad = [r for r in self.readers if r not in READERS]
     if bad or not self.readers:
       raise errors.ConfigError(
@@ -302,6 +309,97 @@ def bench_google(
   }
 
 
+# ------------------------------------------------------------- corpus formats
+
+FORMATS = ("text", "jsonl", "jsonl.gz", "parquet")  # `--formats`: the same documents in each
+
+
+def write_formats(corpus: epath.Path, copies: int, work: epath.Path, formats) -> dict:
+  """The corpus's documents (blank-line separated, one sentence per line), `copies` times, in
+  each format: text as it is; a record per document, its sentences joined by spaces into a
+  paragraph per 5 sentences (as web corpora ship them, so `prepare` splits the sentences
+  itself). Paths."""
+  import gzip
+
+  docs = [d for d in corpus.read_text().split("\n\n") if d.strip()] * copies
+  out = {}
+  for fmt in formats:
+    path = work / f"docs.{'txt' if fmt == 'text' else fmt}"
+    if fmt == "text":
+      path.write_text("\n\n".join(docs) + "\n")
+    elif fmt in ("jsonl", "jsonl.gz"):
+      lines = "".join(json.dumps({"text": _paragraphs(d)}) + "\n" for d in docs)
+      path.write_bytes(gzip.compress(lines.encode()) if fmt == "jsonl.gz" else lines.encode())
+    elif fmt == "parquet":
+      import pyarrow as pa
+      import pyarrow.parquet as pq
+
+      table = pa.table({"text": [_paragraphs(d) for d in docs]})
+      pq.write_table(table, str(path), row_group_size=256)
+    else:
+      raise errors.ConfigError(f"--formats {fmt}: valid formats are {', '.join(FORMATS)}")
+    out[fmt] = path
+  return out
+
+
+def _paragraphs(doc: str, sentences: int = 5) -> str:
+  """A document of one sentence per line as web text: paragraphs of 5 sentences joined by
+  spaces, one paragraph per line."""
+  lines = doc.split("\n")
+  return "\n".join(" ".join(lines[i : i + sentences]) for i in range(0, len(lines), sentences))
+
+
+def profile_prepare(path: epath.Path, tokenizer: str, out: epath.Path) -> dict:
+  """Where one `prepare` process spends its time on `path` (cProfile, in this process): the
+  shares of its own time in tokenizing, sentence splitting, reading and parsing, framing and
+  writing the records, the shuffle, and the rest."""
+  import cProfile
+  import pstats
+
+  from bertjax.data import prepare as prepare_lib
+
+  cfg = prepare_lib.PrepareConfig(
+      output=str(out), tokenizer=tokenizer, inputs=(str(path),), processes=1, progress=False
+  )
+  prof = cProfile.Profile()
+  prof.runcall(prepare_lib.prepare, cfg)
+  groups = {
+      "tokenize (sentencepiece)": ("sentencepiece", "tokenizer.py", "wordpiece.py"),
+      "split sentences (sentencex)": ("sentencex", "text.py"),
+      "read and parse (json, pyarrow, gzip)": ("json", "pyarrow", "formats.py", "gzip", "zlib"),
+      "frame and write records": ("records.py", "encode.py", "crc", "struct"),
+      "shuffle": ("shuffle.py",),
+  }
+  spent = dict.fromkeys([*groups, "other"], 0.0)
+  for (file, _, name), (_, _, tottime, _, _) in pstats.Stats(prof).stats.items():
+    where = f"{file}:{name}"
+    group = next((g for g, keys in groups.items() if any(k in where for k in keys)), "other")
+    spent[group] += tottime
+  total = sum(spent.values())
+  return {k: round(v / total, 3) for k, v in spent.items()}
+
+
+def bench_formats(spec: InputBenchSpec, work: epath.Path) -> list[dict]:
+  """`prepare` on one process over the same documents in each of `spec.formats`: documents/s,
+  tokens/s and MB/s of input, peak memory, and where the time goes."""
+  paths = write_formats(fs.path(spec.corpus), spec.copies, work, spec.formats)
+  rows = []
+  for fmt, path in paths.items():
+    out = work / f"fmt_{fmt}"
+    row = bench_prepare(path, path.stat().length, spec.tokenizer, out, 1)
+    meta = json.loads((fs.path(out) / "metadata.json").read_text())
+    row.update(
+        format=fmt,
+        documents=meta["documents"],
+        sentences=meta["sentences"],
+        docs_per_s=round(meta["documents"] / row["wall_s"]),
+        tokens_per_s=round(meta["tokens"] / row["wall_s"]),
+        time_shares=profile_prepare(path, spec.tokenizer, work / f"prof_{fmt}"),
+    )
+    rows.append(row)
+  return rows
+
+
 def _bench_all(spec: InputBenchSpec, work: epath.Path) -> dict:
   """Prepares 1x and Nx the corpus (1 and all processes), then reads and streams the latter."""
   small, large = work / "corpus1.txt", work / f"corpus{spec.copies}.txt"
@@ -340,12 +438,18 @@ def run(spec: InputBenchSpec) -> dict:
   spec.check_inputs()
   if spec.data:
     return {"cpu_cores": os.cpu_count() or 1, **_bench_data(fs.path(spec.data), spec)}
+  bench = _bench_all
+  if spec.formats:
+    bench = lambda spec, work: {
+        "cpu_cores": os.cpu_count() or 1,
+        "formats": bench_formats(spec, work),
+    }
   if spec.workdir:
     work = fs.path(spec.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    return _bench_all(spec, work)
+    return bench(spec, work)
   with tempfile.TemporaryDirectory() as tmp:
-    return _bench_all(spec, epath.Path(tmp))
+    return bench(spec, epath.Path(tmp))
 
 
 # ------------------------------------------------------------- does the host keep up?

@@ -129,6 +129,13 @@ def _input_flags(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--readers", default="tf.data,python", help="shard readers to time")
   p.add_argument("--data", help="only read and stream this prepared directory (no prepare)")
+  p.add_argument(
+      "--formats",
+      metavar="LIST",
+      help="instead of the full benchmark: `prepare` on one process over the same documents "
+      "(--copies x --corpus) as text, jsonl, jsonl.gz and/or parquet: documents/s, tokens/s, "
+      "peak memory and where the time goes",
+  )
   p.add_argument("--google-bert-dir", help="unpacked bert-tensorflow sdist (optional)")
   p.add_argument(
       "--google-copies", type=positive_int, default=1, help="corpus copies for Google's script"
@@ -316,6 +323,7 @@ def _bench_input(args, p: argparse.ArgumentParser) -> int:
         google_bert_dir=args.google_bert_dir or "",
         google_copies=args.google_copies,
         workdir=args.workdir or "",
+        formats=tuple(f.strip() for f in (args.formats or "").split(",") if f.strip()),
     )
     results = input_bench.run(spec)
   print(json.dumps(results, indent=2))
