@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
   enc = finetune_args.load_encoder(args, lower_case=lower)
   cfg = enc.config
   if args.max_seq_len is None:
-    args.max_seq_len = min(128, cfg.max_position_embeddings)
+    args.max_seq_len = min(128, cfg.max_seq_len)
   layers = (
       features.default_layers(cfg.num_layers)
       if args.layers is None

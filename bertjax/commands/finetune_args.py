@@ -222,7 +222,7 @@ def load_encoder(args: argparse.Namespace, tokenizer_flag: str = "--tokenizer", 
   enc = encoder_lib.load_encoder(
       args.init, args.tokenizer, getattr(args, "preset", "tiny"), names=names, **kw
   )
-  limit = enc.config.max_position_embeddings
+  limit = enc.config.max_seq_len  # max_position_embeddings, less RoBERTa's offset
   if getattr(args, "max_seq_len", None) and args.max_seq_len > limit:
     raise errors.ConfigError(
         f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings={limit}"

@@ -1,6 +1,7 @@
 """Weight conversion between Hugging Face models and bertjax parameter trees: transformers'
-`BertForPreTraining` for BERT-shaped configs, `ModernBertForMaskedLM` for ModernBERT-shaped ones
-(`hf_architecture` says which a config is; a mix of the two is neither and is refused).
+`BertForPreTraining` for BERT-shaped configs, `RobertaForMaskedLM` for RoBERTa-shaped ones (BERT's
+network, positions offset by 2; XLM-R's directories read the same), `ModernBertForMaskedLM` for
+ModernBERT-shaped ones (`hf_architecture` says which a config is; a mix is refused).
 
 One table per architecture, `_hf_entries` and `_modernbert_entries`, names every tensor once;
 import (`hf_to_params`) and export (`params_to_hf`) both read it, so they cannot drift apart. Files are never unpickled:
@@ -40,11 +41,14 @@ from bertjax.runtime import fs
 # The configs (importable from here, where callers have always found them).
 from bertjax.interop.hf_config import (  # noqa: F401
     REQUIRED_HF_FIELDS,
+    ROBERTA_TYPES,
     ConversionError,
     config_from_hf,
     config_from_modernbert,
+    config_from_roberta,
     config_to_hf,
     config_to_modernbert,
+    config_to_roberta,
     hf_architecture,
 )
 
@@ -77,8 +81,35 @@ def _one(fn):
   return lambda x: (fn(x),)
 
 
-def _hf_entries(cfg: BertConfig) -> Iterator[_Entry]:
+# The names of BERT's and RoBERTa's tensors (the same encoder under another prefix; RoBERTa's MLM
+# head is `lm_head`, and it has no NSP head).
+_NAMES = {
+    "bert": {
+        "encoder": "bert",
+        "mlm": "cls.predictions.",
+        "mlm_dense": "cls.predictions.transform.dense",
+        "mlm_norm": "cls.predictions.transform.LayerNorm",
+        "mlm_bias": "cls.predictions.bias",
+        "decoder": "cls.predictions.decoder",
+        "nsp": "cls.seq_relationship",
+    },
+    "roberta": {
+        "encoder": "roberta",
+        "mlm": "lm_head.",
+        "mlm_dense": "lm_head.dense",
+        "mlm_norm": "lm_head.layer_norm",
+        "mlm_bias": "lm_head.bias",
+        "decoder": "lm_head.decoder",
+        "nsp": None,
+    },
+}
+
+
+def _hf_entries(cfg: BertConfig, family: str = "bert") -> Iterator[_Entry]:
+  """`BertForPreTraining`'s tensors, or `RobertaForMaskedLM`'s (family "roberta")."""
   n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+  names = _NAMES[family]
+  enc = names["encoder"]
 
   def ln(ours, theirs):
     yield ours + ("scale",), (theirs + ".weight",), _same, _one(_same)
@@ -90,11 +121,11 @@ def _hf_entries(cfg: BertConfig) -> Iterator[_Entry]:
 
   emb = ("bert", "embeddings")
   for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-    yield emb + (name, "embedding"), (f"bert.embeddings.{name}.weight",), _same, _one(_same)
-  yield from ln(emb + ("layer_norm",), "bert.embeddings.LayerNorm")
+    yield emb + (name, "embedding"), (f"{enc}.embeddings.{name}.weight",), _same, _one(_same)
+  yield from ln(emb + ("layer_norm",), f"{enc}.embeddings.LayerNorm")
   for i in range(cfg.num_layers):
     ours = ("bert", "encoder", f"layer_{i}")
-    hf = f"bert.encoder.layer.{i}"
+    hf = f"{enc}.encoder.layer.{i}"
     qkv = tuple(f"{hf}.attention.self.{m}" for m in ("query", "key", "value"))
     yield (
         ours + ("attention", "qkv", "kernel"),
@@ -124,11 +155,12 @@ def _hf_entries(cfg: BertConfig) -> Iterator[_Entry]:
     yield from dense(ours + ("intermediate",), f"{hf}.intermediate.dense")
     yield from dense(ours + ("output",), f"{hf}.output.dense")
     yield from ln(ours + ("output_layer_norm",), f"{hf}.output.LayerNorm")
-  yield from dense(("bert", "pooler"), "bert.pooler.dense")
-  yield from dense(("mlm_transform",), "cls.predictions.transform.dense")
-  yield from ln(("mlm_layer_norm",), "cls.predictions.transform.LayerNorm")
-  yield ("mlm_bias",), ("cls.predictions.bias",), _same, _one(_same)
-  yield from dense(("nsp",), "cls.seq_relationship")
+  yield from dense(("bert", "pooler"), f"{enc}.pooler.dense")
+  yield from dense(("mlm_transform",), names["mlm_dense"])
+  yield from ln(("mlm_layer_norm",), names["mlm_norm"])
+  yield ("mlm_bias",), (names["mlm_bias"],), _same, _one(_same)
+  if names["nsp"]:
+    yield from dense(("nsp",), names["nsp"])
 
 
 def _modernbert_entries(cfg: BertConfig) -> Iterator[_Entry]:
@@ -174,7 +206,8 @@ def _modernbert_entries(cfg: BertConfig) -> Iterator[_Entry]:
 
 
 def _entries(cfg: BertConfig) -> Iterator[_Entry]:
-  return _modernbert_entries(cfg) if hf_architecture(cfg) == "modernbert" else _hf_entries(cfg)
+  arch = hf_architecture(cfg)
+  return _modernbert_entries(cfg) if arch == "modernbert" else _hf_entries(cfg, arch)
 
 
 def _fresh_heads(cfg: BertConfig) -> Params:
@@ -197,17 +230,19 @@ def _fresh_heads(cfg: BertConfig) -> Params:
   }
 
 
-# A BERT checkpoint's optional heads: what each is called, the prefix of its tensors, and the
-# parameters it fills.
-_BERT_HEADS = (
-    ("the pooler", "bert.pooler.", (("bert", "pooler"),)),
-    ("the NSP head", "cls.seq_relationship.", (("nsp",),)),
-    (
-        "the MLM head",
-        "cls.predictions.",
-        (("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)),
-    ),
-)
+def _optional_heads(family: str) -> tuple:
+  """A BERT or RoBERTa checkpoint's optional heads: what each is called, the prefix of its
+  tensors (None: the family never has it), and the parameters it fills."""
+  names = _NAMES[family]
+  return (
+      ("the pooler", f"{names['encoder']}.pooler.", (("bert", "pooler"),)),
+      ("the NSP head", f"{names['nsp']}." if names["nsp"] else None, (("nsp",),)),
+      (
+          "the MLM head",
+          names["mlm"],
+          (("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)),
+      ),
+  )
 
 
 def hf_tensor_names(cfg: BertConfig) -> set[str]:
@@ -235,23 +270,27 @@ def hf_to_params(
   `BertForPreTraining`'s (or `BertForMaskedLM`'s, `BertModel`'s), or `ModernBertForMaskedLM`'s
   for a ModernBERT-shaped config. Heads the checkpoint has none of start fresh
   (`_fresh_heads`); their names are appended to `fresh` when given."""
-  modern = hf_architecture(cfg) == "modernbert"
+  arch = hf_architecture(cfg)
+  modern = arch == "modernbert"
   if not modern:
     state = _legacy_names(state)
-  if (
-      not modern
-      and "bert.embeddings.word_embeddings.weight" not in state
-      and any(k.startswith("embeddings.") for k in state)
-  ):
-    state = {("bert." + k if not k.startswith("cls.") else k): v for k, v in state.items()}
+    enc = _NAMES[arch]["encoder"]
+    if f"{enc}.embeddings.word_embeddings.weight" not in state and any(
+        k.startswith("embeddings.") for k in state
+    ):  # a bare encoder (BertModel, RobertaModel) saves its tensors without the prefix
+      state = {
+          (f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k): v
+          for k, v in state.items()
+      }
   if modern and "decoder.bias" not in state:  # decoder_bias=False: a zero bias is the same
     state = dict(state, **{"decoder.bias": np.zeros(cfg.vocab_size, np.float32)})
   params: Params = {}
   used = set()
   absent = set()  # parameter paths of the heads the checkpoint has none of
   if not modern:
-    for what, prefix, paths in _BERT_HEADS:
-      if not any(k.startswith(prefix) and k != "cls.predictions.decoder.weight" for k in state):
+    decoder_name = _NAMES[arch]["decoder"] + ".weight"
+    for what, prefix, paths in _optional_heads(arch):
+      if prefix is None or not any(k.startswith(prefix) and k != decoder_name for k in state):
         absent.update(paths)
         if fresh is not None:
           fresh.append(what)
@@ -260,7 +299,11 @@ def hf_to_params(
       continue
     missing = [nm for nm in names if nm not in state]
     if missing:
-      kind = "ModernBertForMaskedLM" if modern else "BertForPreTraining"
+      kind = {
+          "modernbert": "ModernBertForMaskedLM",
+          "bert": "BertForPreTraining",
+          "roberta": "RobertaForMaskedLM",
+      }[arch]
       raise ConversionError(
           f"{source}: tensor {missing[0]!r} is missing (is this a {kind} checkpoint?)"
       )
@@ -281,13 +324,13 @@ def hf_to_params(
       for key in path[:-1]:
         node = node.setdefault(key, {})
       node[path[-1]] = heads[path[-1]]
-  decoder = state.get("decoder.weight" if modern else "cls.predictions.decoder.weight")
+  decoder = state.get("decoder.weight" if modern else _NAMES[arch]["decoder"] + ".weight")
   if decoder is not None and not np.array_equal(
       np.asarray(decoder, np.float32), params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   ):
     raise ConversionError(
         f"{source}: the MLM decoder's weight is not tied to the word embeddings; bertjax's "
-        "MLM decoder is always tied, as in BERT and ModernBERT"
+        "MLM decoder is always tied, as in BERT, RoBERTa and ModernBERT"
     )
   _check_shapes(params, cfg, source)
   return params
@@ -295,21 +338,28 @@ def hf_to_params(
 
 def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, np.ndarray]:
   """HF tensors (numpy float32) from a bertjax parameter tree: `BertForPreTraining`'s, or
-  `ModernBertForMaskedLM`'s for a ModernBERT-shaped config (the pooler and NSP head dropped)."""
+  `RobertaForMaskedLM`'s (the pooler and NSP head dropped) for a RoBERTa-shaped config, or
+  `ModernBertForMaskedLM`'s for a ModernBERT-shaped one (the pooler and NSP head dropped)."""
   if "layers" in params.get("bert", {}).get("encoder", {}):
     params = model_lib.unstack_layer_params(params)
   state: dict[str, np.ndarray] = {}
+  arch = hf_architecture(cfg)
   for path, names, _, to_theirs in _entries(cfg):
+    if arch == "roberta" and path[:2] == ("bert", "pooler"):
+      continue  # RobertaForMaskedLM has no pooler
     node = params
     for key in path:
       node = node[key]
     for nm, value in zip(names, to_theirs(np.asarray(node, np.float32))):
       state[nm] = np.ascontiguousarray(value)
-  if hf_architecture(cfg) == "modernbert":
+  if arch == "modernbert":
     state["decoder.weight"] = state["model.embeddings.tok_embeddings.weight"]
     return state
-  state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
-  state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+  names = _NAMES[arch]
+  state[names["decoder"] + ".weight"] = state[
+      f"{names['encoder']}.embeddings.word_embeddings.weight"
+  ]
+  state[names["decoder"] + ".bias"] = state[names["mlm_bias"]]
   return state
 
 
@@ -381,8 +431,9 @@ def read_hf_state(path: str | epath.Path) -> dict[str, np.ndarray]:
 def load_hf(
     path: str | epath.Path, *, fresh: list[str] | None = None, **config_overrides
 ) -> tuple[BertConfig, Params]:
-  """Read a Hugging Face `BertForPreTraining`, `BertForMaskedLM`, `BertModel` or
-  `ModernBertForMaskedLM` directory (config.json with model_type "bert" or "modernbert", and
+  """Read a Hugging Face `BertForPreTraining`, `BertForMaskedLM`, `BertModel`,
+  `RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, `RobertaModel` or `ModernBertForMaskedLM`
+  directory (config.json with model_type "bert", "roberta", "xlm-roberta" or "modernbert", and
   model.safetensors or pytorch_model.bin).
 
   Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`;
@@ -398,27 +449,31 @@ def load_hf(
     hf_cfg = json.loads(cfg_file.read_text())
   except json.JSONDecodeError as e:
     raise ConversionError(f"{cfg_file}:{e.lineno}: invalid JSON ({e.msg})") from e
-  if isinstance(hf_cfg, dict) and hf_cfg.get("model_type") == "modernbert":
+  model_type = hf_cfg.get("model_type") if isinstance(hf_cfg, dict) else None
+  if model_type == "modernbert":
     cfg = config_from_modernbert(hf_cfg, str(cfg_file), **config_overrides)
+  elif model_type in ROBERTA_TYPES:
+    cfg = config_from_roberta(hf_cfg, str(cfg_file), **config_overrides)
   else:
     cfg = config_from_hf(hf_cfg, **config_overrides)
   return cfg, hf_to_params(read_hf_state(path), cfg, source=str(path), fresh=fresh)
 
 
 def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:
-  """Write config.json + model.safetensors loadable by `BertForPreTraining.from_pretrained`, or
-  by `ModernBertForMaskedLM.from_pretrained` for a ModernBERT-shaped config; a config that is
-  neither is refused (`hf_architecture`) before anything is written."""
+  """Write config.json + model.safetensors loadable by `BertForPreTraining.from_pretrained`, by
+  `RobertaForMaskedLM.from_pretrained` for a RoBERTa-shaped config (XLM-R's too: the same
+  network), or by `ModernBertForMaskedLM.from_pretrained` for a ModernBERT-shaped one; a config
+  that is none of them is refused (`hf_architecture`) before anything is written."""
   from safetensors.numpy import save_file  # the `interop` extra, only for HF files
 
-  modern = hf_architecture(cfg) == "modernbert"
+  arch = hf_architecture(cfg)
   state = params_to_hf(params, cfg)
   # safetensors refuses aliased tensors; HF re-ties the decoder to the embeddings on load.
-  if modern:
+  if arch == "modernbert":
     state.pop("decoder.weight")
   else:
-    state.pop("cls.predictions.decoder.weight")
-    state.pop("cls.predictions.decoder.bias")
+    state.pop(_NAMES[arch]["decoder"] + ".weight")
+    state.pop(_NAMES[arch]["decoder"] + ".bias")
   path = fs.path(path)
   path.mkdir(parents=True, exist_ok=True)
   if fs.is_local(path):
@@ -428,5 +483,6 @@ def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:
       local = os.path.join(tmp, "model.safetensors")
       save_file(state, local, metadata={"format": "pt"})
       epath.Path(local).copy(path / "model.safetensors", overwrite=True)
-  hf_cfg = config_to_modernbert(cfg) if modern else config_to_hf(cfg)
+  to_hf = {"modernbert": config_to_modernbert, "roberta": config_to_roberta}.get(arch, config_to_hf)
+  hf_cfg = to_hf(cfg)
   (path / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")

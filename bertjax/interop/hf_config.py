@@ -97,7 +97,8 @@ _BIAS_FIELDS = ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias")
 
 
 def hf_architecture(cfg: BertConfig) -> str:
-  """'bert' (transformers' `BertForPreTraining`) or 'modernbert' (`ModernBertForMaskedLM`).
+  """'bert' (transformers' `BertForPreTraining`), 'roberta' (`RobertaForMaskedLM`: BERT's
+  network with its position table offset by 2) or 'modernbert' (`ModernBertForMaskedLM`).
 
   `norm_placement` decides which one a config means; any other field that departs from that
   architecture makes it neither: a ConversionError naming the field.
@@ -126,7 +127,39 @@ def hf_architecture(cfg: BertConfig) -> str:
         "config is neither BERT- nor ModernBERT-shaped: norm_placement='post' is BERT's but "
         f"local_attention={cfg.local_attention} is not (BERT: 0, every layer global)"
     )
+  if arch == "bert" and cfg.position_offset:
+    return "roberta"
   return arch
+
+
+# ------------------------------------------------------------------------- RoBERTa's configs
+
+ROBERTA_TYPES = ("roberta", "xlm-roberta")  # XLM-R: RoBERTa's network, another vocabulary
+
+
+def config_from_roberta(hf: dict[str, Any], source: str, **overrides) -> BertConfig:
+  """A `BertConfig` from RoBERTa's or XLM-R's config.json: BERT's network whose positions
+  start at row padding_idx + 1 (2) of a 514-row table, with one token type."""
+  pad = hf.get("pad_token_id", 1)
+  if not isinstance(pad, int) or pad < 0:
+    raise ConversionError(f"{source}: pad_token_id={pad!r}; RoBERTa's is an integer (1)")
+  cfg = config_from_hf(hf, layer_norm_eps=hf.get("layer_norm_eps", 1e-5))
+  fields = dict(position_offset=pad + 1, type_vocab_size=hf.get("type_vocab_size", 1))
+  fields.update(overrides)
+  return cfg.replace(**fields)
+
+
+def config_to_roberta(cfg: BertConfig) -> dict[str, Any]:
+  """The config.json dict that `transformers.RobertaConfig` reads (RobertaForMaskedLM)."""
+  out = config_to_hf(cfg)
+  out.update(
+      architectures=["RobertaForMaskedLM"],
+      model_type="roberta",
+      pad_token_id=cfg.position_offset - 1,
+      bos_token_id=0,
+      eos_token_id=2,
+  )
+  return out
 
 
 def _global_every(layer_types: list[str], source: str) -> int:

@@ -141,16 +141,17 @@ class Embeddings(nn.Module):
   ) -> Array:
     cfg = self.cfg
     seq_len = input_ids_BxL.shape[1]
-    if seq_len > cfg.max_position_embeddings:
+    if seq_len > cfg.max_seq_len:
       raise ValueError(
           f"sequence length {seq_len} exceeds max_position_embeddings="
           f"{cfg.max_position_embeddings}"
+          + (f" less position_offset={cfg.position_offset}" if cfg.position_offset else "")
       )
     if position_ids_BxL is None:
       position_ids_BxL = jnp.arange(seq_len)[None, :]
     x_BxLxH = self.word_embeddings(input_ids_BxL)
-    if cfg.position_embedding == "learned":
-      x_BxLxH = x_BxLxH + self.position_embeddings(position_ids_BxL)
+    if cfg.position_embedding == "learned":  # RoBERTa's table starts position 0 at row 2
+      x_BxLxH = x_BxLxH + self.position_embeddings(position_ids_BxL + cfg.position_offset)
     if cfg.type_vocab_size:
       x_BxLxH = x_BxLxH + self.token_type_embeddings(token_type_ids_BxL)
     x_BxLxH = self.layer_norm(x_BxLxH)

@@ -59,6 +59,9 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072  # 4 * hidden_size
   max_position_embeddings: int = 512  # learned absolute positions
+  # Rows of the position table before position 0 (RoBERTa, XLM-R: 2, i.e. padding_idx + 1;
+  # their tables have 514 rows for 512 tokens). Position p reads row p + position_offset.
+  position_offset: int = 0
   type_vocab_size: int = 2  # segment A / segment B; 0: no token-type table (ModernBERT), token
   #                           types passed in are ignored
   hidden_act: str = "gelu"  # exact erf GELU; see ACTIVATIONS for the alternatives
@@ -84,6 +87,11 @@ class BertConfig:
   local_attention: int = 0  # 0: every layer global; > 0: window in tokens of the local layers,
   #                           key j visible to query i when |i - j| <= window // 2 (ModernBERT: 128)
   global_every: int = 1  # layer i attends globally when i % global_every == 0 (ModernBERT: 3)
+
+  @property
+  def max_seq_len(self) -> int:
+    """The longest sequence the learned position table serves."""
+    return self.max_position_embeddings - self.position_offset
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -112,6 +120,11 @@ class BertConfig:
       )
     if self.global_every < 1:
       raise ValueError(f"BertConfig: global_every={self.global_every}; valid: an integer >= 1")
+    if not 0 <= self.position_offset < self.max_position_embeddings:
+      raise ValueError(
+          f"BertConfig: position_offset={self.position_offset}; valid: 0 <= offset < "
+          f"max_position_embeddings={self.max_position_embeddings}"
+      )
     # A window for the local layers and a period of the global ones come together: one without
     # the other changes nothing, which is never what was meant.
     window, every = self.local_attention, self.global_every

@@ -62,6 +62,7 @@ ARCH_FIELDS = (
     "num_heads",
     "intermediate_size",
     "max_position_embeddings",
+    "position_offset",  # RoBERTa's position table starts at row 2
     "type_vocab_size",
     "norm_placement",  # pre-LN adds a final norm and drops layer 0's attention norm
     "mlp_type",  # GLU's input kernel is [H, 2, F]

@@ -222,6 +222,9 @@ def validate(config) -> None:
     check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
     seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
   positions = _get(config, "model.max_position_embeddings")
+  offset = _get(config, "model.position_offset")  # RoBERTa's table starts at row 2
+  if isinstance(positions, int) and isinstance(offset, int):
+    positions -= offset
   learned = _get(config, "model.position_embedding") in ("learned", _MISSING)
   for path, n in seq_lens:  # a table of learned positions has no row past its size; RoPE has none
     if learned and isinstance(positions, int) and isinstance(n, int) and n > positions:

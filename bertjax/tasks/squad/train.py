@@ -240,7 +240,7 @@ def train_and_evaluate(
   epoch's predictions. `packing` > 0 packs up to that many windows into a row of
   `opts.max_seq_len` to train and predict (`finetuning.Trainer`), each window's start and end
   logits read from its own tokens; 0 one window a row."""
-  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_position_embeddings)
+  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_seq_len)
   return finetuning.run(
       task,
       enc,
