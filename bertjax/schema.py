@@ -237,7 +237,7 @@ class ShardMeta(_Model):
 class TokenizerMeta(_Model):
   file: Text  # beside metadata.json
   vocab_size: int = Field(ge=1)
-  type: Literal["sentencepiece", "wordpiece"] | None = None
+  type: Literal["sentencepiece", "wordpiece", "json"] | None = None
   sha256: str | None = None
   special_ids: dict[str, int] = {}  # absent in data prepared before ids were recorded
   lower_case: bool | None = None  # WordPiece only

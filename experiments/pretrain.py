@@ -20,11 +20,17 @@ Purpose: one config file for every model size. `arg` picks the variant:
   modern_tiny                    the same network at tiny scale (3 layers x 128, window 32 at
                                  seq 128): CPU minutes on the bundled corpus, `bertjax demo
                                  --config modern_tiny`
+  continue                       domain-adaptive pretraining (Gururangan et al. 2020) of a
+                                 released checkpoint: `--init DIR` gives the network; MLM alone
+                                 at 15%, seq 512, batch 256, lr 1e-4, 12,500 steps
 
 Command:
   bertjax pretrain --config experiments/pretrain.py:tiny --workdir runs/tiny
   bertjax pretrain --config experiments/pretrain.py:base --workdir gs://BUCKET/base \
       --config.data.path=gs://BUCKET/wiki_books_shards
+  bertjax prepare --input 'my_domain/*.jsonl' --tokenizer roberta-base --output runs/domain
+  bertjax pretrain --config continue --init roberta-base --workdir runs/dapt \
+      --config.data.path=runs/domain
 
 Hardware and expected result:
   demo   2 CPU cores, about 10 min (make demo, install included): held-out accuracy at
@@ -56,6 +62,8 @@ _SCALES = {
     # BERT-base's batch and steps; `_modern` sets ModernBERT's optimizer, lr and schedule.
     "modern_base": ("base", 256, 1_000_000, 8e-4, 10_000),
     "modern_tiny": ("tiny", 32, 1000, 1e-3, 100),  # `tiny`'s lr and warmup, half its batch
+    # The preset is a placeholder: `--init DIR` replaces the network by the checkpoint's.
+    "continue": ("base", 256, 12_500, 1e-4, 750),
 }
 
 # variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
@@ -71,6 +79,7 @@ VARIANTS = {
     "large_lamb": "BERT-large with LAMB: batch 64k at seq 128, then 32k at 512 (You et al. 2019)",
     "modern_base": "ModernBERT-base: network, 30% MLM, StableAdamW + wsd, seq 1,024 then 8,192",
     "modern_tiny": "ModernBERT's network at tiny scale (3 layers x 128), seq 128 (CPU, minutes)",
+    "continue": "continue MLM from a released checkpoint (--init DIR): seq 512, 12,500 steps",
 }
 
 
@@ -241,6 +250,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.eval.batch_size = 128
   if scale.startswith("modern_"):
     _modern(c, tiny=scale == "modern_tiny")
+  if variant == "continue":
+    _continue(c)
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563
@@ -326,3 +337,32 @@ def _modern(c: ml_collections.ConfigDict, tiny: bool) -> None:
     m.max_position_embeddings = 128  # RoPE: no table, only the longest sequence
     c.data.seq_len = 128  # one phase
     c.data.max_predictions_per_seq = 39  # 0.3 * 128, rounded up
+
+
+def _continue(c: ml_collections.ConfigDict) -> None:
+  """Domain-adaptive pretraining (DAPT, Gururangan et al. 2020, "Don't Stop Pretraining"): MLM
+  on the user's corpus from a released checkpoint, which `--init DIR` names and whose network
+  (every config.model field of `init_from.ADOPTED`, dropout included) replaces the preset's.
+  Works with BERT, RoBERTa, XLM-R and ModernBERT checkpoints and bertjax runs alike."""
+  # MLM alone: RoBERTa, XLM-R and ModernBERT have no NSP head (it would start untrained), and
+  # RoBERTa's objective, which DAPT continues, has none. A BERT checkpoint with a trained NSP
+  # head may turn it back on: --config.data.pair_mode=nsp.
+  c.data.pair_mode = "none"
+  c.data.mask_prob = 0.15  # BERT's and RoBERTa's rate, what the checkpoints were trained with
+  c.data.seq_len = 512  # the checkpoints' full length (RoBERTa and DAPT train at 512)
+  c.data.max_predictions_per_seq = 77  # 0.15 * 512
+  # Steps: DAPT's 12,500 (Gururangan et al. 2020, section 3). Batch 256 and lr 1e-4: the
+  # DAPT/TAPT commands of allenai/dont-stop-pretraining's README (run_language_modeling with
+  # --learning_rate 0.0001, 16 x 16 accumulation). Set by `_SCALES["continue"]`.
+  # Warmup: 750 steps, 6% of the steps, short so the first updates cannot undo the checkpoint
+  # (a choice of this recipe, not the paper's).
+  c.train.optimizer = "adamw"  # bias-corrected Adam, as transformers' Trainer (run_mlm)
+  c.train.schedule = "warmup_linear"  # linear warmup, then linear decay to 0 (run_mlm's)
+  c.train.b2 = 0.98  # RoBERTa's beta2 (Liu et al. 2019), stable at large batch
+  c.train.eps = 1e-6  # RoBERTa's and BERT's epsilon
+  c.train.weight_decay = 0.01  # RoBERTa's and BERT's
+  c.model.dtype = "bfloat16"  # accelerator runs; --config.model.dtype=float32 on CPU
+  c.phase2.fraction = 0.0  # one phase, at the checkpoint's length
+  c.checkpoint.every_steps = 500
+  c.eval.every_steps = 500
+  c.log_every_steps = 50

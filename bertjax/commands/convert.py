@@ -204,6 +204,14 @@ def write_hf_tokenizer(tok, dst: epath.Path, max_len: int) -> list[str]:
     (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (dst / "special_tokens_map.json").write_text(json.dumps(_SPECIAL, indent=2) + "\n")
     return ["vocab.txt", "tokenizer_config.json", "special_tokens_map.json"]
+  if fs.path(tok.path).suffix == ".json":  # transformers' own tokenizer.json: as it came
+    written = ["tokenizer.json"]
+    fs.path(tok.path).copy(dst / "tokenizer.json", overwrite=True)
+    beside = fs.path(tok.path).parent / "tokenizer_config.json"
+    if beside.exists():
+      beside.copy(dst / beside.name, overwrite=True)
+      written.append(beside.name)
+    return written
   return _write_hf_sentencepiece(tok, dst, max_len)
 
 

@@ -446,8 +446,24 @@ def _check_multihost(fv: flags.FlagValues) -> None:
     )
 
 
+def _define_init(fv: flags.FlagValues) -> None:
+  flags.DEFINE_string(
+      "init",
+      None,
+      "continue pretraining from this checkpoint: a bertjax run, a transformers directory "
+      "(BERT, RoBERTa, XLM-R, ModernBERT) or a Google BERT checkpoint directory; its network "
+      "replaces the recipe's (the same as --config.train.init_from)",
+      flag_values=fv,
+  )
+
+
 def main(argv: list[str]) -> int:
-  fv = parse(argv, "bertjax pretrain")
+  fv = parse(
+      argv,
+      "bertjax pretrain",
+      define_extra=_define_init,
+      flag_metavars=_PRETRAIN_FLAGS + (("init", "DIR"),),
+  )
   if fv is None:
     return 0
   if not fv.workdir:
@@ -455,9 +471,32 @@ def main(argv: list[str]) -> int:
         "--workdir is required (checkpoints, logs, metrics.jsonl), e.g. --workdir runs/tiny"
     )
   _check_multihost(fv)
+  apply_init(fv)
   from bertjax.runtime import distributed
 
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   from bertjax.training import loop
 
-  return loop.train_and_evaluate(fv.config, fv.workdir)
+  return loop.train_and_evaluate(fv.config, fv.workdir, explicit_model_fields(argv))
+
+
+def apply_init(fv: flags.FlagValues) -> None:
+  """--init DIR is --config.train.init_from=DIR; both, differing, is a mistake."""
+  if not fv.init:
+    return
+  given = fv.config.train.get("init_from")
+  if given and given != fv.init:
+    raise errors.ConfigError(
+        f"--init {fv.init} and --config.train.init_from={given} differ — give one of them"
+    )
+  fv.config.train.init_from = fv.init
+
+
+def explicit_model_fields(argv: list[str]) -> frozenset[str]:
+  """The config.model fields set on the command line (`--config.model.X=...`)."""
+  out = set()
+  for a in argv:
+    m = _OVERRIDE.match(a)
+    if m and m.group(2).startswith("model."):
+      out.add(m.group(2)[len("model.") :])
+  return frozenset(out)

@@ -192,11 +192,12 @@ def _copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
   (WordPiece: [CLS]=101 ...) without loading the tokenizer.
   """
   is_wordpiece = isinstance(tok, wordpiece.WordPieceTokenizer)
-  name = "vocab.txt" if is_wordpiece else "tokenizer.model"
+  is_json = fs.path(tok.path).suffix == ".json"
+  name = "vocab.txt" if is_wordpiece else "tokenizer.json" if is_json else "tokenizer.model"
   _place(out, name, worker_index, lambda p: fs.path(tok.path).copy(p, overwrite=True))
   meta = {
       "file": name,
-      "type": "wordpiece" if is_wordpiece else "sentencepiece",
+      "type": "wordpiece" if is_wordpiece else "json" if is_json else "sentencepiece",
       "sha256": tok.sha256,
       "vocab_size": tok.vocab_size,
       "special_ids": {
@@ -213,6 +214,9 @@ def _copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
     meta["lower_case"] = tok.lower_case
     config = json.dumps({"do_lower_case": tok.lower_case}) + "\n"
     _place(out, "tokenizer_config.json", worker_index, lambda p: p.write_text(config))
+  beside = fs.path(tok.path).parent / "tokenizer_config.json"
+  if is_json and beside.exists():  # it names the special tokens (RoBERTa's <s>, </s>, ...)
+    _place(out, beside.name, worker_index, lambda p: beside.copy(p, overwrite=True))
   return meta
 
 

@@ -256,17 +256,25 @@ class WordPieceTokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
-  """The tokenizer for `path`: SentencePiece for a `.model`, WordPiece for a vocab `.txt`.
+  """The tokenizer for `path`: SentencePiece for a `.model`, WordPiece for a vocab `.txt`,
+  transformers' `tokenizer.json` (`tokenizer.HFTokenizer`).
 
-  A directory is searched for `tokenizer.model`, then `vocab.txt`. `lower_case` applies to
+  A directory is searched for `tokenizer.model`, `vocab.txt`, `tokenizer.json`,
+  `spiece.model`, `sentencepiece.bpe.model`, in that order. `lower_case` applies to
   WordPiece only (None: from tokenizer_config.json beside it, else from the vocab).
   """
   path = epath.Path(path)  # as the user wrote it: read through fs.path, named in errors
   if fs.path(path).is_dir():
-    for name in ("tokenizer.model", "vocab.txt"):
+    # A checkpoint's directory (transformers, Google's) holds its tokenizer under one of these.
+    names = ("tokenizer.model", "vocab.txt", "tokenizer.json", "spiece.model")
+    for name in names + ("sentencepiece.bpe.model",):
       if fs.path(path / name).is_file():
         return load_tokenizer(path / name, lower_case)
-    raise WordPieceError(f"{path}: no tokenizer.model or vocab.txt in this directory")
+    raise WordPieceError(f"{path}: no {', '.join(names)} in this directory")
+  if path.suffix == ".json":  # transformers' tokenizer.json, run by the `tokenizers` library
+    from bertjax.data.tokenizer import HFTokenizer
+
+    return HFTokenizer(path)
   if path.suffix == ".model":
     # Here, not at the top: bertjax.data.tokenizer imports this module.
     from bertjax.data.tokenizer import SentencePieceTokenizer

@@ -152,6 +152,8 @@ class Embeddings(nn.Module):
     x_BxLxH = self.word_embeddings(input_ids_BxL)
     if cfg.position_embedding == "learned":  # RoBERTa's table starts position 0 at row 2
       x_BxLxH = x_BxLxH + self.position_embeddings(position_ids_BxL + cfg.position_offset)
+    if cfg.type_vocab_size == 1:  # RoBERTa: one type, whatever types the inputs carry
+      token_type_ids_BxL = jnp.zeros_like(token_type_ids_BxL)
     if cfg.type_vocab_size:
       x_BxLxH = x_BxLxH + self.token_type_embeddings(token_type_ids_BxL)
     x_BxLxH = self.layer_norm(x_BxLxH)

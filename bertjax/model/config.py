@@ -62,7 +62,8 @@ class BertConfig:
   # Rows of the position table before position 0 (RoBERTa, XLM-R: 2, i.e. padding_idx + 1;
   # their tables have 514 rows for 512 tokens). Position p reads row p + position_offset.
   position_offset: int = 0
-  type_vocab_size: int = 2  # segment A / segment B; 0: no token-type table (ModernBERT), token
+  type_vocab_size: int = 2  # segment A / segment B; 1: one row every token reads (RoBERTa);
+  #                           0: no token-type table (ModernBERT), token
   #                           types passed in are ignored
   hidden_act: str = "gelu"  # exact erf GELU; see ACTIVATIONS for the alternatives
   hidden_dropout_rate: float = 0.1

@@ -495,6 +495,16 @@ def read_config(path: str) -> model_lib.BertConfig:
   return cfg.replace(scan_layers=False)
 
 
+def read_tokenizer(path: str) -> str | None:
+  """The tokenizer file of what `load_pretrained(path)` would load, without its params."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    tok = json.loads((d / "pretrained.json").read_text()).get("tokenizer")
+    return str(d / tok) if tok else None
+  tok = json.loads((d / "meta" / "metadata").read_text()).get("tokenizer")
+  return str(d.parent.parent / tok) if tok else None
+
+
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   """Read a workdir (latest complete step), one step dir, or a `save_pretrained` dir.
 

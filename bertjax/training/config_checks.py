@@ -246,16 +246,19 @@ class Plan:
   workdir: str | None = None  # absolute (gs:// stays); None: the inputs were not checked
   meta: dict | None = None  # the prepared data's metadata.json; None: synthetic, or not yet
   # prepared (the bundled corpus, which the run prepares into the workdir: `with_data`)
+  notes: tuple[str, ...] = ()  # what the run was given besides the recipe (`--init`'s network)
 
 
-def preflight(config, workdir: str | None = None) -> Plan:
+def preflight(config, workdir: str | None = None, explicit: frozenset[str] = frozenset()) -> Plan:
   """The checks that need jax, before the workdir is touched: model fields, mesh, batch splits;
   with `workdir`, also the files the run reads (`check_inputs`), and the config resolved
-  against the data."""
+  against the data. With `train.init_from`, the network is the checkpoint's (`init_from.adopt`;
+  `explicit`: the config.model fields set on the command line, which must agree with it)."""
   # Here, not at the top: the checks above run before (and without) jax.
   from bertjax.runtime import fs
   from bertjax.training import phases as phases_lib, sharding, train
 
+  config, notes = _with_init(config, explicit)
   c = config.copy_and_resolve_references()
   with c.unlocked():
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
@@ -280,10 +283,31 @@ def preflight(config, workdir: str | None = None) -> Plan:
   except ValueError as e:  # the mesh does not fit the devices, a batch does not split
     raise errors.ConfigError(str(e)) from e
   if workdir is None:
-    return Plan(config, mesh, phases)
+    return Plan(config, mesh, phases, notes=notes)
   workdir = str(fs.absolute(workdir))  # orbax writes only to absolute paths; gs:// stays
   meta = check_inputs(config, workdir)
-  return with_data(Plan(config, mesh, phases, workdir), data_path(config), meta)
+  return with_data(Plan(config, mesh, phases, workdir, notes=notes), data_path(config), meta)
+
+
+def _with_init(config, explicit: frozenset[str]) -> tuple[Any, tuple[str, ...]]:
+  """`config` with the network of `train.init_from` (a copy), and what was taken from where."""
+  path = config.train.get("init_from")
+  if not path:
+    return config, ()
+  from bertjax.training import init_from
+
+  source = init_from.describe(path)
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    changed = init_from.adopt(c, source, explicit)
+  s = source.config
+  line = (
+      f"init: the network of {path} ({source.what}): {s.num_layers} layers x {s.hidden_size}, "
+      f"{s.num_heads} heads, vocab {s.vocab_size}"
+  )
+  if changed:
+    line += f"; the recipe's model fields overridden: {', '.join(changed)}"
+  return c, (line,)
 
 
 def data_path(config) -> str | None:
@@ -309,7 +333,8 @@ def with_data(plan: Plan, path: str | None, meta: dict | None = None) -> Plan:
 
       if not c.data.get("sources"):  # a mixture's sources stay where they are named
         c.data.path = path
-      c.model.vocab_size = meta["tokenizer"]["vocab_size"]
+      if not c.train.get("init_from"):  # else the checkpoint's (check_data: the data's fits)
+        c.model.vocab_size = meta["tokenizer"]["vocab_size"]
       c.data.tokenizer = c.data.tokenizer or str(fs.path(path) / meta["tokenizer"]["file"])
   return dataclasses.replace(plan, config=c, meta=meta)
 
@@ -361,6 +386,14 @@ def check_data(config, meta: dict, where: str = "") -> None:
         "re-run `bertjax prepare` on a non-empty corpus"
     )
   vocab = meta["tokenizer"]["vocab_size"]
+  if config.train.get("init_from") and config.model.vocab_size:
+    if vocab > config.model.vocab_size:  # a table padded past the tokenizer's is fine
+      raise errors.ConfigError(
+          f"{field} was tokenized with vocab_size={vocab}, more than config.train.init_from="
+          f"{config.train.init_from} has ({config.model.vocab_size}) — prepare it with "
+          f"`bertjax prepare --tokenizer {config.train.init_from}`"
+      )
+    return
   if config.model.vocab_size and config.model.vocab_size != vocab:
     raise errors.ConfigError(
         f"config.model.vocab_size={config.model.vocab_size} but {field} was tokenized with "
@@ -383,7 +416,7 @@ def check_inputs(config, workdir: str) -> dict | None:
 
   if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
-  vocab, meta = config.model.vocab_size, None
+  meta = None
   sources = _sources(config)
   if sources:
     from bertjax.data import mixture
@@ -394,12 +427,11 @@ def check_inputs(config, workdir: str) -> dict | None:
       metas.append(read_metadata(s.path, where))
       check_data(config, metas[-1], where)
     mixture.check_tokenizers(sources, metas)
-    meta, vocab = metas[0], metas[0]["tokenizer"]["vocab_size"]
+    meta = metas[0]
   elif config.data.source == "prepared":
     if config.data.path:
       meta = read_metadata(config.data.path)
       check_data(config, meta)
-      vocab = meta["tokenizer"]["vocab_size"]
     else:
       bundled.find()
   if _missing(config.data.tokenizer):
@@ -409,7 +441,7 @@ def check_inputs(config, workdir: str) -> dict | None:
     )
   resuming = (fs.path(workdir) / "checkpoints").is_dir()
   if config.train.init_from and not resuming:
-    _check_init_from(config, vocab)
+    _check_init_from(config, meta)
   return meta
 
 
@@ -432,24 +464,10 @@ def _sources(config) -> tuple:
   return sources
 
 
-def _check_init_from(config, vocab: int | None) -> None:
-  """`init_from` exists and holds the architecture the config builds."""
-  from bertjax.training import checkpoint, train
+def _check_init_from(config, meta: dict | None) -> None:
+  """`init_from` is a checkpoint bertjax reads, and the data was prepared with its tokenizer
+  (its network was adopted by `preflight`)."""
+  from bertjax.training import init_from
 
-  path = config.train.init_from
-  if _missing(path):
-    raise errors.InputNotFoundError(
-        f"config.train.init_from={path}: no such file or directory — name a `bertjax pretrain` "
-        "workdir or a save_pretrained dir"
-    )
-  saved = checkpoint.read_config(path)
-  c = config.copy_and_resolve_references()
-  with c.unlocked():
-    c.model.vocab_size = vocab or saved.vocab_size
-  want = train.model_config(c)
-  for field in checkpoint.ARCH_FIELDS:
-    if field != "scan_layers" and getattr(saved, field) != getattr(want, field):
-      raise checkpoint.CheckpointMismatchError(
-          f"config.train.init_from={path} has {field}={getattr(saved, field)!r} but the config "
-          f"builds {getattr(want, field)!r} — set config.model (preset or {field}) to match it"
-      )
+  source = init_from.describe(config.train.init_from)
+  init_from.check_tokenizer(source, meta, data_path(config) or "the bundled corpus")

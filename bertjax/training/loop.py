@@ -30,6 +30,7 @@ from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
     checkpoint,
     config_checks,
+    init_from as init_from_lib,
     losses,
     metrics_writer,
     progress,
@@ -134,24 +135,31 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   if jax.process_index() == 0:
     (fs.path(workdir) / "tokenizer").mkdir(parents=True, exist_ok=True)
     src.copy(fs.path(workdir) / rel, overwrite=True)
-    # A WordPiece vocab.txt does not record its casing; prepare writes it beside the vocab.
+    # A WordPiece vocab.txt does not record its casing, a tokenizer.json not which of its
+    # tokens are [CLS], [SEP], ...: the tokenizer_config.json beside them does.
     casing = src.parent / "tokenizer_config.json"
-    if src.suffix == ".txt" and casing.exists():
+    if src.suffix in (".txt", ".json") and casing.exists():
       casing.copy(fs.path(workdir) / "tokenizer" / casing.name, overwrite=True)
   return rel
 
 
-def _init_from(setup: train.Setup, state: train.TrainState, path: str) -> train.TrainState:
-  """Replace freshly initialised params with a pretrained checkpoint's (continue pretraining)."""
-  pre = checkpoint.load_pretrained(path)
+def _init_from(
+    setup: train.Setup, state: train.TrainState, path: str
+) -> tuple[train.TrainState, list[str]]:
+  """Replace freshly initialised params with a checkpoint's (continued pretraining: a bertjax
+  run, a transformers or a Google BERT directory, `init_from.py`); also the heads it lacked,
+  which keep their fresh values."""
+  source = init_from_lib.describe(path)
   checkpoint.check_compatible(
-      dict(pre.config.to_dict(), scan_layers=setup.bert_config.scan_layers), setup.bert_config, path
+      dict(source.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
+      setup.bert_config,
+      path,
   )
-  params = pre.params
+  params, fresh = init_from_lib.load(source)
   if setup.bert_config.scan_layers:
     params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
   params = jax.device_put(jax.tree.map(np.asarray, params), setup.state_shardings.params)
-  return state.replace(params=params)
+  return state.replace(params=params), fresh
 
 
 def _data_state(config, saved: list | None, writer) -> dict | None:
@@ -226,7 +234,7 @@ def _has_eval_data(config, meta: dict | None, writer) -> bool:
 # ----------------------------------------------------------------------------- the loop
 
 
-def train_and_evaluate(config, workdir: str) -> int:
+def train_and_evaluate(config, workdir: str, explicit: frozenset[str] = frozenset()) -> int:
   """Pretrain per `config` in `workdir`, resuming from its latest checkpoint. Exit status.
 
   The config and the files it names are checked first (`bertjax.errors.UserError`s, nothing
@@ -234,7 +242,7 @@ def train_and_evaluate(config, workdir: str) -> int:
   the whole run.
   """
   config_checks.validate(config)
-  plan = config_checks.preflight(config, workdir)
+  plan = config_checks.preflight(config, workdir, explicit)
   with workdir_lock.Lock(plan.workdir, "bertjax pretrain", enabled=jax.process_index() == 0):
     try:
       return _train_and_evaluate(plan)
@@ -261,8 +269,12 @@ class _Run:
     else:
       self.state = setups[0].init_state(config.seed)
       if config.train.init_from:
-        self.state = _init_from(setups[0], self.state, config.train.init_from)
-        writer.log(f"initialised params from {config.train.init_from}")
+        self.state, fresh = _init_from(setups[0], self.state, config.train.init_from)
+        writer.log(
+            f"initialised params from {config.train.init_from}"
+            + (f" ({', '.join(fresh)} start fresh)" if fresh else "")
+            + "; the optimizer and the step start fresh"
+        )
     self.at = self.start = self.last_saved = int(jax.device_get(self.state.step))
     self.phase = next((ph for ph in self.phases if ph.start <= self.at < ph.end), self.phases[-1])
     self.batches = self._open(self.phase, data_state)
@@ -431,6 +443,8 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   )
   if is_main:
     (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
+  for note in plan.notes:
+    writer.log(note)
   writer.log(
       f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
       f"params | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "

@@ -1,0 +1,185 @@
+"""Where `bertjax pretrain --init DIR` (`config.train.init_from`) starts from, and what it takes.
+
+DIR may be
+  - a bertjax run: a `pretrain` workdir, one of its `checkpoints/<step>` dirs, or a
+    `save_pretrained` dir;
+  - a transformers directory (config.json + model.safetensors or pytorch_model.bin):
+    `BertForPreTraining`, `BertForMaskedLM`, `BertModel`, `RobertaForMaskedLM`,
+    `XLMRobertaForMaskedLM`, `RobertaModel`, `ModernBertForMaskedLM`;
+  - a Google BERT TensorFlow checkpoint directory (bert_config.json, bert_model.ckpt.*, vocab.txt);
+local or `gs://`.
+
+The network comes from the checkpoint: `adopt` sets the config's model fields to the
+checkpoint's (the recipe's are overridden, and each change is said); a field the user set on
+the command line that contradicts the checkpoint is a ConfigError. The tokenizer comes with it:
+`tokenizer_file` is the one in DIR (vocab.txt, tokenizer.json, a SentencePiece model), which
+`bertjax prepare --tokenizer DIR` prepares a corpus with, and `check_tokenizer` refuses data
+prepared with another. Heads the checkpoint lacks start fresh and are named (`load`). The
+optimizer state and the step counter start fresh; a rerun resumes the run, not DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from bertjax import errors
+from bertjax import model as model_lib
+from bertjax.runtime import fs
+
+# The config.model fields a checkpoint decides: its network. The recipe keeps the rest (dtype,
+# param_dtype, remat, scan_layers), which change how it runs, not what it computes.
+ADOPTED = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "position_offset",
+    "type_vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "initializer_range",
+    "hidden_dropout_rate",
+    "attention_dropout_rate",
+    "norm_placement",
+    "mlp_type",
+    "position_embedding",
+    "rope_theta",
+    "local_rope_theta",
+    "use_bias",
+    "local_attention",
+    "global_every",
+)
+# Tokenizer files a checkpoint directory may hold, in the order `wordpiece.load_tokenizer`
+# (so `prepare --tokenizer DIR`) looks for them.
+TOKENIZER_FILES = (
+    "tokenizer.model",
+    "vocab.txt",
+    "tokenizer.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  path: str
+  kind: str  # "bertjax" | "transformers" | "google"
+  what: str  # e.g. "transformers RobertaForMaskedLM"
+  config: model_lib.BertConfig  # unscanned
+  tokenizer: str | None  # the tokenizer file that comes with it, if any
+
+
+def _tokenizer_in(directory) -> str | None:
+  for name in TOKENIZER_FILES:
+    if (directory / name).is_file():
+      return str(directory / name)
+  return None
+
+
+def describe(path: str) -> Source:
+  """What DIR is and the network it holds (configs only; no weights read)."""
+  from bertjax.interop import convert, google_ckpt
+  from bertjax.training import checkpoint
+
+  d = fs.path(path)
+  field = f"config.train.init_from={path}"
+  if not d.exists():
+    raise errors.InputNotFoundError(
+        f"{field}: no such file or directory — name a `bertjax pretrain` workdir, a "
+        "transformers directory or a Google BERT checkpoint directory"
+    )
+  hf_config = d / "config.json"
+  if hf_config.is_file() and not (d / "pretrained.json").exists():
+    try:
+      raw = json.loads(hf_config.read_text())
+    except json.JSONDecodeError as e:
+      raise convert.ConversionError(f"{hf_config}:{e.lineno}: invalid JSON ({e.msg})") from e
+    if isinstance(raw, dict) and "model_type" in raw:
+      cfg, _ = _hf_config(d, raw)
+      arch = (raw.get("architectures") or [raw["model_type"]])[0]
+      return Source(path, "transformers", f"transformers {arch}", cfg, _tokenizer_in(d))
+  if (d / google_ckpt.CONFIG_NAME).is_file():
+    cfg = google_ckpt.read_config(d / google_ckpt.CONFIG_NAME)
+    return Source(path, "google", "Google BERT checkpoint", cfg, _tokenizer_in(d))
+  cfg = checkpoint.read_config(path)
+  tok = checkpoint.read_tokenizer(path)
+  return Source(path, "bertjax", "bertjax run", cfg, tok)
+
+
+def _hf_config(d, raw: dict):
+  from bertjax.interop import convert, hf_config
+
+  model_type = raw.get("model_type")
+  if model_type == "modernbert":
+    return hf_config.config_from_modernbert(raw, str(d / "config.json")), model_type
+  if model_type in hf_config.ROBERTA_TYPES:
+    return hf_config.config_from_roberta(raw, str(d / "config.json")), model_type
+  if model_type != "bert":
+    raise convert.ConversionError(
+        f"{d / 'config.json'}: model_type {model_type!r} — bertjax reads bert, roberta, "
+        "xlm-roberta and modernbert directories"
+    )
+  return hf_config.config_from_hf(raw), model_type
+
+
+def load(source: Source) -> tuple[dict, list[str]]:
+  """The checkpoint's unscanned parameters (host numpy) and the heads that start fresh."""
+  from bertjax.interop import convert, google_ckpt
+  from bertjax.training import checkpoint
+
+  fresh: list[str] = []
+  if source.kind == "transformers":
+    _, params = convert.load_hf(source.path, fresh=fresh)
+  elif source.kind == "google":
+    _, params = google_ckpt.load_google(source.path)
+  else:
+    params = checkpoint.load_pretrained(source.path).params
+  return params, fresh
+
+
+def adopt(config, source: Source, explicit: frozenset[str] = frozenset()) -> list[str]:
+  """Sets config.model's network fields to the checkpoint's (config unlocked by the caller);
+  returns a line per field the recipe had otherwise. `explicit`: config.model fields given on
+  the command line, which must agree with the checkpoint."""
+  m, lines = config.model, []
+  preset = model_lib.BertConfig.from_preset(m.get("preset") or "base")
+  for field in ADOPTED:
+    theirs = getattr(source.config, field)
+    ours = m.get(field)
+    ours = getattr(preset, field) if ours is None else ours
+    if field in explicit and ours != theirs:
+      raise errors.ConfigError(
+          f"--config.model.{field}={ours!r} contradicts config.train.init_from="
+          f"{source.path}, which has {field}={theirs!r} — drop the override (the network is "
+          "the checkpoint's)"
+      )
+    if ours != theirs and field != "vocab_size":
+      lines.append(f"{field} {ours!r} -> {theirs!r}")
+    m[field] = theirs
+  return lines
+
+
+def tokenizer_digest(path: str) -> str:
+  return hashlib.sha256(fs.path(path).read_bytes()).hexdigest()
+
+
+def check_tokenizer(source: Source, meta: dict | None, data: str) -> None:
+  """Data prepared with the checkpoint's own tokenizer (by the digest of the file); data of
+  another tokenizer would feed the network ids it never learned."""
+  if not source.tokenizer or not meta:
+    return
+  theirs = meta.get("tokenizer", {}).get("sha256")
+  if theirs and theirs != tokenizer_digest(source.tokenizer):
+    raise errors.ConfigError(
+        f"{data} was prepared with another tokenizer than config.train.init_from="
+        f"{source.path} ({fs.path(source.tokenizer).name}) — prepare the corpus with "
+        f"`bertjax prepare --tokenizer {source.path} ...`"
+    )
+
+
+def fresh_heads_line(fresh: list[str]) -> str:
+  return f"; {', '.join(fresh)} start(s) fresh" if fresh else ""
