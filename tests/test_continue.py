@@ -18,7 +18,7 @@ import pytest
 
 from bertjax import cli, errors
 from bertjax.data import pretraining
-from conftest import REPO, built_once, metrics_rows
+from conftest import REPO, built_once, google_variables, metrics_rows, write_google_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -253,6 +253,55 @@ def test_continued_pretraining_from_transformers_directories(family, tmp_path, c
     theirs = back(torch.tensor(ids, dtype=torch.long), **kw).logits.numpy()
   np.testing.assert_allclose(
       np.asarray(logits), np.take_along_axis(theirs, pos[:, :, None], axis=1), atol=1e-4, rtol=1e-4
+  )
+  if name == "roberta":  # fine-tuning takes the continued run (one token type, positions + 2)
+    _glue(tmp_path / "run", tmp_path)
+
+
+def _glue(run, tmp_path):
+  import random
+
+  r = random.Random(0)
+  words = "the film was good bad great awful story".split()
+  for split, n in (("train", 32), ("dev", 16)):
+    rows = ["text\tlabel"] + [
+        " ".join(r.choice(words) for _ in range(5)) + f"\t{r.randint(0, 1)}" for _ in range(n)
+    ]
+    (tmp_path / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+  out = tmp_path / "ft"
+  argv = ["glue", "--task", "custom", "--name", "toy", "--train", str(tmp_path / "train.tsv")]
+  argv += ["--dev", str(tmp_path / "dev.tsv"), "--text-columns", "text", "--label-column", "label"]
+  argv += ["--init", str(run), "--workdir", str(out), "--max-seq-len", "16", "--epochs", "1"]
+  assert cli.main(argv + ["--batch-size", "16", "--no-progress"]) == 0
+  accuracy = json.loads((out / "results.json").read_text())["toy"]["accuracy"]
+  assert 0.0 <= accuracy <= 1.0
+
+
+def test_a_google_bert_checkpoint_is_an_init(family, tmp_path):
+  """A Google BERT TF checkpoint directory (bert_config.json, bert_model.ckpt.*, vocab.txt):
+  its network adopted, its weights loaded as `convert` reads them."""
+  from bertjax.interop import google_ckpt
+  from bertjax.training import config_checks, init_from
+
+  name, hf_dir, data = family
+  if name != "bert":
+    pytest.skip("Google's checkpoints are BERT's")
+  hf = transformers.BertForMaskedLM.from_pretrained(hf_dir)
+  full = transformers.BertForPreTraining(hf.config)
+  full.load_state_dict(hf.state_dict(), strict=False)
+  d = tmp_path / "google"
+  write_google_checkpoint(d, google_variables(full.state_dict(), 2), hf.config.to_dict())
+  (d / "vocab.txt").write_bytes((hf_dir / "vocab.txt").read_bytes())
+  source = init_from.describe(str(d))
+  assert (source.kind, source.tokenizer) == ("google", str(d / "vocab.txt"))
+  plan = config_checks.preflight(_config(d, data), str(tmp_path / "w"))
+  assert plan.config.model.hidden_size == 32 and plan.config.model.num_layers == 2
+  params, fresh = init_from.load(source)
+  assert fresh == []
+  _, want = google_ckpt.load_google(str(d))
+  np.testing.assert_array_equal(
+      params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+      want["bert"]["embeddings"]["word_embeddings"]["embedding"],
   )
 
 
