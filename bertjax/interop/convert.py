@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
 from etils import epath
@@ -250,25 +251,60 @@ def hf_tensor_names(cfg: BertConfig) -> set[str]:
   return {n for _, names, _, _ in _entries(cfg) for n in names}
 
 
-def _legacy_names(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+class LazyTensors(Mapping):
+  """The tensors of safetensors files, each read from its file when asked for: a checkpoint is
+  converted a tensor at a time, never held whole beside its converted copy."""
+
+  def __init__(self, where: dict[str, tuple[Any, str, str]]):
+    self._where = where  # name -> (an open safe_open handle, the name in its file, the file)
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    handle, key, file = self._where[name]
+    try:
+      return handle.get_tensor(key)
+    except Exception as e:  # a truncated file: its header promises more than it holds
+      raise ConversionError(f"{file}: not a readable safetensors file ({e})") from e
+
+  def __iter__(self):
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)
+
+  def renamed(self, fn: Callable[[str], str]) -> "LazyTensors":
+    return LazyTensors({fn(k): v for k, v in self._where.items()})
+
+
+def _rename(state: Mapping, fn: Callable[[str], str]) -> Mapping:
+  """`state` with every name passed through `fn`, without reading a lazy state's tensors."""
+  if isinstance(state, LazyTensors):
+    return state.renamed(fn)
+  return {fn(k): v for k, v in state.items()}
+
+
+def _legacy_name(k: str) -> str:
   """Old checkpoints name LayerNorm parameters gamma/beta."""
-  out = {}
-  for k, v in state.items():
-    if ".LayerNorm." in k:
-      k = k.replace(".gamma", ".weight").replace(".beta", ".bias")
-    out[k] = v
-  return out
+  if ".LayerNorm." in k:
+    return k.replace(".gamma", ".weight").replace(".beta", ".bias")
+  return k
+
+
+def _legacy_names(state: Mapping) -> Mapping:
+  return _rename(state, _legacy_name)
 
 
 def hf_to_params(
-    state: dict[str, np.ndarray],
+    state: Mapping[str, np.ndarray],
     cfg: BertConfig,
     source: str = "checkpoint",
     fresh: list[str] | None = None,
+    place: Callable[[tuple[str, ...], np.ndarray], Any] | None = None,
 ) -> Params:
   """A bertjax `BertForPreTraining` parameter tree (unscanned) from HF tensors (numpy):
   `BertForPreTraining`'s (or `BertForMaskedLM`'s, `BertModel`'s), or `ModernBertForMaskedLM`'s
-  for a ModernBERT-shaped config. Heads the checkpoint has none of start fresh
+  for a ModernBERT-shaped config. `place(path, array)`, when given, turns each parameter into
+  what the tree holds as soon as it is converted (a device array on its sharding), so a lazy
+  `state` is never in host memory whole. Heads the checkpoint has none of start fresh
   (`_fresh_heads`); their names are appended to `fresh` when given."""
   arch = hf_architecture(cfg)
   modern = arch == "modernbert"
@@ -278,12 +314,12 @@ def hf_to_params(
     if f"{enc}.embeddings.word_embeddings.weight" not in state and any(
         k.startswith("embeddings.") for k in state
     ):  # a bare encoder (BertModel, RobertaModel) saves its tensors without the prefix
-      state = {
-          (f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k): v
-          for k, v in state.items()
-      }
+      state = _rename(
+          state, lambda k: f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k
+      )
+  defaults = {}
   if modern and "decoder.bias" not in state:  # decoder_bias=False: a zero bias is the same
-    state = dict(state, **{"decoder.bias": np.zeros(cfg.vocab_size, np.float32)})
+    defaults["decoder.bias"] = np.zeros(cfg.vocab_size, np.float32)
   params: Params = {}
   used = set()
   absent = set()  # parameter paths of the heads the checkpoint has none of
@@ -297,7 +333,7 @@ def hf_to_params(
   for path, names, to_ours, _ in _entries(cfg):
     if any(path[: len(p)] == p for p in absent):
       continue
-    missing = [nm for nm in names if nm not in state]
+    missing = [nm for nm in names if nm not in state and nm not in defaults]
     if missing:
       kind = {
           "modernbert": "ModernBertForMaskedLM",
@@ -307,11 +343,14 @@ def hf_to_params(
       raise ConversionError(
           f"{source}: tensor {missing[0]!r} is missing (is this a {kind} checkpoint?)"
       )
-    value = np.asarray(to_ours(*[np.asarray(state[nm], np.float32) for nm in names]))
+    tensors = [state[nm] if nm in state else defaults[nm] for nm in names]
+    value = np.asarray(to_ours(*[np.asarray(t, np.float32) for t in tensors]))
+    del tensors
     node = params
     for key in path[:-1]:
       node = node.setdefault(key, {})
-    node[path[-1]] = value
+    node[path[-1]] = place(path, value) if place else value
+    del value
     used.update(names)
   if modern:
     absent = {("bert", "pooler"), ("nsp",)}
@@ -390,27 +429,34 @@ def _check_shapes(params: Params, cfg: BertConfig, source: str) -> None:
 # ------------------------------------------------------------------------------------ loading
 
 
-def read_hf_state(path: str | epath.Path) -> dict[str, np.ndarray]:
-  """Tensors of a HF model directory: model.safetensors (preferred) or pytorch_model.bin. Any
+def read_hf_state(path: str | epath.Path) -> Mapping[str, np.ndarray]:
+  """Tensors of a HF model directory: model.safetensors (or its shards; preferred) or
+  pytorch_model.bin. Local safetensors are read a tensor at a time (`LazyTensors`); any other
   scheme: safetensors and torch read a local copy of a remote file."""
   path = fs.path(path)
   st = path / "model.safetensors"
-  if st.exists():
-    from safetensors.numpy import load_file  # the `interop` extra, only for HF files
+  files = [st] if st.exists() else sorted(path.glob("model-*.safetensors"))
+  if files and all(fs.is_local(f) for f in files):  # read a tensor at a time, when asked for
+    from safetensors import safe_open  # the `interop` extra, only for HF files
 
-    with fs.local_copy(st) as local:
+    where = {}
+    for f in files:
       try:
-        return load_file(local)
+        handle = safe_open(os.fspath(f), framework="numpy")
+        where.update((k, (handle, k, str(f))) for k in handle.keys())
       except Exception as e:  # a truncated or foreign file
-        raise ConversionError(f"{st}: not a readable safetensors file ({e})") from e
-  shards = sorted(path.glob("model-*.safetensors"))
-  if shards:
+        raise ConversionError(f"{f}: not a readable safetensors file ({e})") from e
+    return LazyTensors(where)
+  if files:
     from safetensors.numpy import load_file  # the `interop` extra, only for HF files
 
     state = {}
-    for shard in shards:
-      with fs.local_copy(shard) as local:
-        state.update(load_file(local))
+    for f in files:  # a remote file: a local copy, read whole
+      with fs.local_copy(f) as local:
+        try:
+          state.update(load_file(local))
+        except Exception as e:  # a truncated or foreign file
+          raise ConversionError(f"{f}: not a readable safetensors file ({e})") from e
     return state
   binary = path / "pytorch_model.bin"
   if binary.exists():
@@ -429,7 +475,11 @@ def read_hf_state(path: str | epath.Path) -> dict[str, np.ndarray]:
 
 
 def load_hf(
-    path: str | epath.Path, *, fresh: list[str] | None = None, **config_overrides
+    path: str | epath.Path,
+    *,
+    fresh: list[str] | None = None,
+    place: Callable[[tuple[str, ...], np.ndarray], Any] | None = None,
+    **config_overrides,
 ) -> tuple[BertConfig, Params]:
   """Read a Hugging Face `BertForPreTraining`, `BertForMaskedLM`, `BertModel`,
   `RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, `RobertaModel` or `ModernBertForMaskedLM`
@@ -439,7 +489,8 @@ def load_hf(
   Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`;
   heads the directory lacks (ModernBERT's pooler and NSP head, a `BertForMaskedLM`'s pooler and
   NSP head, a `BertModel`'s MLM and NSP heads) start fresh (`_fresh_heads`) and are named in
-  `fresh` when a list is given.
+  `fresh` when a list is given. `place`: as `hf_to_params`' (each parameter placed as it is
+  read; with model.safetensors, the checkpoint is read a tensor at a time).
   """
   path = fs.path(path)
   cfg_file = path / "config.json"
@@ -456,7 +507,8 @@ def load_hf(
     cfg = config_from_roberta(hf_cfg, str(cfg_file), **config_overrides)
   else:
     cfg = config_from_hf(hf_cfg, **config_overrides)
-  return cfg, hf_to_params(read_hf_state(path), cfg, source=str(path), fresh=fresh)
+  state = read_hf_state(path)
+  return cfg, hf_to_params(state, cfg, source=str(path), fresh=fresh, place=place)
 
 
 def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:

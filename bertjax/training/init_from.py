@@ -126,14 +126,16 @@ def _hf_config(d, raw: dict):
   return hf_config.config_from_hf(raw), model_type
 
 
-def load(source: Source) -> tuple[dict, list[str]]:
-  """The checkpoint's unscanned parameters (host numpy) and the heads that start fresh."""
+def load(source: Source, place=None) -> tuple[dict, list[str]]:
+  """The checkpoint's unscanned parameters and the heads that start fresh. `place(path, array)`
+  (a transformers directory): each parameter placed as soon as it is read, so the checkpoint
+  is never whole in host memory beside its placed copy; otherwise host numpy arrays."""
   from bertjax.interop import convert, google_ckpt
   from bertjax.training import checkpoint
 
   fresh: list[str] = []
   if source.kind == "transformers":
-    _, params = convert.load_hf(source.path, fresh=fresh)
+    _, params = convert.load_hf(source.path, fresh=fresh, place=place)
   elif source.kind == "google":
     _, params = google_ckpt.load_google(source.path)
   else:

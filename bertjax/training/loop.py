@@ -155,10 +155,18 @@ def _init_from(
       setup.bert_config,
       path,
   )
-  params, fresh = init_from_lib.load(source)
+  place = None
+  if not setup.bert_config.scan_layers:  # each tensor onto its shards as soon as it is read
+    where = {
+        tuple(k.key for k in path): sharding
+        for path, sharding in jax.tree_util.tree_leaves_with_path(setup.state_shardings.params)
+    }
+    place = lambda path, x: jax.device_put(x, where[path])
+  params, fresh = init_from_lib.load(source, place)
   if setup.bert_config.scan_layers:
     params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
-  params = jax.device_put(jax.tree.map(np.asarray, params), setup.state_shardings.params)
+  host = lambda x: x if isinstance(x, jax.Array) else np.asarray(x)  # placed ones stay placed
+  params = jax.device_put(jax.tree.map(host, params), setup.state_shardings.params)
   return state.replace(params=params), fresh
 
 
