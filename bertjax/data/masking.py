@@ -53,6 +53,9 @@ class MaskSpec:
   random_token_prob: float = 0.1  # replaced by a random non-special token; rest unchanged
   whole_word: bool = False
   word_start: np.ndarray | None = None  # bool[vocab]: piece starts a word ("▁x" / not "##x")
+  # The documents carry a segmenter's words (segment.py): whole_word masks those, not the
+  # tokenizer's, and the builder passes mask_batch which tokens continue a word.
+  segmented: bool = False
   # The tokenizer's special ids (SentencePiece: the constants; WordPiece: from its vocab).
   pad_id: int = PAD_ID
   cls_id: int = CLS_ID
@@ -68,14 +71,18 @@ def replacement_ids(vocab_size: int, special_ids: dict[str, int]) -> np.ndarray:
 
 
 def mask_batch(
-    input_ids_BxL: np.ndarray, keys_B: np.ndarray, spec: MaskSpec
+    input_ids_BxL: np.ndarray,
+    keys_B: np.ndarray,
+    spec: MaskSpec,
+    continues_BxL: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
   """Chooses and applies MLM masks; returns input_ids, masked_positions/ids/weights.
 
   As google-research/bert: n = min(P, max(1, round(tokens * mask_prob))) tokens (or whole
   words), where tokens counts [CLS] and [SEP]s but not padding, are chosen among the
   non-special ones in a random order of words; a word that would overflow n ends the choice,
-  so whole-word masking can choose slightly fewer.
+  so whole-word masking can choose slightly fewer. `continues_BxL` (whole-word only): the
+  tokens that continue a segmenter's word, instead of the tokenizer's word starts.
   """
   B, L = input_ids_BxL.shape
   ids = input_ids_BxL
@@ -89,7 +96,8 @@ def mask_batch(
   row_keys = keys_B.astype(np.uint64)[:, None]
   # Word starts: every token, or (whole-word) word-start pieces and tokens after a special one.
   if spec.whole_word:
-    starts = spec.word_start[ids] | ~candidate | ~np.roll(candidate, 1, axis=1)
+    own = ~continues_BxL if continues_BxL is not None else spec.word_start[ids]
+    starts = own | ~candidate | ~np.roll(candidate, 1, axis=1)
     starts[:, 0] = True
   else:
     starts = np.ones_like(candidate)

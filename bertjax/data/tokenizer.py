@@ -149,6 +149,28 @@ class SentencePieceTokenizer:
   def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
     return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+    """`encode`'s ids and, for each, the index in `text` of the first character it covers
+    after its "▁" (a lone "▁" covers none: the character after it). Byte pieces of one
+    character share its index (word boundaries for a segmenter, segment.py)."""
+    proto = self._sp.encode(text, out_type="proto")
+    data = text.encode("utf-8")
+    # UTF-8 byte offset -> character index.
+    char_at = {}
+    b = 0
+    for i, ch in enumerate(text):
+      char_at[b] = i
+      b += len(ch.encode("utf-8"))
+    char_at[b] = len(text)
+    ids, offsets = [], []
+    for piece in proto.pieces:
+      begin = piece.begin
+      while begin < piece.end and data[begin : begin + 1].isspace():
+        begin += 1  # the whitespace "▁" stands for belongs to no word
+      ids.append(piece.id)
+      offsets.append(char_at.get(begin, char_at.get(piece.begin, 0)))
+    return ids, offsets
+
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
 
