@@ -110,12 +110,14 @@ def process(task: corpus.Task) -> Result:
   for doc, doc_words in zip(out_docs, out_words):
     word_lengths = None if words is None else [n for w in doc_words for n in w]
     payload = records.encode_document(doc, word_lengths)
+    # The split by the tokens alone: the same documents are held out with a segmenter or not.
+    tokens_only = payload if word_lengths is None else records.encode_document(doc)
     encoded.append(
         (
             records.frame_record(payload),
             len(doc),
             sum(len(s) for s in doc),
-            is_eval(payload, cfg.eval_fraction),
+            is_eval(tokens_only, cfg.eval_fraction),
         )
     )
   return Result(
