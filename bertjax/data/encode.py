@@ -109,9 +109,9 @@ def process(task: corpus.Task) -> Result:
   encoded = []
   for doc, doc_words in zip(out_docs, out_words):
     word_lengths = None if words is None else [n for w in doc_words for n in w]
-    payload = records.encode_document(doc, word_lengths)
     # The split by the tokens alone: the same documents are held out with a segmenter or not.
-    tokens_only = payload if word_lengths is None else records.encode_document(doc)
+    tokens_only = records.encode_document(doc)
+    payload = tokens_only if word_lengths is None else records.encode_document(doc, word_lengths)
     encoded.append(
         (
             records.frame_record(payload),
