@@ -109,9 +109,10 @@ def process(task: corpus.Task) -> Result:
   encoded = []
   for doc, doc_words in zip(out_docs, out_words):
     word_lengths = None if words is None else [n for w in doc_words for n in w]
-    # The split by the tokens alone: the same documents are held out with a segmenter or not.
-    tokens_only = records.encode_document(doc)
-    payload = tokens_only if word_lengths is None else records.encode_document(doc, word_lengths)
+    if word_lengths is None:
+      payload = tokens_only = records.encode_document(doc)
+    else:  # held out by the tokens alone: the same documents as without a segmenter
+      tokens_only, payload = records.encode_document_with_words(doc, word_lengths)
     encoded.append(
         (
             records.frame_record(payload),

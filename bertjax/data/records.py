@@ -105,14 +105,24 @@ def _int64_feature(name: str, values: np.ndarray) -> bytes:
   return _field(1, _field(1, name.encode()) + _field(2, _field(3, int64_list)))
 
 
-def encode_document(sentences: list[list[int]], word_lengths: list[int] | None = None) -> bytes:
+def encode_document(sentences: list[list[int]]) -> bytes:
   """A serialized tf.train.Example, encoded without TensorFlow (prepare never imports it)."""
+  return _field(1, _token_features(sentences))
+
+
+def _token_features(sentences: list[list[int]]) -> bytes:
   flat = np.fromiter((t for s in sentences for t in s), np.int64)
   lengths = np.array([len(s) for s in sentences], np.int64)
-  features = _int64_feature("token_ids", flat) + _int64_feature("sentence_lengths", lengths)
-  if word_lengths is not None:
-    features += _int64_feature("word_lengths", np.asarray(word_lengths, np.int64))
-  return _field(1, features)
+  return _int64_feature("token_ids", flat) + _int64_feature("sentence_lengths", lengths)
+
+
+def encode_document_with_words(
+    sentences: list[list[int]], word_lengths: list[int]
+) -> tuple[bytes, bytes]:
+  """(`encode_document(sentences)`, the same record with `word_lengths` too)."""
+  tokens = _token_features(sentences)
+  words = _int64_feature("word_lengths", np.asarray(word_lengths, np.int64))
+  return _field(1, tokens), _field(1, tokens + words)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

@@ -60,25 +60,23 @@ def word_starts(segmenter, text: str) -> set[int]:
   return {start for _, start, _ in segmenter.tokenize(text)}
 
 
-def token_starts(offsets: list[int], starts: set[int]) -> np.ndarray:
-  """bool per token: it begins a word. `offsets` are `encode_with_offsets`' (the character
-  each token begins with); a token at the same character as the one before continues it."""
-  flags = np.zeros(len(offsets), bool)
-  previous = None
-  for i, offset in enumerate(offsets):
-    flags[i] = i == 0 or (offset != previous and offset in starts)
-    previous = offset
-  return flags
-
-
 def encode_words(tok, segmenter, text: str) -> tuple[list[int], list[int]]:
-  """(token ids of `text`, tokens per word), the word lengths summing to the ids' count."""
+  """(token ids of `text`, tokens per word), the word lengths summing to the ids' count.
+
+  `tok.encode_with_offsets` gives the character each token begins with: a token begins a
+  word when that character begins a segmenter word and the token before began elsewhere (the
+  "##" pieces of a word and the byte pieces of a character share their character)."""
   ids, offsets = tok.encode_with_offsets(text)
-  if not ids:
-    return ids, []
-  flags = token_starts(offsets, word_starts(segmenter, text))
-  bounds = np.append(np.flatnonzero(flags), len(ids))
-  return ids, np.diff(bounds).tolist()
+  starts = word_starts(segmenter, text) if ids else set()
+  lengths: list[int] = []
+  previous = None
+  for offset in offsets:
+    if not lengths or (offset != previous and offset in starts):
+      lengths.append(1)
+    else:
+      lengths[-1] += 1
+    previous = offset
+  return ids, lengths
 
 
 def encoder(tok, name: str) -> Callable[[str], tuple[list[int], list[int]]]:
