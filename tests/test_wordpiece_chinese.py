@@ -134,6 +134,11 @@ def test_ids_equal_transformers_bert_tokenizer_on_mixed_text(trained, data):
   ours = tok.encode(text)
   assert ours == fast.encode(text, add_special_tokens=False), (text, tok.tokenize(text))
   assert ours == slow.encode(text, add_special_tokens=False), (text, tok.tokenize(text))
+  # The offsets a word segmenter aligns with (segment.py): the same ids, each at a character
+  # its word begins with, in order.
+  ids, offsets = tok.encode_with_offsets(text)
+  assert ids == ours and offsets == sorted(offsets) and len(offsets) == len(ids)
+  assert all(0 <= o < len(text) for o in offsets)
 
 
 def test_the_mixed_texts_exercise_every_rule(trained):
