@@ -11,9 +11,10 @@ a segmenter word joins that word to the next, so a word of tokens is then a run 
 segmenter words. The stream masks these words whole (`InputConfig.whole_word_mask`), the same
 way with any tokenizer, packed or not, in its worker processes too.
 
-Segmenters: `jieba` (PyPI `jieba`, its default dictionary and HMM for unknown words: the
-segmenter Cui et al.'s Chinese-BERT-wwm comparisons list beside LTP, and the one that installs
-everywhere as pure Python).
+Segmenters: `jieba` (PyPI `jieba`, its default dictionary and HMM for unknown words), pure
+Python with its dictionary in the package, so it installs and runs anywhere with nothing to
+download. Chinese-BERT-wwm (Cui et al.) segmented with LTP, whose models are downloaded
+separately; LTP and pkuseg are not offered here.
 """
 
 from __future__ import annotations
