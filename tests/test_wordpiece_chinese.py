@@ -3,7 +3,8 @@ every CJK ideograph its own entry, and `WordPieceTokenizer` gives transformers' 
 mixed text generated here (hypothesis) from character classes: ideographs (in the vocab and
 not, the extension blocks too), Latin words, accents, digits, full-width forms and punctuation,
 ASCII punctuation, kana, emoji (with skin tones, variation selectors and ZWJ sequences),
-control and format characters, and whitespace of several kinds.
+control and format characters, and whitespace of several kinds. The tf.data op
+(`wordpiece_tf_tokenize`) gives the same ids on them.
 
 Two classes are left out on purpose, where this tokenizer follows google-research/bert and
 transformers does not (wordpiece.py's docstring): private-use characters, which transformers
@@ -182,3 +183,24 @@ def test_cli_train_and_its_errors(corpus, tmp_path, capsys):
   assert wordpiece.WordPieceTokenizer(out / "vocab.txt").vocab_size == size - 5
   assert cli.main(["tokenizer", "train", "--input", str(corpus), "--output", "x", "--cased"]) == 2
   assert "--cased: a WordPiece option" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # imports TensorFlow
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_tf_data_op_gives_the_same_ids(trained, data):
+  tf = pytest.importorskip("tensorflow")
+  pytest.importorskip("tensorflow_text")
+  out, tok, _, _, pieces = trained
+  op = _tf_op(out / "vocab.txt", tok.lower_case)
+  text = data.draw(_mixed_text(pieces), label="text")
+  assert op(tf.constant(text)).numpy().tolist() == tok.encode(text), tok.tokenize(text)
+
+
+_TF_OPS = {}
+
+
+def _tf_op(path, lower_case):
+  if (path, lower_case) not in _TF_OPS:
+    _TF_OPS[path, lower_case] = wordpiece.wordpiece_tf_tokenize(path, lower_case)
+  return _TF_OPS[path, lower_case]
