@@ -266,3 +266,19 @@ def test_the_flag_and_its_errors(corpus, tmp_path, capsys, monkeypatch):
     prepare_lib.check_config(
         prepare_lib.PrepareConfig(output="o", tokenizer="t", inputs=("a",), word_segmenter="x")
     )
+
+
+def test_the_pretrain_config_turns_it_on(prepared):
+  from bertjax.training import loop, phases
+  from experiments import pretrain as pretrain_exp
+
+  c = pretrain_exp.get_config("tiny")
+  c.data.path, c.data.workers = prepared["wordpiece"], 1  # in this process
+  assert c.data.whole_word_mask is False and c.eval.whole_word_mask is None
+  c.data.whole_word_mask = True  # --config.data.whole_word_mask=true
+  for split, whole in (("train", True), ("eval", True)):
+    spec = loop.make_stream(c, phases.phases(c)[0], None, split=split).builder.spec
+    assert (spec.whole_word, spec.segmented) == (whole, whole), split
+  c.eval.whole_word_mask = False  # the held-out stream scored on single tokens
+  spec = loop.make_stream(c, phases.phases(c)[0], None, split="eval").builder.spec
+  assert (spec.whole_word, spec.segmented) == (False, False)
