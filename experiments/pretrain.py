@@ -132,6 +132,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.max_predictions_per_seq = 20  # masked positions per example (0.15 * 128, rounded)
   c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)
   c.data.mask_prob = 0.15  # share of tokens chosen for MLM
+  # Mask every piece of a word together; on data prepared with `--word-segmenter`, every token
+  # of a segmenter's word (Chinese whole-word masking: docs/data.md)
+  c.data.whole_word_mask = False
   c.data.prefetch = 2  # batches transferred ahead of the step
   c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
   # packed rows: at most this many examples (NSP labels) each; 0: measured on the corpus
@@ -219,6 +222,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval.pair_mode = ml_collections.FieldReference(None, field_type=str)  # nsp | sop | none
   c.eval.packing = ml_collections.FieldReference(None, field_type=bool)  # several per row
   c.eval.seed = ml_collections.FieldReference(None, field_type=int)  # held-out order, masks
+  # whole words or single tokens on the held-out stream (None: config.data.whole_word_mask)
+  c.eval.whole_word_mask = ml_collections.FieldReference(None, field_type=bool)
 
   c.log_every_steps = 50 if not paper else 100  # progress line / metrics.jsonl interval
   c.tensorboard = True  # also write TensorBoard event files (needs TensorFlow)

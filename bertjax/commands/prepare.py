@@ -11,6 +11,8 @@
         --worker-index $K --num-workers 8      # on each of 8 machines
     bertjax prepare --input 'wiki/*.txt' --tokenizer bert-base-uncased/vocab.txt \
         --output runs/wiki-wp                  # a WordPiece vocab.txt works as well
+    bertjax prepare --input 'zh/*.txt' --tokenizer zh-vocab/vocab.txt --output runs/zh \
+        --word-segmenter jieba                 # whole-word masking of Chinese words
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from bertjax import errors
 from bertjax.commands import args as args_lib
 from bertjax.commands.args import ArgumentParser, nonneg_int, open_fraction, positive_int
-from bertjax.data import formats, prepare as prepare_lib
+from bertjax.data import formats, prepare as prepare_lib, segment
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
       action="store_true",
       help="replace prepared data already in --output (else an error)",
   )
+  p.add_argument(
+      "--word-segmenter",
+      choices=segment.SEGMENTERS,
+      default=None,
+      help="segment each sentence into words (Chinese) and store the words beside the tokens, "
+      "so that --config.data.whole_word_mask=true masks every token of a word together "
+      "(default: none; needs the package of that name)",
+  )
   return p
 
 
@@ -138,6 +148,7 @@ def main(argv: list[str]) -> int:
       progress=not args.no_progress,
       overwrite=args.overwrite,
       seed=args.seed,
+      word_segmenter=args.word_segmenter,
   )
   try:
     meta = prepare_lib.prepare(cfg)

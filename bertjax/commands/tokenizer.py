@@ -1,6 +1,7 @@
-"""`bertjax tokenizer`: train or inspect a SentencePiece tokenizer with BERT's special tokens.
+"""`bertjax tokenizer`: train or inspect a tokenizer with BERT's special tokens.
 
 bertjax tokenizer train --input data/austen.txt --vocab-size 8000 --output data/tokenizer
+bertjax tokenizer train --kind wordpiece --input 'zh/*.txt' --output zh-vocab  # zh-vocab/vocab.txt
 bertjax tokenizer encode --tokenizer data/tokenizer.model "It is a truth universally acknowledged"
 bertjax tokenizer info --tokenizer data/tokenizer.model
 """
@@ -24,6 +25,7 @@ _FLAGS = {
     "TrainOptions.character_coverage": "--character-coverage",
     "TrainOptions.model_type=": "--model-type ",
     "output_prefix": "--output",
+    "output_dir": "--output",
     "overwrite=True": "--overwrite",
 }
 
@@ -42,7 +44,9 @@ def _add_tokenizer(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
   p = ArgumentParser(prog="bertjax tokenizer", description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="action", required=True)
-  t = sub.add_parser("train", help="train PREFIX.model + PREFIX.vocab")
+  t = sub.add_parser(
+      "train", help="train PREFIX.model + PREFIX.vocab, or (--kind wordpiece) DIR/vocab.txt"
+  )
   t.add_argument(
       "--input",
       nargs="+",
@@ -58,8 +62,26 @@ def _parser() -> argparse.ArgumentParser:
       f"an error giving the most it does (default: {tokenizer_lib.DEFAULT_VOCAB_SIZE}, or "
       "the most the corpus supports if fewer; printed)",
   )
-  t.add_argument("--output", required=True, metavar="PREFIX")
-  t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+  t.add_argument(
+      "--kind",
+      choices=("sentencepiece", "wordpiece"),
+      default="sentencepiece",
+      help="sentencepiece: PREFIX.model + PREFIX.vocab; wordpiece: a BERT vocab.txt (every "
+      "character of the corpus, hence every CJK ideograph, its own entry, as in "
+      "bert-base-chinese), written as PREFIX/vocab.txt with a tokenizer_config.json beside it",
+  )
+  t.add_argument(
+      "--output",
+      required=True,
+      metavar="PREFIX",
+      help="file-name prefix (sentencepiece) or directory (wordpiece)",
+  )
+  t.add_argument(
+      "--cased",
+      action="store_true",
+      help="wordpiece only: keep case and accents (default: uncased, as bert-base-chinese)",
+  )
+  t.add_argument("--model-type", choices=("unigram", "bpe"), default=None)
   t.add_argument(
       "--character-coverage",
       type=fraction,
@@ -86,10 +108,38 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _train_wordpiece(args: argparse.Namespace) -> None:
+  for flag, given in (
+      ("--model-type", args.model_type is not None),
+      ("--character-coverage", args.character_coverage is not None),
+      ("--no-byte-fallback", args.no_byte_fallback),
+  ):
+    if given:
+      raise errors.UsageError(
+          f"{flag}: a SentencePiece option; --kind wordpiece gives every character an entry — "
+          f"drop {flag}, or leave out --kind wordpiece"
+      )
+  try:
+    tok = tokenizer_lib.train_wordpiece(
+        args.input, args.output, args.vocab_size, not args.cased, args.overwrite
+    )
+  except errors.UserError as e:
+    raise reword(e, _FLAGS)
+  shown = f"{args.output.rstrip('/')}/vocab.txt"
+  print(f"wrote {shown}: vocab_size {tok.vocab_size}, sha256 {tok.sha256[:16]}")
+
+
 def _train(args: argparse.Namespace) -> None:
+  if args.kind == "wordpiece":
+    return _train_wordpiece(args)
+  if args.cased:
+    raise errors.UsageError(
+        "--cased: a WordPiece option (SentencePiece keeps case) — add --kind wordpiece, or drop "
+        "--cased"
+    )
   options = tokenizer_lib.TrainOptions(
       vocab_size=args.vocab_size,
-      model_type=args.model_type,
+      model_type=args.model_type or "unigram",
       character_coverage=args.character_coverage,
       byte_fallback=not args.no_byte_fallback,
   )

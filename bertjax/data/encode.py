@@ -16,7 +16,7 @@ import hashlib
 import multiprocessing
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from bertjax.data import corpus, records, text, tokenizer as tokenizer_lib, wordpiece
+from bertjax.data import corpus, records, segment, text, tokenizer as tokenizer_lib, wordpiece
 
 if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
   from bertjax.data.prepare import PrepareConfig
@@ -36,11 +36,16 @@ class Result:
 # Set once per process by `_init_worker`: the pool's processes load the tokenizer once.
 _TOKENIZER: "tokenizer_lib.Tokenizer | None" = None
 _CONFIG: "PrepareConfig | None" = None
+# With a word segmenter (segment.py): text -> (ids, tokens per word).
+_ENCODE_WORDS: Callable[[str], tuple[list[int], list[int]]] | None = None
 
 
 def _init_worker(cfg: "PrepareConfig") -> None:
-  global _TOKENIZER, _CONFIG
+  global _TOKENIZER, _CONFIG, _ENCODE_WORDS
   _TOKENIZER, _CONFIG = wordpiece.load_tokenizer(cfg.tokenizer), cfg
+  _ENCODE_WORDS = None
+  if cfg.word_segmenter:
+    _ENCODE_WORDS = segment.encoder(_TOKENIZER, cfg.word_segmenter)
 
 
 def is_eval(payload: bytes, fraction: float) -> bool:
@@ -80,29 +85,40 @@ def process(task: corpus.Task) -> Result:
   problems: list[text.Problem] = []
   docs = documents(task, cfg, problems)
   flat = [s for doc in docs for _, s in doc]
-  ids = iter(tok.encode_batch(flat))
-  out_docs = []
+  if _ENCODE_WORDS is None:
+    ids = iter(tok.encode_batch(flat))
+    words = None
+  else:  # each sentence segmented once, here: (ids, tokens per word)
+    ids, words = (iter(x) for x in zip(*map(_ENCODE_WORDS, flat))) if flat else (iter(()),) * 2
+  out_docs, out_words = [], []
   for doc in docs:
-    sentences = []
+    sentences, sentence_words = [], []
     for lineno, _ in doc:
       sentence_ids = next(ids)
+      lengths = next(words) if words is not None else None
       if sentence_ids:
         sentences.append(sentence_ids)
+        sentence_words.append(lengths)
       else:
         problems.append(text.Problem(lineno, text.NO_TOKENS))
     for start in range(0, len(sentences), cfg.max_doc_sentences):
       if start:
         problems.append(text.Problem(doc[0][0], text.LONG_DOCUMENT))
       out_docs.append(sentences[start : start + cfg.max_doc_sentences])
+      out_words.append(sentence_words[start : start + cfg.max_doc_sentences])
   encoded = []
-  for doc in out_docs:
-    payload = records.encode_document(doc)
+  for doc, doc_words in zip(out_docs, out_words):
+    word_lengths = None if words is None else [n for w in doc_words for n in w]
+    if word_lengths is None:
+      payload = tokens_only = records.encode_document(doc)
+    else:  # held out by the tokens alone: the same documents as without a segmenter
+      tokens_only, payload = records.encode_document_with_words(doc, word_lengths)
     encoded.append(
         (
             records.frame_record(payload),
             len(doc),
             sum(len(s) for s in doc),
-            is_eval(payload, cfg.eval_fraction),
+            is_eval(tokens_only, cfg.eval_fraction),
         )
     )
   return Result(

@@ -85,6 +85,14 @@ def preview(cfg: pretraining.InputConfig, n: int, split: str = "train") -> str:
   return "\n\n".join(rows)
 
 
+def _masked_runs(positions: np.ndarray, weights: np.ndarray, seq_len: int) -> int:
+  """Runs of consecutive masked positions in these rows (a run never crosses a row)."""
+  masked = np.zeros((len(positions), seq_len + 1), bool)
+  rows = np.broadcast_to(np.arange(len(positions))[:, None], positions.shape)
+  masked[rows[weights], positions[weights]] = True
+  return int((masked[:, 1:] & ~masked[:, :-1]).sum() + masked[:, 0].sum())
+
+
 def _two_segment_examples(b: dict[str, np.ndarray]) -> int:
   """Examples with a segment B (token type 1 somewhere), whether or not rows are packed."""
   if "segment_ids" not in b:
@@ -106,10 +114,14 @@ def stats(
       cfg, global_batch_size=batch_size, process_index=0, process_count=1, split=split
   )
   first = cfg.sources[0][1] if cfg.sources else cfg.path  # a mixture: one tokenizer for all
-  ids_of = records.special_ids(records.load_metadata(first))
+  meta = records.load_metadata(first)
+  ids_of = records.special_ids(meta)
   by_source = np.zeros(len(cfg.sources))
   pad_id, cls_id, sep_id, mask_id = (ids_of[k] for k in ("pad", "cls", "sep", "mask"))
-  names = "rows examples filled real masked mask_token random unchanged positive length segment_b"
+  names = (
+      "rows examples filled real masked spans mask_token random unchanged positive length "
+      "segment_b"
+  )
   c = dict.fromkeys(names.split(), 0)
   while c["examples"] < n:
     batch = next(stream)
@@ -128,6 +140,7 @@ def stats(
     c["filled"] += packing.real_token_fraction(b["attention_mask"]) * len(ids)
     c["real"] += int((~special).sum())
     c["masked"] += int(w.sum())
+    c["spans"] += _masked_runs(b["masked_positions"], w, ids.shape[1])
     c["mask_token"] += int((now == mask_id).sum())
     c["unchanged"] += int((now == orig).sum())
     c["random"] += int(((now != mask_id) & (now != orig)).sum())
@@ -143,6 +156,7 @@ def stats(
       "seq_len": cfg.seq_len,
       "pair_mode": cfg.pair_mode,
       "whole_word_mask": cfg.whole_word_mask,
+      "word_segmenter": (meta.get("word_segmenter") or {}).get("name"),
       "masked_fraction": c["masked"] / max(1, c["real"]),
       "mask_token_fraction": c["mask_token"] / m,
       "random_token_fraction": c["random"] / m,
@@ -150,6 +164,10 @@ def stats(
       "nsp_positive_fraction": c["positive"] / e,
       "mean_real_length": c["length"] / e,
       "mean_masked_per_example": c["masked"] / e,
+      # Masked tokens per run of consecutive masked positions: the words whole-word masking
+      # masks (two masked words side by side make one run, so character masking gives a
+      # little over 1).
+      "mean_masked_span_length": c["masked"] / max(1, c["spans"]),
       "two_segment_fraction": c["segment_b"] / e,
       "packing": cfg.packing,
       **({"max_examples_per_row": cfg.max_examples_per_row} if cfg.packing else {}),

@@ -53,6 +53,9 @@ class MaskSpec:
   random_token_prob: float = 0.1  # replaced by a random non-special token; rest unchanged
   whole_word: bool = False
   word_start: np.ndarray | None = None  # bool[vocab]: piece starts a word ("▁x" / not "##x")
+  # The documents carry a segmenter's words (segment.py): whole_word masks those, not the
+  # tokenizer's, and the builder passes mask_batch which tokens continue a word.
+  segmented: bool = False
   # The tokenizer's special ids (SentencePiece: the constants; WordPiece: from its vocab).
   pad_id: int = PAD_ID
   cls_id: int = CLS_ID
@@ -68,14 +71,21 @@ def replacement_ids(vocab_size: int, special_ids: dict[str, int]) -> np.ndarray:
 
 
 def mask_batch(
-    input_ids_BxL: np.ndarray, keys_B: np.ndarray, spec: MaskSpec
+    input_ids_BxL: np.ndarray,
+    keys_B: np.ndarray,
+    spec: MaskSpec,
+    continues_BxL: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
   """Chooses and applies MLM masks; returns input_ids, masked_positions/ids/weights.
 
   As google-research/bert: n = min(P, max(1, round(tokens * mask_prob))) tokens (or whole
   words), where tokens counts [CLS] and [SEP]s but not padding, are chosen among the
   non-special ones in a random order of words; a word that would overflow n ends the choice,
-  so whole-word masking can choose slightly fewer.
+  so whole-word masking can choose slightly fewer. `continues_BxL` (whole-word only): the
+  tokens that continue a segmenter's word, instead of the tokenizer's word starts; such words
+  (often of several tokens) are chosen as google-research/bert chooses whole words: one that
+  would overflow n is passed over and later, shorter ones still fill the rest, so the share
+  of masked tokens stays at mask_prob.
   """
   B, L = input_ids_BxL.shape
   ids = input_ids_BxL
@@ -89,7 +99,8 @@ def mask_batch(
   row_keys = keys_B.astype(np.uint64)[:, None]
   # Word starts: every token, or (whole-word) word-start pieces and tokens after a special one.
   if spec.whole_word:
-    starts = spec.word_start[ids] | ~candidate | ~np.roll(candidate, 1, axis=1)
+    own = ~continues_BxL if continues_BxL is not None else spec.word_start[ids]
+    starts = own | ~candidate | ~np.roll(candidate, 1, axis=1)
     starts[:, 0] = True
   else:
     starts = np.ones_like(candidate)
@@ -103,11 +114,39 @@ def mask_batch(
   sorted_start = np.take_along_axis(start_pos, order, axis=1)
   word_end = np.ones((B, L), bool)
   word_end[:, :-1] = sorted_start[:, 1:] != sorted_start[:, :-1]
-  end_count = np.minimum.accumulate(np.where(word_end, taken, L + 1)[:, ::-1], axis=1)[:, ::-1]
-  chosen_sorted = (end_count <= n_pred_B[:, None]) & np.take_along_axis(candidate, order, 1)
+  if continues_BxL is not None:
+    chosen_sorted = _fill_with_words(
+        sorted_start, np.take_along_axis(candidate, order, 1), n_pred_B
+    )
+  else:
+    end_count = np.minimum.accumulate(np.where(word_end, taken, L + 1)[:, ::-1], axis=1)[:, ::-1]
+    chosen_sorted = (end_count <= n_pred_B[:, None]) & np.take_along_axis(candidate, order, 1)
   chosen = np.zeros((B, L), bool)
   np.put_along_axis(chosen, order, chosen_sorted, axis=1)
   return _apply(ids, chosen, row_keys, pos_L, spec)
+
+
+def _fill_with_words(
+    sorted_start: np.ndarray, candidate_sorted: np.ndarray, n_pred_B: np.ndarray
+) -> np.ndarray:
+  """Chosen tokens, in the random order of words (`sorted_start`: each sorted token's word
+  start), taking every word that still fits in n and passing over those that do not."""
+  B, L = sorted_start.shape
+  new_word = np.ones((B, L), bool)
+  new_word[:, 1:] = sorted_start[:, 1:] != sorted_start[:, :-1]
+  word = np.cumsum(new_word, axis=1) - 1  # the word's rank in the random order
+  rows = np.broadcast_to(np.arange(B)[:, None], (B, L))
+  size = np.zeros((B, L), np.int64)
+  np.add.at(size, (rows, word), candidate_sorted)
+  take = np.zeros((B, L), bool)
+  have = np.zeros(B, np.int64)
+  for k in range(int(word.max(initial=0)) + 1):
+    if (have >= n_pred_B).all():
+      break
+    fits = (size[:, k] > 0) & (have + size[:, k] <= n_pred_B)
+    take[:, k] = fits
+    have += np.where(fits, size[:, k], 0)
+  return take[rows, word] & candidate_sorted
 
 
 def _apply(

@@ -47,7 +47,7 @@ from etils import epath
 from tqdm import tqdm
 
 from bertjax import errors
-from bertjax.data import corpus, encode, formats, problems, records, shuffle, wordpiece
+from bertjax.data import corpus, encode, formats, problems, records, segment, shuffle, wordpiece
 from bertjax.runtime import fs, outputs, workdir_lock
 
 # 2% of the documents: on the bundled corpus (273 chapters) ~5 chapters, ~18k tokens; on a
@@ -82,6 +82,9 @@ class PrepareConfig:
   seed: int = 0  # the document shuffle; the same seed gives the same shards
   overwrite: bool = False  # replace prepared data already in `output`
   shuffle_bytes: int = 256 << 20  # records shuffled in memory at a time (one pile)
+  # Segment every sentence into words (segment.py: "jieba") and store each document's word
+  # lengths beside its tokens, for whole-word masking of Chinese; None: no segmenter.
+  word_segmenter: str | None = None
 
 
 _POSITIVE_FIELDS = (
@@ -121,6 +124,7 @@ def check_config(cfg: PrepareConfig) -> None:
     )
   if not cfg.output:
     raise errors.ConfigError("PrepareConfig.output is empty — name the output directory")
+  segment.check_name(cfg.word_segmenter)
   if cfg.input_format not in formats.FORMATS:
     raise errors.ConfigError(
         f"PrepareConfig.input_format={cfg.input_format!r}: valid options are "
@@ -304,6 +308,8 @@ def prepare(cfg: PrepareConfig) -> dict:
   """
   check_config(cfg)
   tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
+  if cfg.word_segmenter:
+    segment.load(cfg.word_segmenter)  # fail early when it is not installed
   tasks = corpus.Tasks(cfg)
   out = fs.path(cfg.output)
   created = _check_output(cfg, out)
@@ -413,6 +419,16 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
       "shards": writers.shards,
       "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
       **({"text_field": cfg.text_field} if tasks.record_files else {}),
+      **(
+          {
+              "word_segmenter": {
+                  "name": cfg.word_segmenter,
+                  "version": segment.version(cfg.word_segmenter),
+              }
+          }
+          if cfg.word_segmenter
+          else {}
+      ),
       "eval_fraction": cfg.eval_fraction,
       "shuffle_seed": cfg.seed,
       "worker_index": cfg.worker_index,

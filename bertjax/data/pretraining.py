@@ -59,6 +59,7 @@ from bertjax.data import (
     masking,
     packing as packing_lib,
     records,
+    segment,
     synthetic,
     tf_reader,
     wordpiece,
@@ -92,7 +93,9 @@ class InputConfig:
   pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
   mask_prob: float = 0.15  # predictions per token ([CLS]/[SEP] counted, as google's)
   short_seq_prob: float = 0.1  # share of examples with a random shorter target length
-  whole_word_mask: bool = False  # mask all pieces of a word together ("▁x" / not "##x")
+  # Mask all pieces of a word together ("▁x" / not "##x"), or all tokens of a segmenter's word
+  # in data prepared with `--word-segmenter` (segment.py).
+  whole_word_mask: bool = False
   seed: int = 0  # the same seed gives the same stream
   vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
   shuffle_buffer: int = 1024  # documents whose instances are shuffled together
@@ -314,6 +317,8 @@ class BlockBuilder:
       one_block_reads: bool = False,
   ):
     self.cfg, self.spec, self.shards, self.reader = cfg, spec, shards, reader
+    # Documents with a segmenter's words, masked whole: continuing tokens are read as ~id.
+    self.words = spec is not None and spec.whole_word and spec.segmented
     # Several hosts take blocks in turns: a reader opened at a block reads that block only.
     self.one_block_reads = one_block_reads
     self.pairs = instances_lib.PairSpec(cfg.seq_len, cfg.pair_mode, cfg.short_seq_prob)
@@ -338,7 +343,7 @@ class BlockBuilder:
           first_doc -= shard["documents"]
           continue
         for record, doc in enumerate(
-            records.read_documents(shard["path"], first_doc), start=first_doc
+            records.read_documents(shard["path"], first_doc, self.words), start=first_doc
         ):
           block.append((shard["id"], record, doc))
           if len(block) == self.cfg.shuffle_buffer:
@@ -368,6 +373,7 @@ class BlockBuilder:
           self.cfg.shuffle_buffer,
           num_epochs,
           num_blocks,
+          self.words,
       )
     return self._python_blocks(epoch, first_doc)
 
@@ -446,9 +452,12 @@ class BlockBuilder:
         np.array(x, np.int64).reshape(-1)
         for x in zip(*[(e, s, r, inst.index) for e, s, r, inst in picked])
     )
+    continues = None
+    if self.words:
+      ids, continues = segment.unmark(ids)
     # The masking key: (seed, epoch, document identity, instance number) and nothing else.
     keys = masking.key(self.cfg.seed, epoch_B, shard_B, record_B, index_B)
-    masked = masking.mask_batch(ids, keys, self.spec)
+    masked = masking.mask_batch(ids, keys, self.spec, continues)
     return {
         **masked,
         "attention_mask": (ids != self.spec.pad_id).astype(np.int32),
@@ -462,6 +471,7 @@ def _mask_spec(
     vocab_size: int,
     word_start: np.ndarray | None,
     special: dict[str, int] | None = None,
+    segmented: bool = False,
 ) -> masking.MaskSpec:
   """special: the tokenizer's {pad, unk, cls, sep, mask} ids; None: the module constants."""
   ids = {}
@@ -476,6 +486,7 @@ def _mask_spec(
       random_token_prob=cfg.random_token_prob,
       whole_word=cfg.whole_word_mask,
       word_start=word_start,
+      segmented=segmented,
       **ids,
   )
 
@@ -571,6 +582,8 @@ def make_stream(
     tok = wordpiece.load_tokenizer(fs.path(cfg.path) / meta["tokenizer"]["file"])
     word_start = np.array(tok.word_start_table(), bool)
 
-  spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta))
+  # Data prepared with a word segmenter: whole-word masking masks its words.
+  segmented = cfg.whole_word_mask and bool(meta.get("word_segmenter"))
+  spec = _mask_spec(cfg, vocab_size, word_start, records.special_ids(meta), segmented)
   builder = BlockBuilder(cfg, spec, shards, _reader(cfg), one_block_reads=process_count > 1)
   return PreparedStream(cfg, builder, rows, fingerprint, state)

@@ -3,6 +3,10 @@
 One record = one document, a `tf.train.Example` with two int64 lists:
     token_ids         the document's tokens, all sentences concatenated
     sentence_lengths  tokens per sentence (sums to len(token_ids))
+and, in data prepared with a word segmenter (`prepare --word-segmenter`, segment.py), a third:
+    word_lengths      tokens per segmented word (sums to len(token_ids))
+which readers ignore unless asked for it (`words=True`), so a reader of the two lists reads
+both kinds of data, and data prepared before it is read as before.
 Shards are `train-00003-of-00016.tfrecord` and `eval-00000-of-00001.tfrecord`. With
 `prepare --num-workers W`, worker k writes its own shards (global index k*N + i of W*N) and
 `metadata-0000k-of-0000W.json`; `load_metadata` merges them, so hosts can prepare in parallel.
@@ -98,10 +102,22 @@ def _int64_feature(name: str, values: np.ndarray) -> bytes:
 
 def encode_document(sentences: list[list[int]]) -> bytes:
   """A serialized tf.train.Example, encoded without TensorFlow (prepare never imports it)."""
+  return _field(1, _token_features(sentences))
+
+
+def _token_features(sentences: list[list[int]]) -> bytes:
   flat = np.fromiter((t for s in sentences for t in s), np.int64)
   lengths = np.array([len(s) for s in sentences], np.int64)
-  features = _int64_feature("token_ids", flat) + _int64_feature("sentence_lengths", lengths)
-  return _field(1, features)
+  return _int64_feature("token_ids", flat) + _int64_feature("sentence_lengths", lengths)
+
+
+def encode_document_with_words(
+    sentences: list[list[int]], word_lengths: list[int]
+) -> tuple[bytes, bytes]:
+  """(`encode_document(sentences)`, the same record with `word_lengths` too)."""
+  tokens = _token_features(sentences)
+  words = _int64_feature("word_lengths", np.asarray(word_lengths, np.int64))
+  return _field(1, tokens), _field(1, tokens + words)
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -145,8 +161,10 @@ def _decode_varints(buf: memoryview) -> np.ndarray:
   return np.bitwise_or.reduceat(parts, starts).astype(np.int64)
 
 
-def decode_document(payload: bytes) -> list[np.ndarray]:
-  """A serialized tf.train.Example of `encode_document` -> int32 sentence arrays."""
+def decode_document(payload: bytes, words: bool = False) -> list[np.ndarray]:
+  """A serialized tf.train.Example of `encode_document` -> int32 sentence arrays. `words`:
+  tokens that continue a segmented word come as ~id (segment.mark), when the record has
+  word_lengths."""
   features = {}
   for number, _, features_msg in _fields(memoryview(payload)):
     if number != 1:
@@ -166,6 +184,10 @@ def decode_document(payload: bytes) -> list[np.ndarray]:
               values = np.concatenate(chunks) if chunks else values
       features[key] = values
   tokens = features["token_ids"].astype(np.int32)
+  if words and "word_lengths" in features:
+    from bertjax.data import segment
+
+    tokens = segment.mark(tokens, segment.continuation_flags(features["word_lengths"], len(tokens)))
   return np.split(tokens, np.cumsum(features["sentence_lengths"])[:-1])
 
 
@@ -195,15 +217,16 @@ def read_records(path: str, start: int = 0) -> Iterator[bytes]:
       index += 1
 
 
-def read_documents(path: str, start: int = 0) -> Iterator[list[np.ndarray]]:
+def read_documents(path: str, start: int = 0, words: bool = False) -> Iterator[list[np.ndarray]]:
   """Documents of one shard from record `start` on, each a list of int32 sentence arrays.
 
   The plain-Python reader: the stream's reader without TensorFlow (or with
   `InputConfig.reader="python"`), and the reference that tf_reader.py is tested against.
-  The data CRCs are not checked (tf.data checks them), the lengths are.
+  The data CRCs are not checked (tf.data checks them), the lengths are. `words`: as
+  `decode_document`.
   """
   for payload in read_records(path, start):
-    yield decode_document(payload)
+    yield decode_document(payload, words)
 
 
 def write_metadata(

@@ -51,14 +51,24 @@ def available() -> bool:
   return True
 
 
-def _parse_block(epoch, shard_B, record_B, serialized_B):
+def _parse_block(epoch, shard_B, record_B, serialized_B, words=False):
   tf = _tf()
   spec = {
       "token_ids": tf.io.RaggedFeature(tf.int64),
       "sentence_lengths": tf.io.RaggedFeature(tf.int64),
   }
+  if words:  # data prepared with a word segmenter; empty for records without the list
+    spec["word_lengths"] = tf.io.RaggedFeature(tf.int64)
   f = tf.io.parse_example(serialized_B, spec)
+  extra = {}
+  if words:
+    extra = {
+        "word_lengths": f["word_lengths"].flat_values,
+        "doc_words": f["word_lengths"].row_lengths(),
+        "doc_tokens": f["token_ids"].row_lengths(),
+    }
   return {
+      **extra,
       "epoch": epoch,
       "shard": shard_B,
       "record": record_B,
@@ -75,6 +85,7 @@ def block_dataset(
     first_records: np.ndarray,
     block_size: int,
     num_blocks: int | None = None,
+    words: bool = False,
 ):
   """A tf.data.Dataset of blocks of `block_size` documents of the given epochs (the first
   `num_blocks` of them when given, so that nothing after them is read ahead).
@@ -113,7 +124,8 @@ def block_dataset(
   ).flat_map(blocks_of)
   if num_blocks is not None:
     ds = ds.take(num_blocks)
-  ds = ds.map(_parse_block, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  parse = functools.partial(_parse_block, words=words)
+  ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   options = tf.data.Options()
   options.deterministic = True
   return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
@@ -121,7 +133,27 @@ def block_dataset(
 
 def _documents(block: dict[str, np.ndarray]) -> list[Document]:
   """One parsed block -> documents as `records.read_documents` gives them."""
-  sentences = np.split(block["tokens"], np.cumsum(block["sentence_lengths"])[:-1])
+  tokens = block["tokens"]
+  if "word_lengths" in block:  # read with words=True: mark the tokens continuing a word
+    from bertjax.data import segment
+
+    word_ends = np.cumsum(block["doc_words"])
+    token_ends = np.cumsum(block["doc_tokens"])
+    tokens = np.concatenate(
+        [tokens[:0]]
+        + [
+            segment.mark(
+                tokens[t0:t1], segment.continuation_flags(block["word_lengths"][w0:w1], t1 - t0)
+            )
+            for w0, w1, t0, t1 in zip(
+                word_ends - block["doc_words"],
+                word_ends,
+                token_ends - block["doc_tokens"],
+                token_ends,
+            )
+        ]
+    )
+  sentences = np.split(tokens, np.cumsum(block["sentence_lengths"])[:-1])
   ends = np.cumsum(block["doc_sentences"])
   starts = ends - block["doc_sentences"]
   return [
@@ -148,9 +180,10 @@ def read_blocks(
     block_size: int,
     num_epochs: int | None = None,
     num_blocks: int | None = None,
+    words: bool = False,
 ) -> Iterator[tuple[int, list[Document]]]:
   """(epoch, block of documents) from document `first_doc` of `epoch` on; at most
-  `num_blocks` blocks when given.
+  `num_blocks` blocks when given. `words`: as `records.read_documents`.
 
   `shards` are records.split_shards entries with `id`, `path` and `documents`;
   `epoch_order(e)` gives the indices of `shards` in epoch e's order. Endless unless
@@ -168,7 +201,9 @@ def read_blocks(
     orders = np.array([epoch_order(e) for e in epochs], np.int64)
     firsts = np.zeros_like(orders)
     firsts[0] = _first_records(shards, list(orders[0]), first_doc)
-    it = block_dataset(shards, epochs, orders, firsts, block_size, num_blocks).as_numpy_iterator()
+    it = block_dataset(
+        shards, epochs, orders, firsts, block_size, num_blocks, words
+    ).as_numpy_iterator()
     while True:
       try:
         block = next(it)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import unicodedata
 from typing import Callable, Iterable, Sequence
 
@@ -168,6 +169,58 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
   return words
 
 
+def _normalise(token: str) -> str:
+  return "".join(
+      c for c in unicodedata.normalize("NFD", token.lower()) if unicodedata.category(c) != "Mn"
+  )
+
+
+def basic_tokenize_with_offsets(text: str, lower_case: bool) -> list[tuple[str, int]]:
+  """`basic_tokenize`'s words, each with the index in `text` of the character it begins with.
+
+  Lowercasing and accent stripping change lengths, so within a whitespace-separated token the
+  words after the first are placed through the characters each source character became; where
+  that differs from normalising the token whole (a final sigma), they take the token's start.
+  """
+  chars, source = [], []
+  for i, ch in enumerate(text):
+    if ch in ("\x00", "\ufffd") or _is_control(ch):
+      continue
+    if _is_whitespace(ch):
+      chars.append(" ")
+      source.append(i)
+    elif is_cjk(ch):
+      chars.extend((" ", ch, " "))
+      source.extend((i, i, i))
+    else:
+      chars.append(ch)
+      source.append(i)
+  joined = "".join(chars)
+  words = []
+  for match in re.finditer(r"\S+", joined):  # str.split()'s whitespace
+    token, where = match.group(), source[match.start() : match.end()]
+    if lower_case:
+      parts = [_normalise(c) for c in token]
+      normal = _normalise(token)
+      if "".join(parts) == normal:
+        where = [w for part, w in zip(parts, where) for _ in part]
+      else:
+        where = [where[0]] * len(normal)
+      token = normal
+    start = None
+    for k, ch in enumerate(token):
+      if is_punctuation(ch):
+        if start is not None:
+          words.append((token[start:k], where[start]))
+          start = None
+        words.append((ch, where[k]))
+      elif start is None:
+        start = k
+    if start is not None:
+      words.append((token[start:], where[start]))
+  return words
+
+
 def wordpiece_split(word: str, vocab: dict[str, int], unk_id: int) -> list[int]:
   """Greedy longest-match-first split of one word; [UNK] when no complete split exists."""
   if len(word) > MAX_WORD_CHARS:
@@ -220,6 +273,16 @@ class WordPieceTokenizer:
     for word in basic_tokenize(text, self.lower_case):
       ids.extend(wordpiece_split(word, self._vocab, self.unk_id))
     return ids
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+    """`encode`'s ids and, for each, the index in `text` of the character its word begins
+    with: "##" pieces share their word's (word boundaries for a segmenter, segment.py)."""
+    ids, offsets = [], []
+    for word, start in basic_tokenize_with_offsets(text, self.lower_case):
+      pieces = wordpiece_split(word, self._vocab, self.unk_id)
+      ids.extend(pieces)
+      offsets.extend([start] * len(pieces))
+    return ids, offsets
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
     del num_threads  # pure Python; use `wordpiece_tf_tokenize` for throughput

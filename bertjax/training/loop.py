@@ -75,6 +75,7 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       max_predictions_per_seq=phase.max_predictions,
       pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
       mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
+      whole_word_mask=_held_out(config, split, "whole_word_mask", d.get("whole_word_mask", False)),
       seed=seed,
       vocab_size=config.model.vocab_size,
       packing=_held_out(config, split, "packing", d.get("packing", False)),
