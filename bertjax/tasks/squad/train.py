@@ -33,6 +33,7 @@ from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.finetuning import Finished, Splits, Trainer, masked_mean
 from bertjax.tasks.recipe import Recipe
 from bertjax.tasks.squad import (
+    cmrc2018,
     decode as decode_lib,
     evaluate as evaluate_lib,
     features as feats_lib,
@@ -52,6 +53,9 @@ class Options:
   max_answer_length: int = 30  # tokens
   null_threshold: float = 0.0  # v2.0: answer "" when null - best span score exceeds this
   eval_untrained: bool = False  # also score the model before training (epoch 0)
+  # "squad": the official SQuAD EM/F1 (`evaluate`); "cmrc2018": CMRC 2018's EM and
+  # character-level F1 (`cmrc2018`), for Chinese
+  metric: str = "squad"
 
 
 def squad_loss(outputs, batch: dict) -> jax.Array:
@@ -112,7 +116,10 @@ def decode(
 
 
 def score(examples: list[Example], dec: decode_lib.Decoded, opts: Options) -> dict[str, float]:
-  """The official EM/F1 (and, v2.0, the no-answer breakdown) of the decoded answers."""
+  """The official EM/F1 (and, v2.0, the no-answer breakdown) of the decoded answers; with
+  `opts.metric` "cmrc2018" CMRC 2018's EM, F1 and their average."""
+  if opts.metric == "cmrc2018":
+    return cmrc2018.score(gold_answers(examples), dec.predictions)
   return evaluate_lib.score(
       gold_answers(examples),
       dec.predictions,
@@ -208,6 +215,7 @@ class SquadTask:
           "results.json",
           dict(
               version=opts.version,
+              metric=opts.metric,
               best_epoch=result.best_epoch,
               dev=scores,
               untrained=untrained[0] if untrained else None,
