@@ -93,7 +93,7 @@ def wsc_text(record: dict) -> tuple[str | None, str]:
 def _row(line: str, task: tasks.Task, labelled: bool, position: int):
   """(texts, raw label, id) of one line, or None and why it cannot be read."""
   try:
-    record = json.loads(line)
+    record = json.loads(line.rstrip("\r\n"))
   except json.JSONDecodeError as e:
     return None, f"not valid JSON ({e.msg}, column {e.colno})"
   except RecursionError:
