@@ -108,7 +108,27 @@ def answer_token_span(ex: Example, spans, ids, unit_of, tok) -> tuple[int, int]:
   t1 = bisect.bisect_right(unit_of, end_unit) - 1
   if t0 > t1 or t0 >= len(ids):
     return -1, -1
-  return _improve_span(ids, t0, t1, tok.encode(ex.answer_text))
+  span = _improve_span(ids, t0, t1, tok.encode(ex.answer_text))
+  cjk = any(wordpiece.is_cjk(ch) for ch in ex.context[spans[start_unit][0] : spans[end_unit][1]])
+  if span == (t0, t1) and cjk and not isinstance(tok, wordpiece.WordPieceTokenizer):
+    span = _improve_span_by_text(tok, ids, t0, t1, ex.answer_text)
+  return span
+
+
+def _improve_span_by_text(tok: Any, ids: list[int], t0: int, t1: int, answer: str):
+  """The shortest sub-span of [t0, t1] whose pieces decode to `answer`, spaces aside: in
+  Chinese text a SentencePiece answer is rarely its own pieces ("12月" after "，" is "1" "2"
+  of the unit "，12", then the unit "月")."""
+  want = answer.replace(" ", "")
+  best = (t0, t1)
+  for s in range(t0, t1 + 1):
+    for e in range(s, t1 + 1):
+      if e - s >= best[1] - best[0]:
+        break
+      if tok.decode(ids[s : e + 1]).replace(" ", "") == want:
+        best = (s, e)
+        break
+  return best
 
 
 def _improve_span(ids: list[int], t0: int, t1: int, answer_ids: list[int]) -> tuple[int, int]:
@@ -249,14 +269,23 @@ def get_final_text(pred_text: str, orig_text: str, tok: Any) -> str:
   tokenized text (other than spaces), or `pred_text` is not found in it, the whole words are
   the answer, as in the reference. Like the reference, the first occurrence of `pred_text`
   counts.
+
+  Chinese text (`orig_text` with a CJK character): its units are tokenized one by one, so
+  SentencePiece pieces decode with a space between units ("12 月") where the text has none;
+  when `pred_text` is not found as it is, it is looked for without spaces.
   """
   tok_text = _tokenized_text(tok, orig_text)
+  orig_ns, orig_pos = _strip_spaces(orig_text)
+  tok_ns, tok_pos = _strip_spaces(tok_text)
   start = tok_text.find(pred_text)
+  if start < 0 and any(wordpiece.is_cjk(ch) for ch in orig_text):
+    pred_ns = pred_text.replace(" ", "")
+    k = tok_ns.find(pred_ns) if pred_ns else -1
+    if k >= 0 and len(orig_ns) == len(tok_ns):
+      return orig_text[orig_pos[k] : orig_pos[k + len(pred_ns) - 1] + 1]
   if start < 0:
     return orig_text
   end = start + len(pred_text) - 1
-  orig_ns, orig_pos = _strip_spaces(orig_text)
-  tok_ns, tok_pos = _strip_spaces(tok_text)
   if len(orig_ns) != len(tok_ns):
     return orig_text
   tok_ns_of = {p: k for k, p in enumerate(tok_pos)}
