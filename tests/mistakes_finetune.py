@@ -576,6 +576,11 @@ ROWS += [
         ("--text-columns/--label-column", "--text-fields/--label-field"),
     ),
     Mistake(
+        "clue_custom_json_with_tsv_flags",
+        _custom("--train", "train.json"),
+        ("--train train.json", "--text-fields and --label-field"),
+    ),
+    Mistake(
         "squad_cmrc2018_with_v2",
         _squad("--metric", "cmrc2018", "--version", "2.0"),
         ("--metric cmrc2018", "--version 1.1"),

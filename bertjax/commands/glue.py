@@ -177,6 +177,11 @@ def _task_list(args) -> list:
           "--text-columns/--label-column name TSV columns, --text-fields/--label-field JSON "
           "fields: give one pair, for the kind of files --train is"
       )
+    if not jsonl and (args.train or "").endswith((".json", ".jsonl")):
+      raise errors.ConfigError(
+          f"--train {args.train}: a JSON-lines file is read by --text-fields and --label-field "
+          "(--text-columns and --label-column name the columns of a TSV file)"
+      )
     text_flag, label_flag = ("text_fields", "label_field") if jsonl else _TSV_FLAGS
     missing = [_flag(n) for n in ("train", "dev", text_flag, label_flag) if not getattr(args, n)]
     if missing:

@@ -3,7 +3,7 @@ JSON-lines tasks.
 
 Each line is one JSON object; fields are read by name. A text field is a string or, like CSL's
 "keyword", a list of strings joined by spaces (as CLUE's baseline joins them). A label is a
-string ("102", "entailment", "true"); a number is read as its digits ("1"). A test record's
+string ("102", "entailment", "true"); a number is read as it is written ("1", "3.5"). A test record's
 "id" names its line of the submission file (an integer stays an integer); a record without one
 is named by its position among the test records, as CLUE's baselines number them.
 
@@ -42,9 +42,9 @@ def _label(record: dict, field: str) -> tuple[str | None, str]:
   value = record[field]
   if isinstance(value, str):
     return value.strip(), ""
-  if isinstance(value, int) and not isinstance(value, bool):
-    return str(value), ""
-  return None, f"{field}: expected a string, found {schema.found(value)}"
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return str(value), ""  # 1 -> "1"; a regression target 3.5 -> "3.5"
+  return None, f"{field}: expected a string or a number, found {schema.found(value)}"
 
 
 def _span(text: str, target: dict, k: int) -> tuple[tuple[int, int] | None, str]:
