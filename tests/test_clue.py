@@ -109,6 +109,9 @@ def test_each_task_reads_clues_files(tmp_path, name):
 
 
 def test_label_lists_are_clues():
+  from bertjax.commands import glue
+
+  assert glue.CLUE_NAMES == tasks.CLUE_ALL
   assert tasks.get("tnews").labels == (
       tuple("100 101 102 103 104 106 107 108 109 110 112 113 114 115 116".split())
   )
@@ -136,7 +139,8 @@ def test_wsc_marks_the_noun_and_the_pronoun_in_either_order():
   }
   assert jsonl.wsc_text(wrong) == (
       None,
-      'target.span1_text "\\u5c0f\\u660e" is not at target.span1_index 1 of the text (found "\\u660e\\u628a")',
+      'target.span1_text "\\u5c0f\\u660e" is not at target.span1_index 1 of the text '
+      '(found "\\u660e\\u628a")',
   )
 
 

@@ -6,13 +6,13 @@
   bertjax glue --task rte --init runs/base --data GLUE_DIR --workdir out/rte --sweep --seeds 5
   bertjax glue --task custom --name reviews --train r/train.tsv --dev r/dev.tsv \\
       --text-columns review --label-column stars --init runs/base --workdir out/reviews
-  bertjax glue --task custom --name news --train n/train.json --dev n/dev.json \
+  bertjax glue --task custom --name news --train n/train.json --dev n/dev.json \\
       --text-fields title,body --label-field topic --init runs/base --workdir out/news
 
 Writes OUT/results.json (task -> metric -> value), OUT/results.md, OUT/submission/<Name>.tsv
-(CLUE: OUT/submission/<name>_predict.json) for every test set it has, and per task OUT/<task>/ with metrics.jsonl and the best epoch's
-checkpoint (best/, best.json). Every task's data is read, and the checkpoint loaded, before
-OUT is created. See docs/glue.md.
+(CLUE: OUT/submission/<name>_predict.json) for every test set it has, and per task OUT/<task>/
+with metrics.jsonl and the best epoch's checkpoint (best/, best.json). Every task's data is
+read, and the checkpoint loaded, before OUT is created. See docs/glue.md.
 """
 
 from __future__ import annotations

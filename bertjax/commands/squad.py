@@ -4,7 +4,7 @@
       --workdir out/squad11
   bertjax squad --init uncased_L-12_H-768_A-12 --train train-v2.0.json --dev dev-v2.0.json \\
       --version 2.0 --workdir out/squad20 --null-threshold -1.5
-  bertjax squad --init runs/zh --train cmrc2018_train.json --dev cmrc2018_dev.json \
+  bertjax squad --init runs/zh --train cmrc2018_train.json --dev cmrc2018_dev.json \\
       --version 1.1 --metric cmrc2018 --workdir out/cmrc2018
 
 Writes OUT/predictions.json (question id -> answer, the input of the official evaluation

@@ -3,9 +3,9 @@ JSON-lines tasks.
 
 Each line is one JSON object; fields are read by name. A text field is a string or, like CSL's
 "keyword", a list of strings joined by spaces (as CLUE's baseline joins them). A label is a
-string ("102", "entailment", "true"); a number is read as it is written ("1", "3.5"). A test record's
-"id" names its line of the submission file (an integer stays an integer); a record without one
-is named by its position among the test records, as CLUE's baselines number them.
+string ("102", "entailment", "true"); a number is read as it is written ("1", "3.5"). A test
+record's "id" names its line of the submission file (an integer stays an integer); a record
+without one is named by its position among the test records, as CLUE's baselines number them.
 
 The contract is the TSV reader's (`tsv`): a train/dev line that is not text (invalid UTF-8, a
 NUL byte), not JSON, not an object, lacks a field, has a field of the wrong type, an empty or
