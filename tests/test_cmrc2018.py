@@ -170,3 +170,43 @@ def test_squad_scores_with_cmrc_when_asked():
   assert cmrc["exact"] == 0.0 and cmrc["f1"] == pytest.approx(100 * 2 * 5 / 12)
   # SQuAD's F1 splits on spaces: one word against another, 0.
   assert train.score([ex], dec, train.Options())["f1"] == 0.0
+
+
+# Non-Chinese runs are split as NLTK's word_tokenize splits them (its NLTKWordTokenizer rules;
+# these are what NLTK 3.10.4 gives for each one-sentence string).
+_WORDS = {
+    "78.1": ["78.1"],
+    "1,000 people": ["1,000", "people"],
+    "the bert model.": ["the", "bert", "model", "."],
+    "(2018)": ["(", "2018", ")"],
+    "don't go": ["do", "n't", "go"],
+    'a "quoted" word': ["a", "``", "quoted", "''", "word"],
+    "'hello'": ["'", "hello", "'"],
+    "12:30": ["12:30"],
+    "it's 5% off!": ["it", "'s", "5", "%", "off", "!"],
+    "#1 $5 @x &y": ["#", "1", "$", "5", "@", "x", "&", "y"],
+    "wait...": ["wait", "..."],
+    "a--b": ["a", "--", "b"],
+    "u.s. army": ["u.s.", "army"],
+    "cannot gonna 'tis": ["can", "not", "gon", "na", "'", "tis"],
+    "a–b — c": ["a", "–", "b", "—", "c"],
+    '"hi," she said': ["``", "hi", ",", "''", "she", "said"],
+    "it’s": ["it", "’", "s"],
+    "«a»": ["«", "a", "»"],
+}
+
+
+@pytest.mark.parametrize("text", list(_WORDS))
+def test_words_between_chinese_characters_are_nltks(text):
+  assert cmrc2018.word_tokenize(text) == _WORDS[text]
+
+
+def test_the_word_rules_are_nltks_where_nltk_is_installed():
+  tokenize = pytest.importorskip("nltk.tokenize").NLTKWordTokenizer().tokenize
+  for text in _WORDS:
+    assert cmrc2018.word_tokenize(text) == tokenize(text), text
+
+
+def test_a_sentence_ends_at_a_period_but_not_an_abbreviation():
+  assert cmrc2018.word_tokenize("hello world. next one") == ["hello", "world", ".", "next", "one"]
+  assert cmrc2018.word_tokenize("mr. smith went. then") == ["mr.", "smith", "went", ".", "then"]

@@ -10,7 +10,7 @@ so numbers compare with published ones; it needs no NLTK:
     (spaces inside count).
   * F1 segments each text (punctuation dropped): every CJK ideograph U+4E00..U+9FA5 is a
     segment of its own; the text between them is split into words as NLTK's word_tokenize
-    does (`word_tokenize`, Treebank rules). Precision and recall come from the longest common
+    does (`word_tokenize`: NLTKWordTokenizer's rules; punkt's sentence split approximated). Precision and recall come from the longest common
     *contiguous* run of segments (the script's find_lcs), not a bag of tokens; the F1 of a
     question is the best over its gold answers.
   * Totals are percentages over every gold question; a question without a prediction scores 0
@@ -26,22 +26,23 @@ import re
 PUNCTUATION = frozenset("-:_*^/\\~`+=，。：？！“”；’《》·、「」（）－～『』")
 _CJK = re.compile("[\u4e00-\u9fa5]")
 
-# NLTK's word_tokenize: sentences (`_SENTENCE_END`), then in each NLTK's Treebank word rules
-# in its order: opening quotes, punctuation off words, brackets, dashes, closing quotes and
-# contractions.
+# NLTK's word_tokenize: sentences (`_sentences`), then in each the rules of NLTK's
+# NLTKWordTokenizer (3.x) in its order: opening quotes, punctuation off words, brackets,
+# dashes, closing quotes and contractions.
 _STARTING_QUOTES = [
     (re.compile("([\u00ab\u201c\u2018\u201e]|[`]+)"), r" \1 "),
     (re.compile(r'^"'), "``"),
     (re.compile(r"(``)"), r" \1 "),
     (re.compile(r'([ \(\[{<])("|\'{2})'), r"\1 `` "),
-    (re.compile(r"(?i)(\')(?!re|ve|ll|m|t|s|d|n)(\w)\b"), r"\1 \2"),
+    (re.compile(r"(?i)(?<!\w)(\')(?!(?:re|ve|ll|m|t|s|d|n)\b)(?=\w)"), r"\1 "),
 ]
 _PUNCTUATION = [
-    (re.compile(r'([^\.])(\.)([\]\)}>"\']*)\s*$'), r"\1 \2 \3 "),
+    (re.compile("([^\\.])(\\.)([\\]\\)}>\"'\u00bb\u201d\u2019 ]*)\\s*$"), r"\1 \2 \3 "),
     (re.compile(r"([:,])([^\d])"), r" \1 \2"),
     (re.compile(r"([:,])$"), r" \1 "),
     (re.compile(r"\.{2,}"), r" \g<0> "),
     (re.compile(r"[;@#$%&]"), r" \g<0> "),
+    (re.compile("[\u2012-\u2015]"), r" \g<0> "),
     (re.compile(r'([^\.])(\.)([\]\)}>"\']*)\s*$'), r"\1 \2\3 "),
     (re.compile(r"[?!]"), r" \g<0> "),
     (re.compile(r"([^'])' "), r"\1 ' "),
@@ -53,24 +54,60 @@ _ENDING_QUOTES = [
     (re.compile("([\u00bb\u201d\u2019])"), r" \1 "),
     (re.compile(r"''"), " '' "),
     (re.compile(r'"'), " '' "),
+    (re.compile(r"\s+"), " "),
     (re.compile(r"([^' ])('[sS]|'[mM]|'[dD]|') "), r"\1 \2 "),
     (re.compile(r"([^' ])('ll|'LL|'re|'RE|'ve|'VE|n't|N'T) "), r"\1 \2 "),
 ]
-# NLTK's punkt model ends a sentence at a "." "?" or "!" before whitespace (known
-# abbreviations aside, which this does not list); each sentence's final period is a word.
-_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+_CONTRACTIONS = [
+    re.compile(p)
+    for p in (
+        r"(?i)\b(can)(not)\b",
+        r"(?i)\b(d)('ye)\b",
+        r"(?i)\b(gim)(me)\b",
+        r"(?i)\b(gon)(na)\b",
+        r"(?i)\b(got)(ta)\b",
+        r"(?i)\b(lem)(me)\b",
+        r"(?i)\b(more)('n)\b",
+        r"(?i)\b(wan)(na)(?=\s)",
+        r"(?i) ('t)(is)\b",
+        r"(?i) ('t)(was)\b",
+    )
+]
+# NLTK's sentence splitter (punkt) ends a sentence at a word ending in ".", "?" or "!" before
+# whitespace, unless the word is an abbreviation. Punkt's English model is data NLTK downloads;
+# this keeps its usual cases: a word with an inner period ("u.s.", "e.g."), a single letter (an
+# initial) and these common abbreviations.
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof st jr sr co ltd inc corp vs etc no fig jan feb mar apr jun jul aug sep "
+    "sept oct nov dec".split()
+)
+
+
+def _sentences(text: str) -> list[str]:
+  out, start = [], 0
+  for m in re.finditer(r"\S+[.?!](?=\s)", text):
+    word = m.group()
+    stem = word[:-1].lstrip("\"'([{<`\u2018\u201c")
+    if word.endswith(".") and ("." in stem or len(stem) == 1 or stem.lower() in _ABBREVIATIONS):
+      continue
+    out.append(text[start : m.end()])
+    start = m.end()
+  out.append(text[start:])
+  return [s for s in out if s.strip()]
 
 
 def word_tokenize(text: str) -> list[str]:
   """Words of a non-Chinese run, as NLTK's word_tokenize splits them: "78.1" and "1,000" stay
   whole, "bert." -> "bert", "."; "(2018)" -> "(", "2018", ")"; "don't" -> "do", "n't"."""
   out = []
-  for sentence in _SENTENCE_END.split(text):
+  for sentence in _sentences(text):
     for pattern, repl in _STARTING_QUOTES + _PUNCTUATION:
       sentence = pattern.sub(repl, sentence)
     sentence = " " + sentence + " "
     for pattern, repl in _ENDING_QUOTES:
       sentence = pattern.sub(repl, sentence)
+    for pattern in _CONTRACTIONS:
+      sentence = pattern.sub(r" \1 \2 ", sentence)
     out += sentence.split()
   return out
 
