@@ -581,6 +581,17 @@ ROWS += [
         ("--train train.json", "--text-fields and --label-field"),
     ),
     Mistake(
+        "squad_test_question_unreadable",
+        _squad("--test", "test.json"),
+        ("test.json: question q9", 'no "question"', "every test question needs an answer"),
+        setup=lambda cwd: (
+            (cwd / "train.json").write_text(json.dumps(_SQUAD)),
+            (cwd / "test.json").write_text(
+                json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": "q9"}]}]}]})
+            ),
+        ),
+    ),
+    Mistake(
         "squad_cmrc2018_with_v2",
         _squad("--metric", "cmrc2018", "--version", "2.0"),
         ("--metric cmrc2018", "--version 1.1"),

@@ -210,3 +210,38 @@ def test_the_word_rules_are_nltks_where_nltk_is_installed():
 def test_a_sentence_ends_at_a_period_but_not_an_abbreviation():
   assert cmrc2018.word_tokenize("hello world. next one") == ["hello", "world", ".", "next", "one"]
   assert cmrc2018.word_tokenize("mr. smith went. then") == ["mr.", "smith", "went", ".", "then"]
+
+
+# ------------------------------------------------------------------ test set (CLUE's file)
+
+
+def test_test_questions_need_no_answers_and_are_decoded_as_their_own_split(wordpiece_tok, tmp_path):
+  doc = {
+      "data": [
+          {
+              "paragraphs": [
+                  {"context": CONTEXT, "qas": [{"id": "T1", "question": "什么是"}]},
+              ]
+          }
+      ]
+  }
+  path = tmp_path / "test.json"
+  path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+  (test_ex,), skipped = data.read(str(path), "1.1", training=False, labelled=False)
+  assert skipped == [] and test_ex.answers == []
+  _, skipped = data.read(str(path), "1.1", training=False)  # a dev file needs its answers
+  assert skipped == ["test.json: question T1: no answers (and not is_impossible)"]
+
+  gold = data.Example("q", "什么是", CONTEXT, ["消费者信心"], CONTEXT.index("消费者"), False)
+  opts = train.Options(max_seq_len=64, doc_stride=32, max_query_length=8, metric="cmrc2018")
+  task = train.SquadTask(wordpiece_tok, [gold], [gold], opts, 64, test=[test_ex])
+  splits = task.features()
+  assert set(splits.final) == {"dev", "test"} and set(splits.scored) == {"dev"}
+  # Point the test window's logits where the training target of the same span points.
+  target = task.windows[0].arrays
+  start = np.full(splits.final["test"]["input_ids"].shape, -10.0, np.float32)
+  end = start.copy()
+  start[0, target["start_positions"][0]] = end[0, target["end_positions"][0]] = 5.0
+  assert task.predictions("test", (start, end)).predictions == {"T1": "消费者信心"}
+  assert train.test_predictions_name(opts) == "submission/cmrc2018_predict.json"
+  assert train.test_predictions_name(train.Options()) == "test_predictions.json"

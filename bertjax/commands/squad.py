@@ -10,8 +10,9 @@
 Writes OUT/predictions.json (question id -> answer, the input of the official evaluation
 script), OUT/nbest_predictions.json, OUT/null_odds.json (v2.0), OUT/results.json (official EM/F1
 in percent; for v2.0 also HasAns/NoAns and the best null threshold), OUT/metrics.jsonl per epoch,
-OUT/skipped_questions.txt when questions were malformed, and the best epoch's parameters in
-OUT/best/ with OUT/best.json. Chinese contexts (no spaces) are split at every CJK character, so
+OUT/skipped_questions.txt when questions were malformed, the --test questions' answers
+(OUT/test_predictions.json; CLUE's OUT/submission/cmrc2018_predict.json with --metric
+cmrc2018), and the best epoch's parameters in OUT/best/ with OUT/best.json. Chinese contexts (no spaces) are split at every CJK character, so
 an answer can start and end at any of them; --metric cmrc2018 scores with CMRC 2018's EM and
 character-level F1 (and their average). See docs/tasks.md.
 """
@@ -36,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="SQuAD training JSON")
   p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
+  p.add_argument(
+      "--test",
+      help="optional SQuAD JSON to answer with the best epoch (no answers needed): "
+      "OUT/test_predictions.json, or with --metric cmrc2018 CLUE's "
+      "OUT/submission/cmrc2018_predict.json",
+  )
   p.add_argument("--version", required=True, choices=("1.1", "2.0"))
   p.add_argument(
       "--metric",
@@ -83,6 +90,22 @@ def _read(path: str, version: str, training: bool):
   return examples, skipped
 
 
+def _read_test(path: str, version: str):
+  """The questions of a test file; one that cannot be read stops the command (every question
+  needs its answer in the submission)."""
+  from bertjax.tasks.squad import data
+
+  examples, skipped = data.read(path, version, training=False, labelled=False)
+  if skipped:
+    raise data.SquadDataError(
+        f"{skipped[0]} — every test question needs an answer, so the predictions would be "
+        "incomplete: fix this question"
+    )
+  if not examples:
+    raise data.SquadDataError(f"{path}: no questions to answer")
+  return examples
+
+
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   if args.max_seq_len < args.max_query_length + 8:
@@ -103,6 +126,7 @@ def main(argv: list[str]) -> int:
 
   train_ex, bad_train = _read(args.train, args.version, training=True)
   dev_ex, bad_dev = _read(args.dev, args.version, training=False)
+  test_ex = _read_test(args.test, args.version) if args.test else []
   enc = finetune_args.load_encoder(args)
   # Every check has passed: from here on the command prints and writes.
   fs.path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -136,6 +160,7 @@ def main(argv: list[str]) -> int:
       args.workdir,
       progress=not args.no_progress,
       packing=packing,
+      test=test_ex,
   )
   print(
       f"squad: best epoch {result.best_epoch}: "
@@ -144,4 +169,6 @@ def main(argv: list[str]) -> int:
       )
   )
   print(f"squad: wrote {files.join(args.workdir, 'predictions.json')} and results.json")
+  if test_ex:
+    print(f"squad: wrote {files.join(args.workdir, train.test_predictions_name(opts))}")
   return 0

@@ -154,6 +154,7 @@ class SquadTask:
   dev: list[Example]
   opts: Options
   max_position_embeddings: int  # the encoder's: no window may be longer
+  test: list[Example] = dataclasses.field(default_factory=list)  # answered by the best epoch
   name = "squad"
   run_name = ""
   main_metric = "f1"
@@ -181,10 +182,18 @@ class SquadTask:
       raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
     return train_feats, dev_feats
 
+  @functools.cached_property
+  def test_windows(self) -> feats_lib.Features:
+    opts = self.opts
+    return feats_lib.build(
+        self.tok, self.test, opts.max_seq_len, opts.doc_stride, opts.max_query_length, False
+    )
+
   def features(self) -> Splits:
     train_feats, dev_feats = self.windows
     dev = {"dev": dev_feats.arrays}
-    return Splits(train=train_feats.arrays, scored=dev, final=dev)
+    final = dict(dev, test=self.test_windows.arrays) if self.test else dev
+    return Splits(train=train_feats.arrays, scored=dev, final=final)
 
   def head(self, cfg: model_lib.BertConfig) -> model_lib.BertForQuestionAnswering:
     return model_lib.BertForQuestionAnswering(cfg)
@@ -193,8 +202,9 @@ class SquadTask:
     return squad_loss(outputs, batch)
 
   def predictions(self, split: str, outputs) -> decode_lib.Decoded:
-    del split  # only dev is predicted
     start_NxL, end_NxL = outputs
+    if split == "test":
+      return decode(self.test, self.test_windows, start_NxL, end_NxL, self.tok, self.opts)
     return decode(self.dev, self.windows[1], start_NxL, end_NxL, self.tok, self.opts)
 
   def metric(self, predicted: dict[str, decode_lib.Decoded]) -> dict[str, float]:
@@ -209,6 +219,8 @@ class SquadTask:
       _write(run.workdir, "nbest_predictions.json", dec.nbest)
       if opts.version == "2.0":
         _write(run.workdir, "null_odds.json", dec.null_odds)
+      if "test" in predicted:
+        _write(run.workdir, test_predictions_name(opts), predicted["test"].predictions)
       untrained = [h for h in result.history if h["epoch"] == 0]
       _write(
           run.workdir,
@@ -234,6 +246,14 @@ class SquadTask:
     )
 
 
+def test_predictions_name(opts: Options) -> str:
+  """Where the test questions' answers go, under the workdir: CLUE's CMRC 2018 submission
+  file (question id -> answer) with `metric` "cmrc2018", else test_predictions.json."""
+  return (
+      "submission/cmrc2018_predict.json" if opts.metric == "cmrc2018" else "test_predictions.json"
+  )
+
+
 def train_and_evaluate(
     enc: Encoder,
     train: list[Example],
@@ -243,12 +263,16 @@ def train_and_evaluate(
     workdir: str,
     progress: bool = True,
     packing: int = 0,
+    test: list[Example] | None = None,
 ) -> finetuning.FitResult:
   """Fine-tune on the windows of `train`, score `dev` after each epoch, write the best
   epoch's predictions. `packing` > 0 packs up to that many windows into a row of
   `opts.max_seq_len` to train and predict (`finetuning.Trainer`), each window's start and end
-  logits read from its own tokens; 0 one window a row."""
-  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_position_embeddings)
+  logits read from its own tokens; 0 one window a row. `test` questions (no answers needed)
+  are answered by the best epoch into `test_predictions_name(opts)`."""
+  task = SquadTask(
+      enc.tokenizer, train, dev, opts, enc.config.max_position_embeddings, list(test or [])
+  )
   return finetuning.run(
       task,
       enc,
@@ -261,4 +285,6 @@ def train_and_evaluate(
 
 
 def _write(workdir: str, name: str, obj) -> None:
-  (fs.path(workdir) / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False))
+  path = fs.path(workdir) / name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(obj, indent=2, ensure_ascii=False))
