@@ -4,6 +4,7 @@ and character-level F1 on hand-computed cases."""
 
 import json
 import os
+import random
 
 import numpy as np
 import pytest
@@ -245,3 +246,46 @@ def test_test_questions_need_no_answers_and_are_decoded_as_their_own_split(wordp
   assert task.predictions("test", (start, end)).predictions == {"T1": "消费者信心"}
   assert train.test_predictions_name(opts) == "submission/cmrc2018_predict.json"
   assert train.test_predictions_name(train.Options()) == "test_predictions.json"
+
+
+def test_em_and_f1_agree_with_a_plain_reading_of_the_script_where_nltk_is_installed():
+  """The script's EM and F1 written out plainly (character loop, full LCS table, NLTK's own
+  tokenizer for the text between Chinese characters), against `cmrc2018` on random pairs."""
+  tokenize = pytest.importorskip("nltk.tokenize").NLTKWordTokenizer().tokenize
+  punct = set(cmrc2018.PUNCTUATION)
+
+  def segs(s):
+    out, run = [], ""
+    for c in s.lower().strip():
+      if c in punct:
+        continue
+      if "\u4e00" <= c <= "\u9fa5":
+        out += tokenize(run) if run else []
+        out.append(c)
+        run = ""
+      else:
+        run += c
+    return out + (tokenize(run) if run else [])
+
+  def f1(gold, pred):
+    a, b = segs(gold), segs(pred)
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    n = 0
+    for i in range(len(a)):
+      for j in range(len(b)):
+        if a[i] == b[j]:
+          table[i + 1][j + 1] = table[i][j] + 1
+          n = max(n, table[i + 1][j + 1])
+    return 0.0 if n == 0 else 2 * n / (len(a) + len(b))
+
+  def em(gold, pred):
+    strip = lambda s: "".join(c for c in s.lower().strip() if c not in punct)
+    return int(strip(gold) == strip(pred))
+
+  r = random.Random(0)
+  alphabet = list("北京大学的一是在了ab12.,%()-:“”‘’《》…， ") + ["bert", "78.1", "1,000", "don't"]
+  for _ in range(2000):
+    gold = "".join(r.choice(alphabet) for _ in range(r.randint(1, 8)))
+    pred = "".join(r.choice(alphabet) for _ in range(r.randint(1, 8)))
+    assert cmrc2018.exact_match(gold, pred) == em(gold, pred), (gold, pred)
+    assert cmrc2018.f1(gold, pred) == pytest.approx(f1(gold, pred)), (gold, pred)
