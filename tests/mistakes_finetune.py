@@ -519,3 +519,81 @@ ROWS += [
         setup=lambda cwd: (cwd / "train.txt").write_bytes(b"Jos\xe9 B-PER\n"),
     ),
 ]
+
+
+# ---------------------------------------------------------------------- CLUE and CMRC 2018
+
+_TNEWS = '{"label": "102", "label_desc": "news_entertainment", "sentence": "好看的电影"}\n'
+
+
+def _clue_dir(test: str | None = None):
+  """A CLUE TNEWS directory (train.json, dev.json and, given, test.json) in the cwd."""
+
+  def setup(cwd: pathlib.Path) -> None:
+    (cwd / "train.json").write_text(_TNEWS.replace("102", "103") + _TNEWS, encoding="utf-8")
+    (cwd / "dev.json").write_text(_TNEWS, encoding="utf-8")
+    if test is not None:
+      (cwd / "test.json").write_text(test, encoding="utf-8")
+
+  return setup
+
+
+def _clue(*extra: str) -> tuple[str, ...]:
+  return ("glue", "--task", "tnews", "--data", ".", "--workdir", "ft", *RANDOM, *extra)
+
+
+ROWS += [
+    Mistake(
+        "clue_task_from_tfds",
+        ("glue", "--task", "tnews", "--workdir", "ft", *RANDOM),
+        ("--task tnews", "--data DIR", "train.json"),
+    ),
+    Mistake("clue_missing_train_json", _clue(), ("train.json: not found", "CLUE")),
+    Mistake(
+        "clue_test_line_unreadable",
+        _clue(),
+        ("test.json:2", "not valid JSON", "fix this line"),
+        setup=_clue_dir('{"id": 0, "sentence": "电影"}\n{"id": 1, "sentence": "电影"\n'),
+    ),
+    Mistake(
+        "clue_test_id_repeats",
+        _clue(),
+        ("test.json:2", "id 0", "line 1"),
+        setup=_clue_dir('{"id": 0, "sentence": "电影"}\n{"id": 0, "sentence": "电视"}\n'),
+    ),
+    Mistake(
+        "clue_dev_without_usable_lines",
+        _clue(),
+        ("dev.json: no usable rows", "dev.json:1", "label '105'"),
+        setup=lambda cwd: (
+            _clue_dir()(cwd),
+            (cwd / "dev.json").write_text(_TNEWS.replace("102", "105"), encoding="utf-8"),
+        ),
+    ),
+    Mistake(
+        "clue_custom_columns_and_fields",
+        _custom("--text-fields", "sentence"),
+        ("--text-columns/--label-column", "--text-fields/--label-field"),
+    ),
+    Mistake(
+        "clue_custom_json_with_tsv_flags",
+        _custom("--train", "train.json"),
+        ("--train train.json", "--text-fields and --label-field"),
+    ),
+    Mistake(
+        "squad_test_question_unreadable",
+        _squad("--test", "test.json"),
+        ("test.json: question q9", 'no "question"', "every test question needs an answer"),
+        setup=lambda cwd: (
+            (cwd / "train.json").write_text(json.dumps(_SQUAD)),
+            (cwd / "test.json").write_text(
+                json.dumps({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": "q9"}]}]}]})
+            ),
+        ),
+    ),
+    Mistake(
+        "squad_cmrc2018_with_v2",
+        _squad("--metric", "cmrc2018", "--version", "2.0"),
+        ("--metric cmrc2018", "--version 1.1"),
+    ),
+]

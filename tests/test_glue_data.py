@@ -304,5 +304,7 @@ def test_unknown_task_is_a_config_error():
   from bertjax import errors
 
   assert tasks.get("ax") is tasks.TASKS["mnli"]
-  with pytest.raises(errors.ConfigError, match="task 'sst3' is not a GLUE task — valid: cola"):
+  with pytest.raises(
+      errors.ConfigError, match="task 'sst3' is not a GLUE or CLUE task — valid: cola"
+  ):
     tasks.get("sst3")

@@ -1,15 +1,18 @@
-"""`bertjax glue`: fine-tune a pretrained checkpoint on GLUE (or a custom TSV task) and score it.
+"""`bertjax glue`: fine-tune a pretrained checkpoint on GLUE, CLUE or a custom task and score it.
 
   bertjax glue --task sst2 --init runs/base --data GLUE_DIR --workdir out/glue
+  bertjax glue --task tnews --init runs/zh --data tnews_public --workdir out/clue
   bertjax glue --task all --init runs/base --data tfds --tfds-data-dir ~/tfds --workdir out/glue
   bertjax glue --task rte --init runs/base --data GLUE_DIR --workdir out/rte --sweep --seeds 5
   bertjax glue --task custom --name reviews --train r/train.tsv --dev r/dev.tsv \\
       --text-columns review --label-column stars --init runs/base --workdir out/reviews
+  bertjax glue --task custom --name news --train n/train.json --dev n/dev.json \\
+      --text-fields title,body --label-field topic --init runs/base --workdir out/news
 
 Writes OUT/results.json (task -> metric -> value), OUT/results.md, OUT/submission/<Name>.tsv
-for every test set it has, and per task OUT/<task>/ with metrics.jsonl and the best epoch's
-checkpoint (best/, best.json). Every task's data is read, and the checkpoint loaded, before
-OUT is created. See docs/glue.md.
+(CLUE: OUT/submission/<name>_predict.json) for every test set it has, and per task OUT/<task>/
+with metrics.jsonl and the best epoch's checkpoint (best/, best.json). Every task's data is
+read, and the checkpoint loaded, before OUT is created. See docs/glue.md.
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ from bertjax.commands import finetune_args
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
 
 TASK_NAMES = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
-_CUSTOM_FLAGS = ("train", "dev", "test", "text_columns", "label_column")
+CLUE_NAMES = ("afqmc", "tnews", "iflytek", "cmnli", "ocnli", "csl", "cluewsc2020")
+_CUSTOM_FLAGS = (
+    "train",
+    "dev",
+    "test",
+    "text_columns",
+    "label_column",
+    "text_fields",
+    "label_field",
+)
 # --packing's default, by measurement (docs/glue.md, "Packing").
 PACKING_DEFAULT = True
 packed_examples = finetune_args.packed_examples  # examples a packed row holds at most
@@ -55,14 +67,15 @@ def _parser() -> argparse.ArgumentParser:
       "--task",
       required=True,
       help=f"{'|'.join(TASK_NAMES)}|all|custom (ax = the MNLI model's predictions on the "
-      "diagnostic)",
+      f"diagnostic), or a CLUE task: {'|'.join(CLUE_NAMES)}",
   )
   finetune_args.add_encoder_args(p)
   p.add_argument(
       "--data",
       default="tfds",
       help="'tfds' (glue/<task>) or a GLUE_DIR in the "
-      "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)",
+      "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...); a CLUE task: the directory "
+      "holding its train.json, dev.json and test.json",
   )
   p.add_argument("--tfds-data-dir", default=None, help="TFDS data_dir holding prepared glue/*")
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
@@ -109,11 +122,20 @@ def _parser() -> argparse.ArgumentParser:
   )
   c = p.add_argument_group("custom tasks (--task custom)")
   c.add_argument("--name", default="custom", help="results key and submission file name")
-  c.add_argument("--train", help="training TSV with a header row")
-  c.add_argument("--dev", help="dev TSV (same columns)")
-  c.add_argument("--test", help="optional test TSV (labels not needed)")
-  c.add_argument("--text-columns", help="one or two column names: a[,b]")
-  c.add_argument("--label-column", help="label column name")
+  c.add_argument("--train", help="training TSV with a header row, or JSON lines (--text-fields)")
+  c.add_argument("--dev", help="dev file (same columns or fields)")
+  c.add_argument("--test", help="optional test file (labels not needed)")
+  c.add_argument("--text-columns", help="TSV: one or two column names: a[,b]")
+  c.add_argument("--label-column", help="TSV: label column name")
+  c.add_argument(
+      "--text-fields",
+      help="JSON lines (one object a line): one or two field names: a[,b]; a field may hold a "
+      "list of strings (joined by spaces)",
+  )
+  c.add_argument(
+      "--label-field",
+      help='JSON lines: label field name; a test record\'s "id" names its submission line',
+  )
   c.add_argument("--regression", action="store_true", help="float labels, MSE loss")
   return p
 
@@ -149,28 +171,44 @@ def _task_list(args) -> list:
   from bertjax.tasks.glue import tasks, tsv
 
   if args.task == "custom":
-    missing = [
-        _flag(n) for n in ("train", "dev", "text_columns", "label_column") if not getattr(args, n)
-    ]
+    jsonl = bool(args.text_fields or args.label_field)
+    if jsonl and (args.text_columns or args.label_column):
+      raise errors.ConfigError(
+          "--text-columns/--label-column name TSV columns, --text-fields/--label-field JSON "
+          "fields: give one pair, for the kind of files --train is"
+      )
+    if not jsonl and (args.train or "").endswith((".json", ".jsonl")):
+      raise errors.ConfigError(
+          f"--train {args.train}: a JSON-lines file is read by --text-fields and --label-field "
+          "(--text-columns and --label-column name the columns of a TSV file)"
+      )
+    text_flag, label_flag = ("text_fields", "label_field") if jsonl else _TSV_FLAGS
+    missing = [_flag(n) for n in ("train", "dev", text_flag, label_flag) if not getattr(args, n)]
     if missing:
-      raise errors.ConfigError(f"--task custom needs {', '.join(missing)}")
-    cols = tuple(c.strip() for c in args.text_columns.split(",") if c.strip())
+      raise errors.ConfigError(
+          f"--task custom needs {', '.join(missing)} (JSON lines: --text-fields and "
+          "--label-field instead of --text-columns and --label-column)"
+      )
+    text, label = getattr(args, text_flag), getattr(args, label_flag)
+    cols = tuple(c.strip() for c in text.split(",") if c.strip())
     if len(cols) not in (1, 2):
       raise errors.ConfigError(
-          f"--text-columns {args.text_columns!r}: give one or two column names, e.g. review "
-          "or question,answer"
+          f"{_flag(text_flag)} {text!r}: give one or two names, e.g. review or question,answer"
       )
-    labels = None if args.regression else tsv.custom_labels(args.train, cols, args.label_column)
-    return [
-        tasks.custom(args.name, args.train, args.dev, args.test, cols, args.label_column, labels)
-    ]
+    fmt = "jsonl" if jsonl else "tsv"
+    labels = None if args.regression else tsv.custom_labels(args.train, cols, label, fmt)
+    return [tasks.custom(args.name, args.train, args.dev, args.test, cols, label, labels, fmt)]
   if args.task == "all":
     return [tasks.TASKS[n] for n in tasks.ALL]
-  if args.task not in TASK_NAMES:
+  if args.task not in TASK_NAMES + CLUE_NAMES:
     raise errors.ConfigError(
-        f"--task {args.task!r} is not a task — valid: {', '.join(TASK_NAMES)}, all, custom"
+        f"--task {args.task!r} is not a task — valid: {', '.join(TASK_NAMES)}, all, custom, "
+        f"and CLUE's {', '.join(CLUE_NAMES)}"
     )
   return [tasks.get(args.task)]
+
+
+_TSV_FLAGS = ("text_columns", "label_column")
 
 
 def main(argv: list[str]) -> int:
@@ -181,6 +219,11 @@ def main(argv: list[str]) -> int:
   from bertjax.runtime import fs
   from bertjax.tasks.glue import sweep
 
+  if args.task in CLUE_NAMES and args.data == "tfds":
+    raise errors.ConfigError(
+        f"--task {args.task} reads CLUE's JSON-lines files: pass --data DIR, the directory "
+        "holding its train.json, dev.json and test.json (as CLUE distributes them)"
+    )
   opts = sweep.Options(
       workdir=args.workdir,
       data="" if args.task == "custom" else args.data,
@@ -191,9 +234,13 @@ def main(argv: list[str]) -> int:
       packing=packed_examples(args.max_seq_len) if args.packing else 0,
   )
   if opts.data not in ("", "tfds") and not fs.path(opts.data).is_dir():
+    want = (
+        f"the directory holding {args.task}'s train.json, dev.json and test.json"
+        if args.task in CLUE_NAMES
+        else "a GLUE_DIR in the layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"
+    )
     raise errors.InputNotFoundError(
-        f"--data {opts.data}: not 'tfds' and no such directory — pass a GLUE_DIR in the "
-        "layout of the GLUE download (GLUE_DIR/SST-2/train.tsv, ...)"
+        f"--data {opts.data}: not 'tfds' and no such directory — pass {want}"
     )
   sweep.check_data(task_list, opts)
   enc = finetune_args.load_encoder(args)

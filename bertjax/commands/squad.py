@@ -4,12 +4,17 @@
       --workdir out/squad11
   bertjax squad --init uncased_L-12_H-768_A-12 --train train-v2.0.json --dev dev-v2.0.json \\
       --version 2.0 --workdir out/squad20 --null-threshold -1.5
+  bertjax squad --init runs/zh --train cmrc2018_train.json --dev cmrc2018_dev.json \\
+      --version 1.1 --metric cmrc2018 --workdir out/cmrc2018
 
 Writes OUT/predictions.json (question id -> answer, the input of the official evaluation
 script), OUT/nbest_predictions.json, OUT/null_odds.json (v2.0), OUT/results.json (official EM/F1
 in percent; for v2.0 also HasAns/NoAns and the best null threshold), OUT/metrics.jsonl per epoch,
-OUT/skipped_questions.txt when questions were malformed, and the best epoch's parameters in
-OUT/best/ with OUT/best.json. See docs/tasks.md.
+OUT/skipped_questions.txt when questions were malformed, the --test questions' answers
+(OUT/test_predictions.json; CLUE's OUT/submission/cmrc2018_predict.json with --metric
+cmrc2018), and the best epoch's parameters in OUT/best/ with OUT/best.json. Chinese contexts (no spaces) are split at every CJK character, so
+an answer can start and end at any of them; --metric cmrc2018 scores with CMRC 2018's EM and
+character-level F1 (and their average). See docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -32,7 +37,20 @@ def _parser() -> argparse.ArgumentParser:
   finetune_args.add_encoder_args(p)
   p.add_argument("--train", required=True, help="SQuAD training JSON")
   p.add_argument("--dev", required=True, help="SQuAD dev JSON (scored after every epoch)")
+  p.add_argument(
+      "--test",
+      help="optional SQuAD JSON to answer with the best epoch (no answers needed): "
+      "OUT/test_predictions.json, or with --metric cmrc2018 CLUE's "
+      "OUT/submission/cmrc2018_predict.json",
+  )
   p.add_argument("--version", required=True, choices=("1.1", "2.0"))
+  p.add_argument(
+      "--metric",
+      choices=("squad", "cmrc2018"),
+      default="squad",
+      help="squad: the official SQuAD EM/F1; cmrc2018: CMRC 2018's EM and character-level F1 "
+      "(punctuation removed as its evaluation script does; with --version 1.1)",
+  )
   p.add_argument("--workdir", required=True, help="output directory (OUT)")
   g = p.add_argument_group("features and decoding (google-research/bert's defaults)")
   g.add_argument(
@@ -72,6 +90,22 @@ def _read(path: str, version: str, training: bool):
   return examples, skipped
 
 
+def _read_test(path: str, version: str):
+  """The questions of a test file; one that cannot be read stops the command (every question
+  needs its answer in the submission)."""
+  from bertjax.tasks.squad import data
+
+  examples, skipped = data.read(path, version, training=False, labelled=False)
+  if skipped:
+    raise data.SquadDataError(
+        f"{skipped[0]} — every test question needs an answer, so the predictions would be "
+        "incomplete: fix this question"
+    )
+  if not examples:
+    raise data.SquadDataError(f"{path}: no questions to answer")
+  return examples
+
+
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   if args.max_seq_len < args.max_query_length + 8:
@@ -80,6 +114,11 @@ def main(argv: list[str]) -> int:
         f"--max-query-length {args.max_query_length} question — raise --max-seq-len to at "
         f"least {args.max_query_length + 8} or lower --max-query-length"
     )
+  if args.metric == "cmrc2018" and args.version != "1.1":
+    raise errors.ConfigError(
+        "--metric cmrc2018 scores CMRC 2018, whose every question has an answer: use "
+        "--version 1.1 (2.0's unanswerable questions are SQuAD's)"
+    )
   finetune_args.check_recipe_args(args)
   from bertjax.runtime import fs
   from bertjax.tasks import files
@@ -87,6 +126,7 @@ def main(argv: list[str]) -> int:
 
   train_ex, bad_train = _read(args.train, args.version, training=True)
   dev_ex, bad_dev = _read(args.dev, args.version, training=False)
+  test_ex = _read_test(args.test, args.version) if args.test else []
   enc = finetune_args.load_encoder(args)
   # Every check has passed: from here on the command prints and writes.
   fs.path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -108,6 +148,7 @@ def main(argv: list[str]) -> int:
       max_answer_length=args.max_answer_length,
       null_threshold=args.null_threshold,
       eval_untrained=args.eval_untrained,
+      metric=args.metric,
   )
   packing = finetune_args.packed_examples(args.max_seq_len) if args.packing else 0
   result = train.train_and_evaluate(
@@ -119,10 +160,15 @@ def main(argv: list[str]) -> int:
       args.workdir,
       progress=not args.no_progress,
       packing=packing,
+      test=test_ex,
   )
   print(
       f"squad: best epoch {result.best_epoch}: "
-      + ", ".join(f"{k} {v:.2f}" for k, v in result.best.items() if not k.endswith("_total"))
+      + ", ".join(
+          f"{k} {v:.2f}" for k, v in result.best.items() if not k.endswith(("_total", "skip"))
+      )
   )
   print(f"squad: wrote {files.join(args.workdir, 'predictions.json')} and results.json")
+  if test_ex:
+    print(f"squad: wrote {files.join(args.workdir, train.test_predictions_name(opts))}")
   return 0

@@ -6,6 +6,13 @@ Submission files are what gluebenchmark.com accepts in its zip: one `<Name>.tsv`
 example in file order. Labels are written as the leaderboard expects them: 0/1 for CoLA,
 SST-2, MRPC, QQP and WNLI; entailment/neutral/contradiction for MNLI and AX;
 entailment/not_entailment for QNLI and RTE; a score in [0, 5] with 3 decimals for STS-B.
+
+CLUE's leaderboard takes one JSON-lines file per test set, one line {"id": ID, "label": LABEL}
+per test example in file order, ID as the test file has it and LABEL a string of the task's
+label list: `afqmc_predict.json`, `tnews11_predict.json` (and `tnews10_predict.json` for the 1.0
+test set), `iflytek_predict.json`, `cmnli_predict.json`, `ocnli_50k_predict.json`,
+`csl_predict.json`, `cluewsc11_predict.json` (and `cluewsc10_predict.json`); a custom JSON-lines
+task writes `<name>_predict.json` alike.
 """
 
 from __future__ import annotations
@@ -28,6 +35,33 @@ def format_label(task: tasks.Task, pred) -> str:
     value = float(np.clip(pred, 0.0, 5.0)) if task.name == "stsb" else float(pred)
     return f"{value:.3f}"
   return task.labels[int(pred)]
+
+
+def file_name(task: tasks.Task, split: tasks.Split) -> str:
+  """The submission file of a test split: `MNLI-m.tsv`, `tnews11_predict.json`."""
+  return f"{split.submission}.json" if task.format == "jsonl" else f"{split.submission}.tsv"
+
+
+def check_jsonl_submission(
+    task: tasks.Task, split: tasks.Split, index: Sequence, lines: Sequence[str]
+) -> None:
+  """Raise ValueError unless `lines` are one JSON object {"id", "label"} per test example, in
+  the test file's order, each label one the leaderboard takes."""
+  name = file_name(task, split)
+  if not index:
+    raise ValueError(f"{name}: no test rows; refusing to write an empty submission")
+  if len(lines) != len(index):
+    raise ValueError(f"{name}: {len(index)} test rows but {len(lines)} predictions")
+  for k, (want, line) in enumerate(zip(index, lines)):
+    got = json.loads(line)
+    if set(got) != {"id", "label"} or got["id"] != want or isinstance(got["id"], bool):
+      raise ValueError(f"{name}: line {k + 1} is {line!r}, expected the test id {want!r}")
+    ok = np.isfinite(float(got["label"])) if task.is_regression else got["label"] in task.labels
+    if not ok:
+      raise ValueError(
+          f"{name}: line {k + 1} (id {want}): label {got['label']!r} is not one the "
+          "leaderboard takes"
+      )
 
 
 def check_submission(
@@ -57,7 +91,7 @@ def check_submission(
 def write_submission(
     task: tasks.Task, split: tasks.Split, index: Sequence[str], preds: np.ndarray, out_dir: str
 ) -> str:
-  """OUT/submission/<Name>.tsv for one test split; returns its path.
+  """OUT/submission/<Name>.tsv (CLUE: <name>_predict.json) for one test split; returns its path.
 
   `index` is the id of every test row, in file order. The file is written only once
   `check_submission` passes (the leaderboard rejects an incomplete file), and atomically: a
@@ -65,11 +99,18 @@ def write_submission(
   """
   if len(index) != len(preds):
     raise ValueError(f"{split.submission}: {len(index)} test rows but {len(preds)} predictions")
-  lines = [SUBMISSION_HEADER] + [f"{i}\t{format_label(task, p)}" for i, p in zip(index, preds)]
-  check_submission(task, split, index, lines)
+  if task.format == "jsonl":
+    lines = [
+        json.dumps({"id": i, "label": format_label(task, p)}, ensure_ascii=False)
+        for i, p in zip(index, preds)
+    ]
+    check_jsonl_submission(task, split, index, lines)
+  else:
+    lines = [SUBMISSION_HEADER] + [f"{i}\t{format_label(task, p)}" for i, p in zip(index, preds)]
+    check_submission(task, split, index, lines)
   sub_dir = files.join(out_dir, "submission")
   fs.path(sub_dir).mkdir(parents=True, exist_ok=True)
-  path = files.join(sub_dir, f"{split.submission}.tsv")
+  path = files.join(sub_dir, file_name(task, split))
   fs.write_atomic(path, ("\n".join(lines) + "\n").encode("utf-8"))
   return path
 
@@ -97,7 +138,7 @@ def write_results(
 
 
 def _order(task: str) -> tuple[int, str]:
-  names = list(tasks.ALL)
+  names = list(tasks.ALL) + list(tasks.CLUE_ALL)
   return (names.index(task) if task in names else len(names), task)
 
 
@@ -111,7 +152,7 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
   ]
   for task in sorted(results, key=_order):
     row = results[task]
-    known = tasks.TASKS[task].metrics if task in tasks.TASKS else ()
+    known = tasks.ALL_TASKS[task].metrics if task in tasks.ALL_TASKS else ()
     names = [k for k in row if not k.endswith(_SPREAD)]
     for m in sorted(names, key=lambda k: (known.index(k) if k in known else len(known), k)):
       median = f"{100 * row[m + '_median']:.1f}" if f"{m}_median" in row else ""

@@ -1,9 +1,14 @@
-"""The GLUE task registry: files, columns, label lists, metrics and submission names.
+"""The GLUE and CLUE task registries: files, columns, label lists, metrics and submission names.
 
 Class ids follow TFDS `glue/<task>` (`ClassLabel` order), so a model trained on TSV data and one
 trained on TFDS data agree. `labels[i]` is how class i is written in the GLUE TSVs, and also how
 the leaderboard wants it in a submission file (0/1 for CoLA, SST-2, MRPC, QQP and WNLI; words
 for the NLI tasks; a float for STS-B).
+
+CLUE's classification tasks (`CLUE`) are JSON lines (`train.json`, `dev.json`, `test.json`, one
+object a line, as CLUE distributes them) read by `jsonl`; their class ids follow the label
+lists of CLUE's baselines (`get_labels` in baselines/models/classifier_utils.py), which are
+also the label strings the leaderboard takes. Every CLUE task is scored by accuracy.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ class Split:
   """One evaluation or test file of a task."""
 
   name: str  # key in Examples dicts: "dev", "dev_matched", "test", "ax", ...
-  tsv: str  # path under GLUE_DIR
+  tsv: str  # path under the data directory (GLUE_DIR/SST-2/train.tsv; CLUE: train.json)
   tfds: tuple[str, str]  # (TFDS dataset name, split name)
   metric_prefix: str = ""  # MNLI: "matched_" / "mismatched_" in results.json
-  submission: str | None = None  # test splits: leaderboard file stem ("MNLI-m", "AX", ...)
+  # test splits: leaderboard file stem ("MNLI-m", "AX", ...; CLUE: "tnews11_predict", ...)
+  submission: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,10 @@ class Task:
   index_column: str | None = "index"  # test-file column with the leaderboard's row ids
   # CoLA's train/dev files have no header: (label position, sentence position).
   headerless_positions: tuple[int, int] | None = None
+  format: str = "tsv"  # "tsv" (GLUE's files) or "jsonl" (CLUE's: one JSON object a line)
+  # How a JSON record becomes its text: None reads `text_columns`; "wsc" marks CLUEWSC2020's
+  # two spans in its "text" (`jsonl.wsc_text`).
+  text_builder: str | None = None
 
   @property
   def num_labels(self) -> int:
@@ -231,13 +241,82 @@ TASKS: dict[str, Task] = {
 ALL = tuple(TASKS)
 
 
+# ------------------------------------------------------------------------------------- CLUE
+
+
+def _clue(
+    name: str,
+    text_columns: tuple[str, ...],
+    labels: tuple[str, ...],
+    submission: str,
+    test_10: str | None = None,
+    **kw,
+) -> Task:
+  """A CLUE classification task over DIR/train.json, dev.json and test.json (and, for the
+  tasks CLUE 1.1 revised, the 1.0 test set test1.0.json with its own submission file)."""
+  tests = [Split("test", "test.json", ("", ""), submission=submission)]
+  if test_10:
+    tests.append(Split("test1.0", "test1.0.json", ("", ""), submission=test_10))
+  return Task(
+      name=name,
+      text_columns=text_columns,
+      tfds_features=text_columns,
+      label_column="label",
+      labels=labels,
+      metrics=("accuracy",),
+      main_metric="accuracy",
+      train=Split("train", "train.json", ("", "")),
+      dev=(Split("dev", "dev.json", ("", "")),),
+      test=tuple(tests),
+      index_column="id",
+      format="jsonl",
+      **kw,
+  )
+
+
+# TNEWS: the 15 news categories 100..116 without 105 and 111 (CLUE's numbering).
+_TNEWS = tuple(str(100 + i) for i in range(17) if i not in (5, 11))
+_CLUE_NLI = ("contradiction", "entailment", "neutral")  # CLUE's CMNLI/OCNLI label order
+
+# Submission file stems are those of the CLUE 1.1 leaderboard's submission zip (CLUE's
+# baselines/paddlenlp/classification/run_clue_classifier.py, do_predict): TNEWS and
+# CLUEWSC2020 were revised for 1.1 ("tnews11", "cluewsc11"; the 1.0 test sets "tnews10",
+# "cluewsc10"), OCNLI is "ocnli_50k" (its 50k training set); the others are the task name.
+CLUE: dict[str, Task] = {
+    t.name: t
+    for t in (
+        _clue("afqmc", ("sentence1", "sentence2"), _BINARY, "afqmc_predict"),
+        _clue("tnews", ("sentence",), _TNEWS, "tnews11_predict", test_10="tnews10_predict"),
+        _clue("iflytek", ("sentence",), tuple(str(i) for i in range(119)), "iflytek_predict"),
+        _clue("cmnli", ("sentence1", "sentence2"), _CLUE_NLI, "cmnli_predict"),
+        _clue("ocnli", ("sentence1", "sentence2"), _CLUE_NLI, "ocnli_50k_predict"),
+        # CSL: the keywords (a list, joined by spaces as CLUE's baseline does) and the abstract.
+        _clue("csl", ("keyword", "abst"), _BINARY, "csl_predict"),
+        # CLUEWSC2020: the text with its noun marked _so_ and its pronoun [so] (`jsonl.wsc_text`).
+        _clue(
+            "cluewsc2020",
+            ("text",),
+            ("true", "false"),
+            "cluewsc11_predict",
+            test_10="cluewsc10_predict",
+            text_builder="wsc",
+        ),
+    )
+}
+CLUE_ALL = tuple(CLUE)
+ALL_TASKS: dict[str, Task] = {**TASKS, **CLUE}
+
+
 def get(name: str) -> Task:
   """The task called `name`; "ax" is MNLI (whose model predicts the AX diagnostic)."""
   if name == "ax":
     return TASKS["mnli"]
-  if name not in TASKS:
-    raise errors.ConfigError(f"task {name!r} is not a GLUE task — valid: {', '.join(ALL)}, ax")
-  return TASKS[name]
+  if name not in ALL_TASKS:
+    raise errors.ConfigError(
+        f"task {name!r} is not a GLUE or CLUE task — valid: {', '.join(ALL)}, ax, "
+        f"{', '.join(CLUE_ALL)}"
+    )
+  return ALL_TASKS[name]
 
 
 def custom(
@@ -248,8 +327,11 @@ def custom(
     text_columns: tuple[str, ...],
     label_column: str,
     labels: tuple[str, ...] | None,
+    format: str = "tsv",
 ) -> Task:
-  """A task over the user's own TSV files (header row, columns by name).
+  """A task over the user's own TSV files (header row, columns by name) or, `format` "jsonl",
+  JSON-lines files (one object a line, fields by name; a test record's "id" names its
+  submission line, else its position).
 
   `labels` are the distinct training labels (sorted) or None for regression; binary tasks
   also report F1 with the second label as the positive class.
@@ -260,7 +342,8 @@ def custom(
     metrics, main = ("accuracy", "f1", "mcc"), "accuracy"
   else:
     metrics, main = ("accuracy",), "accuracy"
-  tests = (Split("test", test, ("", ""), submission=name),) if test else ()
+  stem = f"{name}_predict" if format == "jsonl" else name
+  tests = (Split("test", test, ("", ""), submission=stem),) if test else ()
   return Task(
       name=name,
       text_columns=text_columns,
@@ -272,5 +355,6 @@ def custom(
       train=Split("train", train, ("", "")),
       dev=(Split("dev", dev, ("", "")),),
       test=tests,
-      index_column=None,
+      index_column="id" if format == "jsonl" else None,
+      format=format,
   )

@@ -1,4 +1,6 @@
-"""Reader for the GLUE download layout (`GLUE_DIR/SST-2/train.tsv`, ...) and custom TSV tasks.
+"""Reader for the GLUE download layout (`GLUE_DIR/SST-2/train.tsv`, ...) and custom TSV tasks;
+the tasks whose files are JSON lines (CLUE's, custom `.json`) are read by `jsonl` under the same
+contract, through the same `load_split`, `load_task` and `check_task`.
 
 GLUE's files are tab-separated with quote characters that are *not* quoting (`"` and `'`
 appear inside sentences unbalanced), so each physical line is one row and fields are split on
@@ -30,7 +32,7 @@ import numpy as np
 from bertjax import errors
 from bertjax.runtime import fs
 from bertjax.tasks import files
-from bertjax.tasks.glue import features, tasks
+from bertjax.tasks.glue import features, jsonl, tasks
 
 
 class GlueDataError(errors.UserError, ValueError):
@@ -185,10 +187,20 @@ def load_split(
   """One split of a GLUE task from a GLUE directory (or custom files: `root` "")."""
   path = _split_path(root, split)
   if root and not fs.path(path).is_file():
+    if task.format == "jsonl":
+      raise GlueDataError(
+          f"{path}: not found — --task {task.name} reads CLUE's files as CLUE distributes them: "
+          "DIR/train.json, DIR/dev.json and (for a submission) DIR/test.json (see docs/glue.md)"
+      )
     raise GlueDataError(
         f"{path}: not found — expected the GLUE download layout, e.g. GLUE_DIR/SST-2/train.tsv "
         "(see docs/glue.md)"
     )
+  if task.format == "jsonl":
+    if not fs.path(path).is_file():
+      raise GlueDataError(f"{path}: no such file")
+    rows, skipped = jsonl.read_rows(path, task, labelled, _short_name(path), strict=not labelled)
+    return to_examples(rows, skipped, task.labels, labelled, task.is_pair)
   label_col = task.label_column if labelled else None
   if task.headerless_positions and labelled:
     label_pos, text_pos = task.headerless_positions
@@ -224,9 +236,17 @@ def load_tests(task: tasks.Task, root: str) -> dict[str, features.Examples]:
   }
 
 
-def custom_labels(path: str, text_columns: tuple[str, ...], label_column: str) -> tuple[str, ...]:
+def custom_labels(
+    path: str, text_columns: tuple[str, ...], label_column: str, format: str = "tsv"
+) -> tuple[str, ...]:
   """The sorted distinct labels of a custom training file: the class list of the task."""
-  rows, _ = read_rows(path, Columns(text_columns, label_column))
+  if format == "jsonl":
+    if not fs.path(path).is_file():
+      raise GlueDataError(f"{path}: no such file")
+    probe = tasks.custom("custom", path, path, None, text_columns, label_column, (), "jsonl")
+    rows, _ = jsonl.read_rows(path, probe, True, _short_name(path), strict=False)
+  else:
+    rows, _ = read_rows(path, Columns(text_columns, label_column))
   found = sorted({r[2] for r in rows})
   if not found:
     raise GlueDataError(f"{path}: no labelled rows in column {label_column!r}")

@@ -38,11 +38,14 @@ class Example:
     return self.answers[0] if self.answers else ""
 
 
-def read(path: str, version: str, training: bool) -> tuple[list[Example], list[str]]:
+def read(
+    path: str, version: str, training: bool, labelled: bool = True
+) -> tuple[list[Example], list[str]]:
   """The questions of `path` and "file: question ID: why" for each one skipped.
 
   With `training`, each answerable question needs an answer whose `answer_start` points at its
-  text in the context (that span is the target); for evaluation only the texts are needed.
+  text in the context (that span is the target); for evaluation only the texts are needed;
+  without `labelled` (a test set to predict) no answers are read.
   A file that is not SQuAD JSON down to the questions (`schema.SquadFile`) raises
   `SquadDataError` naming the file and the path inside it (`data[0].paragraphs`).
   """
@@ -57,7 +60,7 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
     for p, para in enumerate(article.paragraphs):
       for q, raw in enumerate(para.qas):
         where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-        ex, why = _example(raw, para.context, version, training)
+        ex, why = _example(raw, para.context, version, training, labelled)
         if ex is not None and ex.qid in seen:
           ex, why = None, "duplicate id"
         if ex is None:
@@ -70,7 +73,9 @@ def read(path: str, version: str, training: bool) -> tuple[list[Example], list[s
   return examples, skipped
 
 
-def _example(raw, context: str, version: str, training: bool) -> tuple[Example | None, str]:
+def _example(
+    raw, context: str, version: str, training: bool, labelled: bool = True
+) -> tuple[Example | None, str]:
   """One question, or None and why it is skipped."""
   if not isinstance(raw, dict):
     return None, f'expected an object {{"id", "question", "answers"}}, found {schema.found(raw)}'
@@ -85,6 +90,8 @@ def _example(raw, context: str, version: str, training: bool) -> tuple[Example |
     return None, 'no "question" text'
   if qa.is_impossible and version == "1.1":
     return None, "is_impossible is set, which v1.1 does not have (read the file as version 2.0)"
+  if not labelled:
+    return Example(qa.id, qa.question, context, [], -1, False), ""
   texts = [x.text for x in qa.answers]
   if qa.is_impossible:
     return Example(qa.id, qa.question, context, [], -1, True), ""

@@ -2,13 +2,17 @@
 
 The context is cut into *units* with character spans, each tokenized on its own, so every
 token maps back to characters of the original text. Words are separated by run_squad's
-whitespace (space, tab, CR, LF, U+202F):
-  * WordPiece: each word is split further on punctuation and CJK characters, as BERT's basic
-    tokenizer does anyway, so the pieces are those of the whole text and an answer "1895" is
-    cut out of "(1895)" exactly;
-  * SentencePiece: each word is one unit (its pieces carry the word's "▁").
+whitespace (space, tab, CR, LF, U+202F), and every CJK ideograph is a word of its own, so that
+in Chinese text, which has no spaces, an answer can start and end at any character (CMRC
+2018's baseline splits its contexts so, with BERT's basic tokenizer's CJK ranges):
+  * WordPiece: each word is split further on punctuation, as BERT's basic tokenizer does
+    anyway, so the pieces are those of the whole text and an answer "1895" is cut out of
+    "(1895)" exactly;
+  * SentencePiece: each word is one unit (its pieces carry the word's "▁"; a CJK character is
+    then tokenized on its own, where the model may have learnt pieces of several).
 A predicted span's answer is cut from the words holding it by run_squad's get_final_text
-(`answer_text`): the characters its pieces cover, "1890" inside "1890s".
+(`answer_text`): the characters its pieces cover, "1890" inside "1890s". A context without CJK
+characters is cut exactly as run_squad cuts it.
 A long context becomes several windows of at most `max_seq_len - len(question) - 3` tokens,
 each starting `doc_stride` tokens after the last; a token scored in several windows counts in
 the one where it has the most context on both sides (`max_context`). The training target is
@@ -47,10 +51,6 @@ class Features:
     return len(self.example_index_N)
 
 
-def _is_split_char(ch: str) -> bool:
-  return wordpiece.is_punctuation(ch) or wordpiece.is_cjk(ch)
-
-
 # run_squad's _is_whitespace: what separates the context's words (other Unicode spaces, e.g.
 # U+00A0, are inside a word there, and WordPiece's basic tokenization splits on them later).
 _DOC_SPACES = " \t\r\n\u202f"
@@ -61,11 +61,15 @@ def _is_space(ch: str) -> bool:
 
 
 def unit_spans(text: str, split_punctuation: bool) -> list[tuple[int, int]]:
-  """[start, end) character spans of the whitespace words of `text`, each punctuation or CJK
-  character its own span when `split_punctuation`."""
+  """[start, end) character spans of the whitespace words of `text`, each CJK character its
+  own span, and each punctuation character too when `split_punctuation`."""
   spans, start = [], None
   for i, ch in enumerate(text):
-    if _is_space(ch) or (split_punctuation and _is_split_char(ch)):
+    if (
+        _is_space(ch)
+        or wordpiece.is_cjk(ch)
+        or (split_punctuation and wordpiece.is_punctuation(ch))
+    ):
       if start is not None:
         spans.append((start, i))
         start = None
@@ -76,6 +80,11 @@ def unit_spans(text: str, split_punctuation: bool) -> list[tuple[int, int]]:
   if start is not None:
     spans.append((start, len(text)))
   return spans
+
+
+def _word_edge(left: str, right: str) -> bool:
+  """Whether a word of the context ends between the characters `left` and `right`."""
+  return _is_space(left) or _is_space(right) or wordpiece.is_cjk(left) or wordpiece.is_cjk(right)
 
 
 def tokenize_context(tok: Any, context: str) -> tuple[list[tuple[int, int]], list[int], list[int]]:
@@ -99,7 +108,27 @@ def answer_token_span(ex: Example, spans, ids, unit_of, tok) -> tuple[int, int]:
   t1 = bisect.bisect_right(unit_of, end_unit) - 1
   if t0 > t1 or t0 >= len(ids):
     return -1, -1
-  return _improve_span(ids, t0, t1, tok.encode(ex.answer_text))
+  span = _improve_span(ids, t0, t1, tok.encode(ex.answer_text))
+  cjk = any(wordpiece.is_cjk(ch) for ch in ex.context[spans[start_unit][0] : spans[end_unit][1]])
+  if span == (t0, t1) and cjk and not isinstance(tok, wordpiece.WordPieceTokenizer):
+    span = _improve_span_by_text(tok, ids, t0, t1, ex.answer_text)
+  return span
+
+
+def _improve_span_by_text(tok: Any, ids: list[int], t0: int, t1: int, answer: str):
+  """The shortest sub-span of [t0, t1] whose pieces decode to `answer`, spaces aside: in
+  Chinese text a SentencePiece answer is rarely its own pieces ("12月" after "，" is "1" "2"
+  of the unit "，12", then the unit "月")."""
+  want = answer.replace(" ", "")
+  best = (t0, t1)
+  for s in range(t0, t1 + 1):
+    for e in range(s, t1 + 1):
+      if e - s >= best[1] - best[0]:
+        break
+      if tok.decode(ids[s : e + 1]).replace(" ", "") == want:
+        best = (s, e)
+        break
+  return best
 
 
 def _improve_span(ids: list[int], t0: int, t1: int, answer_ids: list[int]) -> tuple[int, int]:
@@ -240,14 +269,23 @@ def get_final_text(pred_text: str, orig_text: str, tok: Any) -> str:
   tokenized text (other than spaces), or `pred_text` is not found in it, the whole words are
   the answer, as in the reference. Like the reference, the first occurrence of `pred_text`
   counts.
+
+  Chinese text (`orig_text` with a CJK character): its units are tokenized one by one, so
+  SentencePiece pieces decode with a space between units ("12 月") where the text has none;
+  when `pred_text` is not found as it is, it is looked for without spaces.
   """
   tok_text = _tokenized_text(tok, orig_text)
+  orig_ns, orig_pos = _strip_spaces(orig_text)
+  tok_ns, tok_pos = _strip_spaces(tok_text)
   start = tok_text.find(pred_text)
+  if start < 0 and any(wordpiece.is_cjk(ch) for ch in orig_text):
+    pred_ns = pred_text.replace(" ", "")
+    k = tok_ns.find(pred_ns) if pred_ns else -1
+    if k >= 0 and len(orig_ns) == len(tok_ns):
+      return orig_text[orig_pos[k] : orig_pos[k + len(pred_ns) - 1] + 1]
   if start < 0:
     return orig_text
   end = start + len(pred_text) - 1
-  orig_ns, orig_pos = _strip_spaces(orig_text)
-  tok_ns, tok_pos = _strip_spaces(tok_text)
   if len(orig_ns) != len(tok_ns):
     return orig_text
   tok_ns_of = {p: k for k, p in enumerate(tok_pos)}
@@ -261,11 +299,13 @@ def answer_text(
 ) -> str:
   """The answer of the predicted pieces `ids`, which lie in units unit_start..unit_end: the
   context words holding them joined by single spaces (run_squad's orig_text), cut to the
-  pieces by `get_final_text`."""
+  pieces by `get_final_text`. A CJK character is a word of its own (CMRC 2018's baseline's
+  doc tokens), so in Chinese text the words are the predicted characters, not the whole
+  unspaced run around them."""
   start, end = spans[unit_start][0], spans[unit_end][1]
-  while start > 0 and not _is_space(context[start - 1]):
+  while start > 0 and not _word_edge(context[start - 1], context[start]):
     start -= 1
-  while end < len(context) and not _is_space(context[end]):
+  while end < len(context) and not _word_edge(context[end - 1], context[end]):
     end += 1
   words = re.split(f"[{_DOC_SPACES}]+", context[start:end])
   return get_final_text(piece_text(tok, ids), " ".join(words), tok)

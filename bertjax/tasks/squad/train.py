@@ -33,6 +33,7 @@ from bertjax.tasks.encoder import Encoder
 from bertjax.tasks.finetuning import Finished, Splits, Trainer, masked_mean
 from bertjax.tasks.recipe import Recipe
 from bertjax.tasks.squad import (
+    cmrc2018,
     decode as decode_lib,
     evaluate as evaluate_lib,
     features as feats_lib,
@@ -52,6 +53,9 @@ class Options:
   max_answer_length: int = 30  # tokens
   null_threshold: float = 0.0  # v2.0: answer "" when null - best span score exceeds this
   eval_untrained: bool = False  # also score the model before training (epoch 0)
+  # "squad": the official SQuAD EM/F1 (`evaluate`); "cmrc2018": CMRC 2018's EM and
+  # character-level F1 (`cmrc2018`), for Chinese
+  metric: str = "squad"
 
 
 def squad_loss(outputs, batch: dict) -> jax.Array:
@@ -112,7 +116,10 @@ def decode(
 
 
 def score(examples: list[Example], dec: decode_lib.Decoded, opts: Options) -> dict[str, float]:
-  """The official EM/F1 (and, v2.0, the no-answer breakdown) of the decoded answers."""
+  """The official EM/F1 (and, v2.0, the no-answer breakdown) of the decoded answers; with
+  `opts.metric` "cmrc2018" CMRC 2018's EM, F1 and their average."""
+  if opts.metric == "cmrc2018":
+    return cmrc2018.score(gold_answers(examples), dec.predictions)
   return evaluate_lib.score(
       gold_answers(examples),
       dec.predictions,
@@ -147,6 +154,7 @@ class SquadTask:
   dev: list[Example]
   opts: Options
   max_position_embeddings: int  # the encoder's: no window may be longer
+  test: list[Example] = dataclasses.field(default_factory=list)  # answered by the best epoch
   name = "squad"
   run_name = ""
   main_metric = "f1"
@@ -174,10 +182,18 @@ class SquadTask:
       raise SquadDataError("the train or dev questions give no windows — nothing to train or score")
     return train_feats, dev_feats
 
+  @functools.cached_property
+  def test_windows(self) -> feats_lib.Features:
+    opts = self.opts
+    return feats_lib.build(
+        self.tok, self.test, opts.max_seq_len, opts.doc_stride, opts.max_query_length, False
+    )
+
   def features(self) -> Splits:
     train_feats, dev_feats = self.windows
     dev = {"dev": dev_feats.arrays}
-    return Splits(train=train_feats.arrays, scored=dev, final=dev)
+    final = dict(dev, test=self.test_windows.arrays) if self.test else dev
+    return Splits(train=train_feats.arrays, scored=dev, final=final)
 
   def head(self, cfg: model_lib.BertConfig) -> model_lib.BertForQuestionAnswering:
     return model_lib.BertForQuestionAnswering(cfg)
@@ -186,8 +202,9 @@ class SquadTask:
     return squad_loss(outputs, batch)
 
   def predictions(self, split: str, outputs) -> decode_lib.Decoded:
-    del split  # only dev is predicted
     start_NxL, end_NxL = outputs
+    if split == "test":
+      return decode(self.test, self.test_windows, start_NxL, end_NxL, self.tok, self.opts)
     return decode(self.dev, self.windows[1], start_NxL, end_NxL, self.tok, self.opts)
 
   def metric(self, predicted: dict[str, decode_lib.Decoded]) -> dict[str, float]:
@@ -202,12 +219,15 @@ class SquadTask:
       _write(run.workdir, "nbest_predictions.json", dec.nbest)
       if opts.version == "2.0":
         _write(run.workdir, "null_odds.json", dec.null_odds)
+      if "test" in predicted:
+        _write(run.workdir, test_predictions_name(opts), predicted["test"].predictions)
       untrained = [h for h in result.history if h["epoch"] == 0]
       _write(
           run.workdir,
           "results.json",
           dict(
               version=opts.version,
+              metric=opts.metric,
               best_epoch=result.best_epoch,
               dev=scores,
               untrained=untrained[0] if untrained else None,
@@ -226,6 +246,14 @@ class SquadTask:
     )
 
 
+def test_predictions_name(opts: Options) -> str:
+  """Where the test questions' answers go, under the workdir: CLUE's CMRC 2018 submission
+  file (question id -> answer) with `metric` "cmrc2018", else test_predictions.json."""
+  return (
+      "submission/cmrc2018_predict.json" if opts.metric == "cmrc2018" else "test_predictions.json"
+  )
+
+
 def train_and_evaluate(
     enc: Encoder,
     train: list[Example],
@@ -235,12 +263,14 @@ def train_and_evaluate(
     workdir: str,
     progress: bool = True,
     packing: int = 0,
+    test: list[Example] | None = None,
 ) -> finetuning.FitResult:
   """Fine-tune on the windows of `train`, score `dev` after each epoch, write the best
   epoch's predictions. `packing` > 0 packs up to that many windows into a row of
   `opts.max_seq_len` to train and predict (`finetuning.Trainer`), each window's start and end
-  logits read from its own tokens; 0 one window a row."""
-  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_seq_len)
+  logits read from its own tokens; 0 one window a row. `test` questions (no answers needed)
+  are answered by the best epoch into `test_predictions_name(opts)`."""
+  task = SquadTask(enc.tokenizer, train, dev, opts, enc.config.max_seq_len, list(test or []))
   return finetuning.run(
       task,
       enc,
@@ -253,4 +283,6 @@ def train_and_evaluate(
 
 
 def _write(workdir: str, name: str, obj) -> None:
-  (fs.path(workdir) / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False))
+  path = fs.path(workdir) / name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(obj, indent=2, ensure_ascii=False))
