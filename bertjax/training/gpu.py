@@ -171,8 +171,19 @@ def target_config(model: Model) -> str:
 
 def plugin_missing() -> str | None:
   """None when jax's CUDA plugin can be imported, else the one-line reason and fix."""
-  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+  # jax finds its plugins in the `jax_plugins` namespace; without it there is no submodule to ask
+  if importlib.util.find_spec("jax_plugins") is None or (
+      importlib.util.find_spec("jax_plugins.xla_cuda12") is None
+  ):
     return "jax's CUDA plugin is not installed: pip install -e '.[gpu]'"
+  return None
+
+
+def cudnn_missing() -> str | None:
+  """None when NVIDIA's cuDNN wheel is installed, else the one-line reason and fix. Without it
+  JAX refuses cuDNN's attention while tracing, and every layer gets XLA's."""
+  if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.cudnn") is None:
+    return "cuDNN is not installed: pip install -e '.[gpu]'"
   return None
 
 
@@ -277,10 +288,8 @@ def describe_attention(
     if kernel == "cudnn" and fwd >= expected:
       lines.append(f"{where}: cuDNN flash attention, {why}")
     elif kernel == "cudnn":
-      lines.append(
-          f"{where}: XLA — JAX refused cuDNN while tracing (cuDNN not installed? "
-          "pip install -e '.[gpu]')"
-      )
+      why_not = cudnn_missing() or "a check of jax.nn.dot_product_attention's cuDNN path"
+      lines.append(f"{where}: XLA — JAX refused cuDNN while tracing ({why_not})")
     else:
       lines.append(f"{where}: XLA — {why}")
   if calls:
