@@ -122,6 +122,46 @@ def test_usable_memory_follows_jax_allocator_share(monkeypatch):
     gpu.usable_bytes(h100)
 
 
+# The shape of XLA's GPU output: the loop's trip count in its backend config (its condition
+# compares inside a fusion), async collectives, cuDNN's attention as custom calls.
+GPU_HLO = """HloModule m
+
+%cond (p: (s32[])) -> pred[] {
+  %p = (s32[]) parameter(0)
+  ROOT %c = pred[] fusion(%p), kind=kLoop, calls=%fused_compare
+}
+
+%body (p: (s32[])) -> (s32[]) {
+  %p = (s32[]) parameter(0)
+  %f = bf16[8,128,4,64]{3,2,1,0} custom-call(%p), custom_call_target="__cudnn$fmhaSoftmax"
+  %ar = bf16[1024]{0} all-reduce-start(%p), replica_groups={}, to_apply=%add
+  ROOT %t = (s32[]) tuple(%p)
+}
+
+ENTRY %main (a: s32[]) -> s32[] {
+  %w = (s32[]) while(%a), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"12"}}
+  %b = bf16[8,128,4,64]{3,2,1,0} custom-call(%a), custom_call_target="__cudnn$fmhaSoftmaxBackward"
+  ROOT %r = s32[] get-tuple-element(%w), index=0
+}
+"""
+
+
+def test_gpu_hlo_counts_loops_by_their_known_trip_count():
+  from bertjax.training import tpu
+
+  got = [(c.op, c.dtype, c.shape, c.bytes, c.runs) for c in tpu.collectives(GPU_HLO)]
+  assert got == [("all-reduce", "bf16", (1024,), 2048, 12)]
+  calls = gpu.cudnn_attention_calls(GPU_HLO)
+  assert calls == {"__cudnn$fmhaSoftmax": 12, "__cudnn$fmhaSoftmaxBackward": 1}
+  plan = [("global", "cudnn", "mask (key padding) as cuDNN's bias")] * 12
+  assert gpu.describe_attention(plan, calls, steps=1) == [
+      "12 global layers: cuDNN flash attention, mask (key padding) as cuDNN's bias",
+      "cuDNN calls per step: __cudnn$fmhaSoftmax 12, __cudnn$fmhaSoftmaxBackward 1",
+  ]
+  # Planned but absent from the program: JAX refused cuDNN while tracing, and says why.
+  assert "XLA — JAX refused cuDNN while tracing" in gpu.describe_attention(plan, {}, 1)[0]
+
+
 # ------------------------------------------------------------- the CUDA plugin's compiler
 
 
