@@ -92,7 +92,7 @@ def test_target_descriptions_carry_the_model():
   text = gpu.target_config(gpu.MODELS["h100"])
   for needle in (
       "core_count: 132",
-      "cuda_compute_capability { major: 9 minor: 0 }",
+      "cuda_compute_capability { major: 9 minor: 0 feature_extension: ACCELERATED_FEATURES }",
       f"device_memory_size: {gpu.MODELS['h100'].hbm_bytes}",
       'device_description_str: "NVIDIA H100 80GB HBM3"',
   ):

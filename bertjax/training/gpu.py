@@ -30,7 +30,8 @@ class Model:
   kind: str  # the device kind the CUDA driver reports, and so the compile-only devices
   capability: tuple[int, int]  # CUDA compute capability
   sms: int  # streaming multiprocessors
-  hbm_bytes: int  # device memory the driver reports (a little below the nominal GB)
+  hbm_bytes: int  # device memory the CUDA driver reports (XLA's own target descriptions of
+  # these GPUs, xla/backends/gpu/target_config/specs, record the same figures)
   hbm_gb: int  # nominal
   bandwidth: float  # HBM bytes/s
   l2_bytes: int
@@ -45,7 +46,7 @@ MODELS = {
         "NVIDIA A100-SXM4-80GB",
         (8, 0),
         108,
-        85_198_045_184,
+        85_100_068_864,
         80,
         2.039e12,
         40 * 2**20,
@@ -68,10 +69,10 @@ MODELS = {
     ),
     "h200": Model(
         "h200",
-        "NVIDIA H200",
+        "NVIDIA H200 141GB HBM3e",
         (9, 0),
         132,
-        150_754_820_096,
+        151_397_597_184,
         141,
         4.8e12,
         50 * 2**20,
@@ -160,7 +161,9 @@ def target_config(model: Model) -> str:
   }
   lines = ["gpu_device_info {"]
   lines += [f"  {k}: {v}" for k, v in info.items()]
-  lines += [f"  cuda_compute_capability {{ major: {major} minor: {minor} }}", "}"]
+  # Hopper's arch-specific features (sm_90a: wgmma, TMA), as an H100's driver reports them
+  extension = " feature_extension: ACCELERATED_FEATURES" if major == 9 else ""
+  lines += [f"  cuda_compute_capability {{ major: {major} minor: {minor}{extension} }}", "}"]
   lines += [
       'platform_name: "CUDA"',
       "dnn_version_info {{ major: {} minor: {} patch: {} }}".format(*CUDNN),
