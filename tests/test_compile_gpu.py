@@ -175,6 +175,17 @@ def test_compile_only_gpus_of_each_model():
     assert len({d.process_index for d in devs}) == hosts, name
 
 
+@needs_plugin
+def test_a_description_the_plugin_refuses_is_one_line(monkeypatch):
+  # What a plugin whose proto lacks a field this module writes would answer.
+  monkeypatch.setattr(gpu, "target_config", lambda model: "no_such_field: 1\n")
+  with pytest.raises(errors.ConfigError) as e:
+    compile_cmd.main(TINY + ["--accelerator", "h100-8"])
+  msg = str(e.value)
+  assert "h100-8: jax's CUDA plugin cannot build 8 compile-only NVIDIA H100 80GB HBM3" in msg
+  assert "Failed to parse GpuTargetConfigProto" in msg and "\n" not in msg
+
+
 @pytest.mark.slow
 @needs_plugin
 def test_bert_step_compiles_for_h100_servers_with_the_tpu_report(capsys):
