@@ -398,7 +398,7 @@ def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool)
         if r.flops
         else "no cost analysis from XLA's GPU compiler"
         if on_gpu
-        else "n/a in XLA's cost analysis"
+        else "n/a in XLA's cost analysis (it counts a loop body once)"
     )
     est = (
         f"compiler's step-time estimate {r.estimate_s * 1e3:.1f} ms (an estimate, not a "
@@ -409,7 +409,7 @@ def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool)
     if on_gpu and not r.estimate_s:
       est = "no step-time estimate from XLA's GPU compiler"
     if r.bound_s:
-      est += f"; >= {r.bound_s * 1e3:.2f} ms at the {chip}'s bf16 peak FLOPs"
+      est += f"; >= {r.bound_s * 1e3:.2f} ms at the {chip}'s {'bf16 ' if on_gpu else ''}peak FLOPs"
     print(
         f"  compute per {chip}: {flops}, "
         f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}"
