@@ -207,7 +207,6 @@ def devices(s: Servers) -> list:
 # cuDNN's fused attention as XLA's GPU backend names its custom calls: forward `__cudnn$fmha*`,
 # backward `__cudnn$fmha*Backward`; a fusion XLA hands to cuDNN is `__cudnn$fusion`.
 _CUDNN_RE = re.compile(r'custom_call_target="(__cudnn\$fmha[\w$]*|__cudnn\$fusion)"')
-_ATTN_FUSION_RE = re.compile(r'custom_call_target="(__cudnn\$[\w$]+)"')
 
 
 def cudnn_attention_calls(hlo: str) -> dict[str, int]:
