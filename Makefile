@@ -3,6 +3,8 @@
 #   make test   -- create .venv, install bertjax with its test extras (and libtpu, for the TPU
 #                  compiler tests of `bertjax compile`), check the formatting, run the test suite
 #   make test-fast -- the unit tests only (no subprocess, multi-host or end-to-end test)
+#   make test-gpu  -- the GPU compiler tests of `bertjax compile --accelerator h100-8`, in a venv
+#                     with the `gpu` extra
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +13,7 @@ DEMO_DIR ?= runs/demo
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test test-fast lint format bench install install-test clean
+.PHONY: demo test test-fast test-gpu lint format bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +48,19 @@ lint: $(VENV)/.installed-test
 format: $(VENV)/.installed-test
 	$(BIN)/pyink $(FORMATTED)
 
+# The GPU compiler tests (tests/test_compile_gpu.py: `bertjax compile --accelerator h100-8`)
+# need the `gpu` extra (jax's CUDA plugin and cuDNN, about 1.6 GB to download), in a venv of its
+# own: installed in $(VENV), the plugin would load into every JAX process the suite starts.
+GPU_VENV ?= .venv-gpu
+$(GPU_VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[test,gpu]"
+	touch $@
+
+test-gpu: $(GPU_VENV)/.installed
+	$(GPU_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_compile_gpu.py
+
 # The Flax peer of `bertjax bench --compare hf-flax` needs transformers 4.x (5.x has no Flax
 # models), in a venv of its own.
 HF4_VENV ?= .venv-hf4
@@ -58,4 +73,4 @@ bench: $(VENV)/.installed-test $(HF4_VENV)/bin/python
 	$(BIN)/bertjax bench --preset base --batch-size 16 --seq-len 128 --steps 8 --compare hf-torch,hf-flax
 
 clean:
-	rm -rf $(VENV) $(HF4_VENV) runs
+	rm -rf $(VENV) $(HF4_VENV) $(GPU_VENV) runs

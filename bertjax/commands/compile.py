@@ -4,12 +4,15 @@ Ahead-of-time compiles the real train step (every phase) for a slice you may not
 prints what a reservation needs to know, so a config that does not fit fails here and not
 after a pod slice has been reserved. Targets:
   --accelerator TYPE   a Cloud TPU slice as gcloud names it (v4-32, v5litepod-16, v5p-8,
-                       v6e-16); the TPU compiler (libtpu, the `tpu` extra) compiles for it
+                       v6e-16); the TPU compiler (libtpu, the `tpu` extra) compiles for it.
+                       Or NVIDIA GPU servers: h100-8, h200-8, a100-8 (one server of 8; also
+                       -1, -2, -4) and h100-8x4 (4 servers of 8); XLA's GPU compiler (jax's
+                       CUDA plugin, the `gpu` extra) compiles for them
   --topology NAME      a raw libtpu topology string (v5e:4x4, v4:2x2x2), same chip defaults
   --devices N          N fake CPU devices on this machine (memory of the CPU compile)
 Per phase: HBM per chip (arguments, outputs, temporaries, code) against the chip's, compiled
 FLOPs, the compiler's step-time estimate (an estimate, never a measurement) and the
-collectives of the step. The mesh fills the slice (config.mesh, one axis -1). Exit 1 when a
+collectives of the step; on GPUs, the attention kernel each layer got (cuDNN or XLA, and why). The mesh fills the slice (config.mesh, one axis -1). Exit 1 when a
 phase does not fit, with one line saying what to change. --suggest compiles a few
 mesh/remat/microbatch variants and prints those that fit, fastest (by the estimate) first.
 
@@ -48,7 +51,8 @@ def _define(fv: flags.FlagValues) -> None:
       "accelerator",
       None,
       "Cloud TPU slice to compile for, as gcloud names it: "
-      "v4-32, v5litepod-16, v5p-8, v6e-16 (needs libtpu)",
+      "v4-32, v5litepod-16, v5p-8, v6e-16 (needs libtpu); or NVIDIA GPU servers: "
+      "h100-8, h200-8, a100-8, h100-8x4 (4 servers of 8; needs the `gpu` extra)",
       flag_values=fv,
   )
   flags.DEFINE_string(
@@ -132,8 +136,8 @@ def _check_numbers(fv: flags.FlagValues) -> None:
 
 
 def _target_slice(fv: flags.FlagValues):
-  """The TPU slice of --accelerator / --topology, or None."""
-  from bertjax.training import tpu
+  """The TPU slice (or GPU servers) of --accelerator / --topology, or None."""
+  from bertjax.training import gpu, tpu
 
   if fv.accelerator and fv.topology:
     raise errors.UsageError("--accelerator and --topology both name the target — pass one")
@@ -142,11 +146,12 @@ def _target_slice(fv: flags.FlagValues):
       raise errors.UsageError("--suggest needs a TPU target — add --accelerator TYPE (e.g. v4-32)")
     return None
   flag = "--accelerator" if fv.accelerator else "--topology"
-  s = (
-      tpu.parse_accelerator(fv.accelerator, what=flag)
-      if fv.accelerator
-      else tpu.parse_topology(fv.topology, what=flag)
-  )
+  if fv.accelerator and gpu.is_gpu_name(fv.accelerator):
+    s = gpu.parse_accelerator(fv.accelerator, what=flag)
+  elif fv.accelerator:
+    s = tpu.parse_accelerator(fv.accelerator, what=flag)
+  else:
+    s = tpu.parse_topology(fv.topology, what=flag)
   if fv.devices:
     raise errors.UsageError(
         f"--devices is for fake CPU devices; the size of a TPU target comes from {flag} — "
@@ -185,21 +190,23 @@ def _cpu_devices(fv: flags.FlagValues, mesh: dict) -> int:
 
 def _target(fv: flags.FlagValues, mesh: dict):
   """The `fit.Target` of the flags, its size checked against the mesh (config.mesh + --mesh)."""
-  from bertjax.training import fit, tpu
+  from bertjax.training import fit, gpu, tpu
 
   target_slice = _target_slice(fv)
   n = None
   if target_slice is not None:
     flag = "--accelerator" if fv.accelerator else "--topology"
+    on_gpu = isinstance(target_slice, gpu.Servers)
     _check_mesh_fits(
         mesh,
         target_slice.chips,
-        f"{flag} {target_slice.name} ({target_slice.chips} chips)",
-        "change --mesh (one axis -1 fills the slice)",
+        f"{flag} {target_slice.name} ({target_slice.chips} {'GPUs' if on_gpu else 'chips'})",
+        "change --mesh (one axis -1 fills the " + ("servers)" if on_gpu else "slice)"),
     )
-    missing = tpu.libtpu_missing()
+    missing = gpu.plugin_missing() if on_gpu else tpu.libtpu_missing()
     if missing:
-      raise errors.ConfigError(f"{flag} {target_slice.name}: cannot compile for a TPU: {missing}")
+      kind = "NVIDIA GPUs" if on_gpu else "a TPU"
+      raise errors.ConfigError(f"{flag} {target_slice.name}: cannot compile for {kind}: {missing}")
   else:
     n = _cpu_devices(fv, mesh)
     # Before jax initialises its backend; a process that started it already uses its own.

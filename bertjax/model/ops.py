@@ -10,7 +10,7 @@ float rounding); what differs is how XLA lowers it, measured on 2 CPU cores:
   attention         the one attention hook: masks (padding, packed examples' segment ids, a
                     local window) and attention dropout go in, the backend's kernel comes out:
                     XLA over two interleaved batch slices on CPU (3-4% of a BERT-mini step),
-                    `jax.nn.dot_product_attention` on GPUs, Pallas splash attention on TPUs
+                    cuDNN flash attention on GPUs, Pallas splash attention on TPUs
   gelu_erf          exact GELU through erf rather than erfc: ~3% of a BERT-mini step
 
 The first, second and fourth lower to the same programs as the plain versions on TPUs and GPUs,
@@ -261,9 +261,14 @@ def attention(
     cpu  XLA: `jax.nn.dot_product_attention`, or `einsum_attention` with dropout, over
          `batch_chunks` interleaved batch slices (0: two where they divide the batch; see
          `over_batch_chunks`). The same function for any slice count.
-    gpu  the same calls, unsliced. `jax.nn.dot_product_attention` runs with
-         `implementation=None`, which in jax 0.10 is XLA's implementation (JAX does not yet pick
-         cuDNN on its own); dropout needs the einsum path there too.
+    gpu  cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`)
+         when `cudnn_refusal` has no objection: no attention dropout, bfloat16/float16, a
+         head dim that is a multiple of 8 up to 128, an even L, and cuDNN installed. The
+         masks (key padding, packed examples' segments, a local window) go in as one boolean
+         [B|1, 1, L, L] mask, which JAX hands to cuDNN as an additive bias (jax 0.10's cuDNN
+         call takes no segment ids, and its windows are causal only). Otherwise the XLA calls of the
+         CPU path, unsliced (`implementation=None` is XLA's in jax 0.10: JAX does not pick
+         cuDNN on its own).
     tpu  Pallas splash attention (`splash_attention`) when the probabilities are not dropped
          out, L is a multiple of SPLASH_BLOCK and `mask` is None or a [B, 1, 1, L] key mask
          (turned into segment ids); XLA as on GPUs otherwise, e.g. in training with BERT's
@@ -289,11 +294,52 @@ def attention(
     masks.append(segment_mask(segment_ids))
   if window is not None:
     masks.append(jnp.asarray(window_mask(length, window)))
+  if (backend or platform()) == "gpu" and cudnn_refusal(q_BxLxNxD, dropping) is None:
+    out = _cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, masks)
+    if out is not None:
+      return out
   keep_BxNxLxL, keep_scale = None, 1.0
   if dropping:
     keep_BxNxLxL, keep_scale = keep_mask(dropout_rng, dropout_rate, (batch, heads, length, length))
   chunks = attention_chunks(batch_chunks, batch, backend)
   return _xla_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, masks, keep_BxNxLxL, keep_scale, chunks)
+
+
+def cudnn_refusal(q_BxLxNxD, dropping: bool) -> str | None:
+  """None when cuDNN's flash attention (through `jax.nn.dot_product_attention`) takes this
+  call on a GPU, else why the XLA path runs instead (what jax 0.10 accepts for cuDNN)."""
+  length, head_dim = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
+  if dropping:
+    return (
+        "attention dropout (config.model.attention_dropout_rate > 0): cuDNN's kernel has no "
+        "dropout through jax.nn.dot_product_attention"
+    )
+  if jnp.dtype(q_BxLxNxD.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return (
+        f"{jnp.dtype(q_BxLxNxD.dtype).name} compute (config.model.dtype): cuDNN's flash "
+        "attention takes bfloat16 or float16"
+    )
+  if head_dim % 8 or head_dim > 128:
+    return f"head dim {head_dim}: cuDNN's flash attention takes a multiple of 8 up to 128"
+  if length % 2:
+    return f"sequence length {length}: cuDNN's masked flash attention trains on even lengths"
+  return None
+
+
+def _cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, masks: list[Array]) -> Array | None:
+  """cuDNN's flash attention under the AND of `masks`, or None when JAX refuses the call
+  (cuDNN not installed, or a shape its checks reject)."""
+  mask = None
+  if masks:  # cuDNN's bias is [B|1, N|1, L, L]: a key mask [B, 1, 1, L] spreads over queries
+    mask = functools.reduce(jnp.logical_and, masks)
+    length = q_BxLxNxD.shape[1]
+    mask = jnp.broadcast_to(mask, mask.shape[:2] + (length, length))
+  try:
+    return jax.nn.dot_product_attention(
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask=mask, implementation="cudnn"
+    )
+  except (RuntimeError, NotImplementedError, ValueError):  # raised while tracing, before any op
+    return None
 
 
 def _splash_applies(q_BxLxNxD: Array, mask: Array | None, dropping: bool) -> bool:

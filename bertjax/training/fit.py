@@ -24,7 +24,8 @@ import jax
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data import bundled, packing, pretraining
-from bertjax.training import config_checks, flops as flops_lib, phases as phases_lib, sharding, tpu, train
+from bertjax.training import config_checks, flops as flops_lib, gpu, phases as phases_lib, sharding
+from bertjax.training import tpu, train
 
 BERT_VOCAB = 30522  # BERT's English WordPiece vocabulary
 ICI_AXES = ("data", "fsdp", "tensor")  # within a slice; one may be -1 (the devices left)
@@ -33,9 +34,10 @@ DCN_AXES = ("dcn_data", "dcn_fsdp", "dcn_tensor")  # across slices
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """What to compile for: a TPU slice (libtpu's compile-only devices) or local devices."""
+  """What to compile for: a TPU slice (libtpu's compile-only devices), GPU servers (the CUDA
+  plugin's compile-only devices) or local devices."""
 
-  slice: tpu.Slice | None = None  # None: this process's own devices
+  slice: tpu.Slice | gpu.Servers | None = None  # None: this process's own devices
   num_devices: int | None = None  # local devices to use (the first N); None: all of them
   memory_gb: float | None = None  # one device's memory; None: the TPU compiler's (CPU: none)
   memory_source: str = "memory_gb"  # how the report names where memory_gb came from
@@ -146,6 +148,8 @@ class PhaseResult:
   collectives: list = dataclasses.field(default_factory=list)
   windowed: dict = dataclasses.field(default_factory=dict)
   kernels: dict = dataclasses.field(default_factory=dict)  # Pallas kernel -> calls per step
+  cudnn: dict = dataclasses.field(default_factory=dict)  # cuDNN attention call -> per step
+  attention: list = dataclasses.field(default_factory=list)  # per layer: (kind, kernel, why)
   hlo: str = ""
 
 
@@ -153,7 +157,19 @@ def setup_target(config, target: Target = Target()):
   """(mesh over the target's devices from config.mesh, memory limit per device or None, where
   the limit came from). The config's mesh must fit the devices (`mesh_devices`)."""
   devices, limit, limit_src = None, None, ""
-  if target.slice is not None:
+  if isinstance(target.slice, gpu.Servers):
+    s = target.slice
+    try:
+      devices = gpu.devices(s)
+    except Exception as e:  # noqa: BLE001 -- the plugin refuses a description it cannot use
+      raise errors.ConfigError(
+          f"{s.name}: jax's CUDA plugin cannot build {s.chips} compile-only "
+          f"{s.model.kind} devices ({type(e).__name__}: "
+          f"{str(e).splitlines()[0] if str(e) else ''}) — check the `gpu` extra's versions "
+          "(pip install -e '.[gpu]')"
+      ) from None
+    limit, limit_src = gpu.usable_bytes(s.model)
+  elif target.slice is not None:
     s = target.slice
     try:
       devices = tpu.devices(s)
@@ -236,10 +252,11 @@ def _read_compiled(r: PhaseResult, compiled, platform: str, keep_hlo: bool) -> N
     r.flops = cost.get("flops")
     est = cost.get("optimal_seconds")
     r.estimate_s = est if est and est > 0 else None
-  if platform == "tpu":
+  if platform in ("tpu", "gpu"):
     hlo = compiled.as_text()
     r.collectives, r.windowed = tpu.collectives(hlo), tpu.windowed_einsums(hlo)
     r.kernels = tpu.pallas_kernels(hlo)
+    r.cudnn = gpu.cudnn_attention_calls(hlo) if platform == "gpu" else {}
     r.hlo = hlo if keep_hlo else ""
 
 
@@ -274,6 +291,8 @@ def compile_phases(
     )
     peak = flops_lib.peak_flops_per_device(mesh.devices.flat[0])
     r.bound_s = r.model_flops / peak if peak else None
+    if mesh.devices.flat[0].platform == "gpu":
+      r.attention = gpu.attention_plan(s.bert_config, ph.seq_len, bool(config.data.packing))
     lowered = s.train_step.lower(s.abstract_state, batch)
     opts = {"exec_time_optimization_effort": -1.0} if quick else {}
     try:
@@ -337,7 +356,9 @@ def _collective_line(r: PhaseResult) -> str:
 
 def print_header(target: Target, vocab: int, source: str, limit, limit_src: str) -> None:
   s = target.slice
-  if s is not None:
+  if isinstance(s, gpu.Servers):
+    print(f"target {s.describe()}; memory per GPU {gib(limit)} usable ({limit_src})")
+  elif s is not None:
     print(
         f"target {s.describe()}; HBM per chip {gib(limit)} usable ({limit_src}; "
         f"{s.generation.hbm_gib:g} GiB nominal)"
@@ -346,9 +367,12 @@ def print_header(target: Target, vocab: int, source: str, limit, limit_src: str)
 
 
 def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool) -> None:
+  """`on_tpu`: the target is a TPU slice or GPU servers (compile-only devices), not local."""
+  on_gpu = mesh.devices.flat[0].platform == "gpu"
+  chip = "GPU" if on_gpu else "chip"
   where = (
       f"{mesh.devices.size} chips"
-      if on_tpu
+      if on_tpu and not on_gpu
       else f"{mesh.devices.size} x {mesh.devices.flat[0].device_kind}"
   )
   print(
@@ -362,27 +386,39 @@ def _print_phase(config, r: PhaseResult, mesh, on_tpu: bool, limit, quick: bool)
     return
   if r.memory is not None:
     mm = r.memory
-    label = "HBM per chip" if on_tpu else "per device"
+    label = f"HBM per {chip}" if on_tpu else "per device"
     print(
         f"  {label}: arguments {gib(mm['arguments'])}, outputs {gib(mm['outputs'])} "
         f"(donated {gib(mm['donated'])}), temporaries {gib(mm['temporaries'])}, code "
         f"{gib(mm['code'])} -> peak ~{gib(r.peak)}" + (f" of {gib(limit)}" if limit else "")
     )
   if on_tpu and r.oom is None:
-    flops = f"{r.flops / 1e9:,.1f} GFLOP" if r.flops else "n/a"
+    flops = (
+        f"{r.flops / 1e9:,.1f} GFLOP in XLA's cost analysis (it counts a loop body once)"
+        if r.flops
+        else "no cost analysis from XLA's GPU compiler"
+        if on_gpu
+        else "n/a in XLA's cost analysis (it counts a loop body once)"
+    )
     est = (
         f"compiler's step-time estimate {r.estimate_s * 1e3:.1f} ms (an estimate, not a "
         "measurement)"
         if r.estimate_s
         else "no step-time estimate from the compiler at this effort (a quick compile gives one)"
     )
+    if on_gpu and not r.estimate_s:
+      est = "no step-time estimate from XLA's GPU compiler"
     if r.bound_s:
-      est += f"; >= {r.bound_s * 1e3:.2f} ms at the chip's peak FLOPs"
+      est += f"; >= {r.bound_s * 1e3:.2f} ms at the {chip}'s {'bf16 ' if on_gpu else ''}peak FLOPs"
     print(
-        f"  compute per chip: {flops} in XLA's cost analysis (it counts a loop body once), "
+        f"  compute per {chip}: {flops}, "
         f"{r.model_flops / 1e9:,.1f} GFLOP by bertjax.training.flops; {est}"
     )
     print(f"  collectives: {_collective_line(r)}")
+    if on_gpu:
+      for line in gpu.describe_attention(r.attention, r.cudnn, r.microbatches):
+        print(f"  attention: {line}")
+      return
     kernels = ", ".join(f"{k} {n}" for k, n in r.kernels.items())
     print(f"  Pallas kernels per step: {kernels or 'none (attention is XLA)'}")
 
@@ -407,14 +443,20 @@ def compile_and_report(
   for r in compile_phases(config, mesh, quick=quick, phase=phase):
     _print_phase(config, r, mesh, on_tpu, limit, quick)
     if does_not_fit(r, limit):
+      on_gpu = isinstance(target.slice, gpu.Servers)
       name = target.slice.name if on_tpu else "this device"
       need = f"{r.peak / 2**30:.2f} GiB" if r.peak else "more than that"
-      of = f"{limit / 2**30:.2f}" + (
-          f" usable ({target.slice.generation.hbm_gib:g} GiB HBM)" if on_tpu else ""
+      nominal = (
+          ""
+          if not on_tpu
+          else f"{target.slice.model.hbm_gb} GB HBM"
+          if on_gpu
+          else f"{target.slice.generation.hbm_gib:g} GiB HBM"
       )
+      of = f"{limit / 2**30:.2f}" + (f" usable ({nominal})" if on_tpu else "")
       print(
           f"DOES NOT FIT on {name}: phase {r.index + 1} needs {need} per "
-          f"{'chip' if on_tpu else 'device'} of {of}; try "
+          f"{('GPU' if on_gpu else 'chip') if on_tpu else 'device'} of {of}; try "
           f"{fix_hint(config, r, mesh.devices.size)}",
           file=sys.stderr,
       )

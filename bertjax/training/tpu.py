@@ -247,6 +247,9 @@ _DTYPE_BYTES = {
 _SHAPE_RE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _INSTR_RE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) (" + "|".join(COLLECTIVES) + r")(-start)?\(")
 _CALL_RE = re.compile(r"\b(body|calls|condition)=%([\w.\-]+)")
+# A while loop's trip count in its backend config, where the GPU compiler records it (its
+# condition compares inside a fusion there, out of `_trip_count`'s reach).
+_KNOWN_TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
 @dataclasses.dataclass
@@ -289,7 +292,10 @@ def _runs(comps: dict[str, list[str]]) -> dict[str, int]:
   for name in order:  # breadth-first from the entry: callers before callees
     for line in comps.get(name, ()):
       calls = dict(_CALL_RE.findall(line))
-      trip = _trip_count(comps.get(calls["condition"], [])) if "condition" in calls else 1
+      trip = 1
+      if "condition" in calls:  # the loop's own count (XLA's GPU backend), else its condition's
+        known = _KNOWN_TRIP_RE.search(line)
+        trip = int(known.group(1)) if known else _trip_count(comps.get(calls["condition"], []))
       for kind, callee in calls.items():
         if callee in comps:
           runs[callee] = runs.get(callee, 0) + runs[name] * (trip if kind == "body" else 1)
