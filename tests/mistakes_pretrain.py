@@ -182,6 +182,16 @@ ROWS: list[Mistake] = [
         ("config.data.tokenizer=nowhere.model", "no such file"),
     ),
     Mistake(
+        "pretrain_init_missing",
+        ("pretrain", *SYNTH, "--init", "nowhere"),
+        ("config.train.init_from=nowhere", "no such file or directory", "transformers directory"),
+    ),
+    Mistake(
+        "pretrain_init_and_init_from_differ",
+        ("pretrain", *SYNTH, "--init", "a", "--config.train.init_from=b"),
+        ("--init a and --config.train.init_from=b differ", "give one of them"),
+    ),
+    Mistake(
         "pretrain_missing_init_from",
         ("pretrain", *SYNTH, "--config.train.init_from=nowhere"),
         ("config.train.init_from=nowhere", "no such file or directory"),

@@ -53,6 +53,8 @@ ADOPTED = (
     "local_attention",
     "global_every",
 )
+# What a preset sets (the rest of a preset's network is BERT's defaults).
+_PRESET_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
 # Tokenizer files a checkpoint directory may hold, in the order `wordpiece.load_tokenizer`
 # (so `prepare --tokenizer DIR`) looks for them.
 TOKENIZER_FILES = (
@@ -153,6 +155,13 @@ def adopt(config, source: Source, explicit: frozenset[str] = frozenset()) -> lis
     theirs = getattr(source.config, field)
     ours = m.get(field)
     ours = getattr(preset, field) if ours is None else ours
+    if "preset" in explicit and field in _PRESET_FIELDS and field not in explicit:
+      if ours != theirs:
+        raise errors.ConfigError(
+            f"--config.model.preset={m.preset} has {field}={ours!r} but config.train.init_from="
+            f"{source.path} has {field}={theirs!r} — drop the override (the network is the "
+            "checkpoint's)"
+        )
     if field in explicit and ours != theirs:
       raise errors.ConfigError(
           f"--config.model.{field}={ours!r} contradicts config.train.init_from="
