@@ -466,10 +466,11 @@ def test_compare_packing_times_both_steps_in_one_run(austen_shards, capsys):
 
 
 @pytest.mark.slow
-def test_transformers_padding_free_bert_is_checked_not_assumed():
-  """The reason the padding-free peer is not timed is measured in the run that reports it."""
-  pytest.importorskip("torch")
-  pytest.importorskip("transformers")
+def test_transformers_padding_free_bert_is_checked_then_timed():
+  """The padding-free peer is timed only where the flattened examples are measured to stay
+  apart; its classifier reads each example's [CLS] and gives the padded model's logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
   spec = dict(
       vocab_size=64,
       hidden_size=16,
@@ -479,7 +480,7 @@ def test_transformers_padding_free_bert_is_checked_not_assumed():
       max_position_embeddings=32,
       seed=0,
   )
-  r = bench_peers.run_torch_flat_finetune(spec)
+  r = bench_peers.run_torch_flat_finetune(spec)  # no data: the check alone
   assert r["name"] == "hf-torch-flat" and r["status"] == "unavailable", r
   check = r["flattening_check"]
   tol = bench_peers.FLAT_TOLERANCE
@@ -488,14 +489,36 @@ def test_transformers_padding_free_bert_is_checked_not_assumed():
   assert check["padded"] < tol
   assert check["joined"] > 10 * tol
   assert check["diff"]["eager"] is not None and check["diff"]["sdpa"] is not None  # run on CPU
-  # what was measured is what the peer reports, whichever way this version goes
-  apart = [i for i, d in check["diff"].items() if d is not None and d <= tol]
   for impl, d in check["diff"].items():
     assert (d is None) == (impl in check["reason"]), (impl, check)
     assert (f"{impl} {d:.1e}" if d is not None else f"{impl} not available") in r["reason"]
-  if apart:
-    assert f"{', '.join(apart)} keeps them apart" in r["reason"]
-    assert "pools one [CLS] per flattened row" in r["reason"]
-  else:
-    assert "no attention here keeps the examples apart" in r["reason"]
   assert "padded batch" in r["reason"] and "without position_ids" in r["reason"]
+
+  rng = np.random.default_rng(0)
+  mask = (np.arange(12)[None] < rng.integers(3, 13, size=(10, 1))).astype(np.int32)
+  ids = np.where(mask, rng.integers(5, 64, size=(10, 12)), 0).astype(np.int32)
+  data = dict(input_ids=ids, token_type_ids=np.zeros_like(ids), attention_mask=mask)
+  data["labels"] = rng.integers(0, 2, size=10)
+  apart = [i for i, d in check["diff"].items() if d is not None and d <= tol]
+  full = dict(spec, num_labels=2, batch_size=4, eval_batch_size=5, epochs=1, learning_rate=1e-3)
+  full.update(weight_decay=0.01, warmup_fraction=0.1, threads=1)
+  full.update(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  timed = bench_peers.run_torch_flat_finetune(full, data, data)
+  if not apart:
+    assert timed["status"] == "unavailable" and "no attention here" in timed["reason"]
+    return
+  assert timed["status"] == "ok", timed
+  assert 0.0 <= timed["accuracy"] <= 1.0 and timed["steps"] == 3
+  hf = bench_peers._hf_config(transformers, full)
+  hf.num_labels = 2
+  model = transformers.BertForSequenceClassification._from_config(
+      hf, attn_implementation="sdpa" if "sdpa" in apart else apart[0]
+  ).eval()
+  idx = np.arange(10)
+  with torch.inference_mode():
+    flat = bench_peers.flat_logits(model, *bench_peers.flat_batch(torch, data, idx)).numpy()
+    padded = model(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+    ).logits.numpy()
+  np.testing.assert_allclose(flat, padded, atol=1e-5)
