@@ -187,9 +187,10 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=nonneg_int, default=0)
   p.add_argument(
       "--compare",
-      default="hf-torch",
+      default="hf-torch,hf-torch-flat",
       help="comma-separated peers: hf-torch (padding each batch), hf-torch-flat (transformers' "
-      "padding-free path: checked, and why it is not timed); '' for bertjax alone",
+      "padding-free path: timed where the installed transformers keeps the flattened examples "
+      "apart, measured each run); '' for bertjax alone",
   )
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
