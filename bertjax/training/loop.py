@@ -74,6 +74,8 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       max_predictions_per_seq=phase.max_predictions,
       pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
       mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
+      mask_token_prob=d.get("mask_token_prob", 0.8),
+      random_token_prob=d.get("random_token_prob", 0.1),
       seed=seed,
       vocab_size=config.model.vocab_size,
       packing=_held_out(config, split, "packing", d.get("packing", False)),
@@ -115,8 +117,11 @@ def _meta(
     metrics_partial: dict,
     progress: dict | None = None,
 ) -> dict:
+  gen = setup.generator_config
   return dict(
       bert_config=setup.bert_config.to_dict(),
+      objective=train.objective(config),
+      generator_config=gen.to_dict() if gen is not None else None,  # ELECTRA's generator
       step=int(step),
       tokenizer=tokenizer_rel,
       optimizer=config.train.optimizer,
@@ -196,7 +201,12 @@ def evaluate(
     target_counts.update(host_batch["masked_ids"][host_batch["at_mask"] > 0].tolist())
     sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-  out = {f"eval_{k}": float(v) for k, v in losses.finalize(jax.device_get(totals)).items()}
+  totals = jax.device_get(totals)
+  if setup.generator_config is not None:  # ELECTRA: the generator's MLM, the discriminator's
+    means = losses.electra_finalize(totals, config.electra.disc_weight)
+  else:
+    means = losses.finalize(totals)
+  out = {f"eval_{k}": float(v) for k, v in means.items()}
   # The best constant guess at the same positions: the most frequent target there. A model
   # that has not learned to use context (the unigram plateau) scores about this.
   n = sum(target_counts.values())
@@ -268,7 +278,11 @@ class _Run:
     self.batches = self._open(self.phase, data_state)
     meta = restored.meta if restored else {}
     self.meter = progress.Meter(
-        config, setups[self.phase.index].bert_config, self.phase, meta.get("metrics_partial")
+        config,
+        setups[self.phase.index].bert_config,
+        self.phase,
+        meta.get("metrics_partial"),
+        generator_config=setups[self.phase.index].generator_config,
     )
     self.clock = progress.TimeToTarget(
         config, list(self.phases), meta.get("progress"), source_names(config)
@@ -418,6 +432,8 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
       where,
       meta.get("optimizer"),
       config.train.optimizer,
+      meta.get("objective"),
+      train.objective(config),
   )
   restored = mngr.restore_newest_good(
       setups[0].abstract_state, check, log=print if is_main else lambda _: None
