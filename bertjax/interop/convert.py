@@ -398,6 +398,11 @@ def load_hf(
     hf_cfg = json.loads(cfg_file.read_text())
   except json.JSONDecodeError as e:
     raise ConversionError(f"{cfg_file}:{e.lineno}: invalid JSON ({e.msg})") from e
+  if isinstance(hf_cfg, dict) and hf_cfg.get("model_type") == "electra":  # interop/electra.py
+    from bertjax.interop import electra
+
+    cfg, params = electra.load_encoder(path, fresh=fresh)
+    return cfg.replace(**config_overrides), params
   if isinstance(hf_cfg, dict) and hf_cfg.get("model_type") == "modernbert":
     cfg = config_from_modernbert(hf_cfg, str(cfg_file), **config_overrides)
   else:
