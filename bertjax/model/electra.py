@@ -66,11 +66,20 @@ def generator_config(disc: BertConfig, hidden_fraction: float) -> BertConfig:
   )
 
 
-def sample_replacements(logits_BxPxV: Array, key: Array) -> Array:
+def sample_replacements(logits_BxPxV: Array, key: Array, row_ids_B: Array | None = None) -> Array:
   """[B, P] token ids drawn from softmax(logits) at temperature 1 (the Gumbel-max trick, as
-  ELECTRA's `sample_from_softmax`); no gradient flows back through the draw."""
+  ELECTRA's `sample_from_softmax`); no gradient flows back through the draw.
+
+  With `row_ids_B` (each row's index in the global batch) row b's noise is drawn from
+  `fold_in(key, row_ids_B[b])`: the same draw whichever microbatch the row trains in.
+  """
   logits_BxPxV = jax.lax.stop_gradient(logits_BxPxV.astype(jnp.float32))
-  gumbel_BxPxV = jax.random.gumbel(key, logits_BxPxV.shape, jnp.float32)
+  if row_ids_B is None:
+    gumbel_BxPxV = jax.random.gumbel(key, logits_BxPxV.shape, jnp.float32)
+  else:
+    keys_B = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids_B)
+    draw = lambda k: jax.random.gumbel(k, logits_BxPxV.shape[1:], jnp.float32)
+    gumbel_BxPxV = jax.vmap(draw)(keys_B)
   return jnp.argmax(logits_BxPxV + gumbel_BxPxV, axis=-1).astype(jnp.int32)
 
 
@@ -242,8 +251,11 @@ class ElectraForPreTraining(nn.Module):
       segment_ids: Array | None = None,
       position_ids: Array | None = None,
       cls_positions: Array | None = None,
+      row_ids: Array | None = None,
       deterministic: bool = True,
   ) -> ElectraOutput:
+    """`row_ids` [B]: each row's index in the global batch, which keys its draw
+    (`sample_replacements`); gradient accumulation passes them."""
     del cls_positions  # no [CLS] head: every token is scored
     if masked_positions_BxP is None:  # init: two positions suffice to create every parameter
       masked_positions_BxP = jnp.zeros((input_ids_BxL.shape[0], 2), jnp.int32)
@@ -260,7 +272,7 @@ class ElectraForPreTraining(nn.Module):
         deterministic=deterministic,
         **packed,
     )
-    sampled_BxP = sample_replacements(gen.mlm_logits, self.make_rng("sample"))
+    sampled_BxP = sample_replacements(gen.mlm_logits, self.make_rng("sample"), row_ids)
     corrupted_BxL, is_replaced_BxL = corrupt(
         input_ids_BxL, masked_positions_BxP, masked_ids_BxP, masked_weights_BxP, sampled_BxP
     )

@@ -195,17 +195,25 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   )
 
 
-def _forward(params, batch, model, dropout_key, deterministic: bool):
+def _forward(params, batch, model, dropout_key, deterministic: bool, sample_key=None):
   """The model's outputs and the MLM loss fused with its tied decoder: ([B, P] nll, [B, P]
-  correct, the outputs). ELECTRA: the generator's MLM, the draw keyed by `dropout_key` too."""
+  correct, the outputs). ELECTRA: the generator's MLM; its draw is keyed by `sample_key` and
+  each row's `row_ids` (default: derived from `dropout_key`, the rows numbered 0..B-1)."""
   electra = isinstance(model, electra_lib.ElectraForPreTraining)
+  rngs = {"dropout": dropout_key}
+  extra = {}
+  if electra:
+    rngs["sample"] = jax.random.fold_in(dropout_key, 1) if sample_key is None else sample_key
+    rows = batch["input_ids"].shape[0]
+    extra["row_ids"] = batch.get("row_ids", jnp.arange(rows, dtype=jnp.int32))
   targets = ("masked_ids", "masked_weights") if electra else ()
   out = model.apply(
       {"params": params},
       *(batch[k] for k in MODEL_INPUTS + targets),
       **{k: batch[k] for k in PACKED_INPUTS if k in batch},
+      **extra,
       deterministic=deterministic,
-      rngs={"dropout": dropout_key, "sample": jax.random.fold_in(dropout_key, 1)},
+      rngs=rngs,
   )
   mlm = out.generator if electra else out
   nll_BxP, correct_BxP = losses.mlm_cross_entropy(
@@ -214,8 +222,10 @@ def _forward(params, batch, model, dropout_key, deterministic: bool):
   return nll_BxP, correct_BxP, out
 
 
-def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
-  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic)
+def _forward_sums(
+    params, batch, model, pair_mode: str, dropout_key, deterministic: bool, sample_key=None
+):
+  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic, sample_key)
   if isinstance(model, electra_lib.ElectraForPreTraining):
     return losses.electra_sums(nll_BxP, correct_BxP, out.disc_logits, out.is_replaced, batch)
   return losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
@@ -260,9 +270,13 @@ def _train_step(
   nsp_count = losses.nsp_count(batch, pair_mode)
   disc_count = jnp.sum(losses.real_tokens(batch)) if electra else None
   step_key = jax.random.fold_in(state.rng, state.step)
+  sample_key = None
+  if electra:  # one draw per row of the step, whatever microbatch the row trains in
+    sample_key = jax.random.fold_in(step_key, 1 << 30)
+    batch = dict(batch, row_ids=jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32))
 
   def loss_fn(params, mb, key):
-    sums = _forward_sums(params, mb, model, pair_mode, key, deterministic=False)
+    sums = _forward_sums(params, mb, model, pair_mode, key, False, sample_key)
     if electra:
       return losses.electra_loss(sums, mlm_count, disc_count, disc_weight), sums
     return losses.total_loss(sums, mlm_count, nsp_count), sums
