@@ -262,6 +262,37 @@ def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
   with pytest.raises(checkpoint.CheckpointMismatchError, match="objective"):
     loop.train_and_evaluate(mlm, str(tmp_path / "a"))
 
+  # `bertjax convert --from bertjax RUN --to hf DIR`: the discriminator in DIR, the generator in
+  # DIR/generator, as transformers loads them, with the run's logits; and back
+  import torch
+  import transformers
+
+  from bertjax.commands import convert as convert_cmd
+
+  hf = tmp_path / "hf"
+  assert convert_cmd.main(["--from", "bertjax", str(tmp_path / "a"), "--to", "hf", str(hf)]) == 0
+  disc = transformers.ElectraForPreTraining.from_pretrained(hf).eval()
+  gen = transformers.ElectraForMaskedLM.from_pretrained(hf / "generator").eval()
+  model = electra_lib.ElectraForPreTraining(pre.config, pre.generator_config)
+  ids = np.random.default_rng(0).integers(5, 1000, size=(2, 16)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 10:] = 0
+  pos = np.tile(np.arange(1, 5, dtype=np.int32), (2, 1))
+  ours_d = model.apply({"params": pre.params}, ids, None, mask, method=model.discriminate)
+  ours_g = model.apply({"params": pre.params}, ids, None, mask, pos, method=model.generate)
+  t = lambda a: torch.tensor(a, dtype=torch.long)
+  with torch.no_grad():
+    theirs_d = disc(input_ids=t(ids), attention_mask=t(mask)).logits.numpy()
+    theirs_g = gen(input_ids=t(ids), attention_mask=t(mask)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours_d)[mask > 0], theirs_d[mask > 0], atol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(ours_g.mlm_logits), np.take_along_axis(theirs_g, pos[:, :, None], 1), atol=1e-4
+  )
+  back = tmp_path / "back"
+  assert convert_cmd.main(["--from", "hf", str(hf), "--to", "bertjax", str(back)]) == 0
+  again = checkpoint.load_pretrained(str(back))
+  assert again.generator_config == pre.generator_config
+
 
 def test_layerwise_lr_decay_follows_electra():
   import argparse

@@ -146,6 +146,17 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   return rel
 
 
+def _electra_note(setup: train.Setup) -> str:
+  """ ", ELECTRA: discriminator H wide, generator G wide" for an ELECTRA run, else ""."""
+  gen = setup.generator_config
+  if gen is None:
+    return ""
+  return (
+      f" (ELECTRA: discriminator {setup.bert_config.hidden_size} wide, generator "
+      f"{gen.hidden_size} wide, embeddings {setup.bert_config.embedding_width})"
+  )
+
+
 def _init_from(setup: train.Setup, state: train.TrainState, path: str) -> train.TrainState:
   """Replace freshly initialised params with a pretrained checkpoint's (continue pretraining)."""
   pre = checkpoint.load_pretrained(path)
@@ -449,7 +460,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
     (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   writer.log(
       f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
-      f"params | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
+      f"params{_electra_note(setups[0])} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
 
