@@ -62,9 +62,14 @@ def _hf_logits(disc, gen, ids, types, mask, pos):
 
 def _ours(params, cfg, gen_cfg, ids, types, mask, pos):
   model = electra_lib.ElectraForPreTraining(cfg, gen_cfg)
-  v = {"params": params}
-  d = model.apply(v, ids, types, mask, method=model.discriminate)
-  g = model.apply(v, ids, types, mask, pos, method=model.generate).mlm_logits
+
+  @jax.jit
+  def logits(params):
+    v = {"params": params}
+    d = model.apply(v, ids, types, mask, method=model.discriminate)
+    return d, model.apply(v, ids, types, mask, pos, method=model.generate).mlm_logits
+
+  d, g = logits(params)
   return np.asarray(d), np.asarray(g)
 
 
@@ -127,7 +132,8 @@ def test_bertjax_to_transformers(tmp_path):
   model = electra_lib.ElectraForPreTraining(cfg, gen_cfg)
   ids, types, mask, pos = batch = hf_batch(DISC["vocab_size"], seed=1)
   key = jax.random.key(3)
-  params = nn.unbox(model.init({"params": key, "sample": key}, ids, types, mask, pos)["params"])
+  init = jax.jit(model.init)
+  params = nn.unbox(init({"params": key, "sample": key}, ids, types, mask, pos)["params"])
   # bertjax's init: zero biases, unit LayerNorms; move them, as for transformers' side
   leaves, tree = jax.tree.flatten(jax.tree.map(np.asarray, params))
   rng = np.random.default_rng(0)
