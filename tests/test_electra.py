@@ -70,6 +70,7 @@ def _tiny(**model):
   c.data.seq_len, c.data.max_predictions_per_seq = 16, 4
   c.train.batch_size = 8
   c.train.warmup_steps = 0
+  c.model.num_layers = 1  # one layer compiles fastest; the modern block's test asks for 2
   for k, v in model.items():
     c.model[k] = v
   return c
@@ -193,6 +194,7 @@ def test_train_step_every_block_packing_mesh_and_accumulation(block):
       intermediate_size=192,
       local_attention=8,
       global_every=2,
+      num_layers=2,  # a global layer, then a local one
   )
   c = _tiny(**(modern if block == "modern" else {}))
   batches = [_batch(c, packing=block == "modern")]
