@@ -341,3 +341,30 @@ def test_layerwise_lr_decay_follows_electra():
     p.parse_args(["--layerwise-lr-decay", "1.5"])
   with pytest.raises(Exception, match="layerwise_lr_decay"):
     recipe_lib.Recipe(layerwise_lr_decay=0.0)
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("objective", "elektra", "config.objective='elektra': valid: mlm, electra"),
+        ("data.pair_mode", "nsp", "ELECTRA has no pair task"),
+        ("electra.disc_weight", 0.0, "config.electra.disc_weight=0.0"),
+        ("electra.generator_hidden_fraction", 0.001, "choose a fraction that leaves whole heads"),
+        ("model.embedding_size", -1, "config.model.embedding_size=-1"),
+        ("data.mask_token_prob", 0.95, "mask_token_prob + random_token_prob"),
+    ],
+)
+def test_electra_config_mistakes_are_one_line_user_errors(field, value, needle):
+  from bertjax import errors
+  from bertjax.training import config_checks
+  from experiments import pretrain
+
+  c = pretrain.get_config("electra_tiny")
+  node, _, leaf = field.rpartition(".")
+  (c[node] if node else c)[leaf] = value
+  if field == "data.mask_token_prob":
+    c.data.random_token_prob = 0.1
+  with pytest.raises(errors.UserError, match=needle.replace("(", r"\(").replace("+", r"\+")) as e:
+    config_checks.validate(c)
+    config_checks.preflight(c)
+  assert "\n" not in str(e.value)

@@ -280,7 +280,7 @@ def preflight(config, workdir: str | None = None) -> Plan:
   with c.unlocked():
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
   try:
-    train.model_config(c)
+    train.electra_generator_config(c, train.model_config(c))  # and ELECTRA's generator
   except errors.UserError:
     raise
   except ValueError as e:  # BertConfig's own checks (hidden_size % num_heads, ...)

@@ -164,6 +164,13 @@ def _init_from(setup: train.Setup, state: train.TrainState, path: str) -> train.
       dict(pre.config.to_dict(), scan_layers=setup.bert_config.scan_layers), setup.bert_config, path
   )
   params = pre.params
+  want = "electra" if setup.generator_config is not None else "mlm"
+  have = "electra" if pre.generator_config is not None else "mlm"
+  if want != have:
+    raise errors.ConfigError(
+        f"config.train.init_from={path}: an {have} checkpoint, but config.objective={want!r} — "
+        f"start from a checkpoint of the same objective, or set config.objective={have!r}"
+    )
   if setup.bert_config.scan_layers:
     params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
   params = jax.device_put(jax.tree.map(np.asarray, params), setup.state_shardings.params)

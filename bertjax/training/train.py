@@ -84,7 +84,15 @@ def electra_generator_config(config, bert_config: model_lib.BertConfig):
   """The ELECTRA generator's `BertConfig` under `config.objective == "electra"`, else None."""
   if objective(config) != "electra":
     return None
-  return electra_lib.generator_config(bert_config, config.electra.generator_hidden_fraction)
+  fraction = config.electra.generator_hidden_fraction
+  try:
+    return electra_lib.generator_config(bert_config, fraction)
+  except ValueError as e:  # no width left, or a generator BertConfig refuses
+    raise errors.ConfigError(
+        f"config.electra.generator_hidden_fraction={fraction}: the generator of "
+        f"hidden_size={bert_config.hidden_size} would be invalid ({str(e).removeprefix('BertConfig: ')})"
+        " — choose a fraction that leaves whole heads (ELECTRA: 0.25 or 1/3)"
+    ) from e
 
 
 def make_model(bert_config: model_lib.BertConfig, generator_config=None) -> nn.Module:
