@@ -12,8 +12,8 @@ from bertjax.model import electra as electra_lib
 from bertjax.tasks import encoder as encoder_lib
 from conftest import hf_batch
 
-# E = 16 factorised: the discriminator projects to 32, the generator (1/4 of it... here 1/2,
-# so that its heads keep the discriminator's size) to 16 — both have an `embeddings_project`.
+# E = 16, factorised: the discriminator projects it to 32, its generator (1/4: 8 wide, one head)
+# to 8; both have an `embeddings_project`.
 DISC = dict(
     vocab_size=99,
     embedding_size=16,

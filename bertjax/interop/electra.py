@@ -124,7 +124,7 @@ def _dense(ours: tuple[str, ...], theirs: str) -> Iterator[convert._Entry]:
 
 
 def discriminator_entries(cfg: BertConfig) -> Iterator[convert._Entry]:
-  """`ElectraForPreTraining`'s tensors (the discriminator head when `head`)."""
+  """`ElectraForPreTraining`'s tensors: the encoder and the discriminator head."""
   yield from _encoder_entries(cfg, "bert")
   yield from _dense(("discriminator_predictions", "dense"), "discriminator_predictions.dense")
   yield from _dense(
