@@ -280,6 +280,12 @@ def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, gen
     written = electra_interop.save(params, cfg, generator, out)
     if tok is not None:
       written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
+      if generator is not None:  # each directory loads on its own, as google/electra-*'s do
+        gen_dir = out / electra_interop.GENERATOR_DIR
+        written += [
+            f"{electra_interop.GENERATOR_DIR}/{name}"
+            for name in write_hf_tokenizer(tok, gen_dir, cfg.max_position_embeddings)
+        ]
     return ", ".join(written)
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib
