@@ -23,6 +23,12 @@ Purpose: one config file for every model size. `arg` picks the variant:
   continue                       domain-adaptive pretraining (Gururangan et al. 2020) of a
                                  released checkpoint: `--init DIR` gives the network; MLM alone
                                  at 15%, seq 512, batch 256, lr 1e-4, 12,500 steps
+  electra_small | electra_base   ELECTRA (Clark et al. 2020): replaced-token detection, a
+                                 generator of 1/4 (Small) or 1/3 (Base) of the width; the
+                                 paper's appendix hyperparameters (its Table 6)
+  electra_tiny                   ELECTRA at tiny scale (2 layers x 128, embeddings 64, a
+                                 32-wide generator): CPU minutes, `bertjax demo --config
+                                 electra_tiny`
 
 Command:
   bertjax pretrain --config experiments/pretrain.py:tiny --workdir runs/tiny
@@ -42,6 +48,10 @@ Hardware and expected result:
   modern_base  compiled, not run: both phases fit on a v5p-32 (16 chips, data parallel), 11.1 GiB
          HBM per chip, every layer's attention the Pallas splash kernel (docs/performance.md).
   modern_tiny  2 CPU cores, minutes (`bertjax demo --config modern_tiny`; docs/training.md).
+  electra_small  one accelerator: the paper trains it 4 days on one V100 (1M steps of 128).
+  electra_tiny   2 CPU cores, ~25 min for 1,000 steps on busy cores (`bertjax demo --config
+         electra_tiny`): its generator stays on the unigram plateau and its discriminator
+         at the prior at this budget (measured figures in docs/training.md, "ELECTRA").
 
 Every field is overridable: `--config.train.steps=100 --config.data.source=synthetic`.
 """
@@ -64,6 +74,11 @@ _SCALES = {
     "modern_tiny": ("tiny", 32, 1000, 1e-3, 100),  # `tiny`'s lr and warmup, half its batch
     # The preset is a placeholder: `--init DIR` replaces the network by the checkpoint's.
     "continue": ("base", 256, 12_500, 1e-4, 750),
+    # ELECTRA, Clark et al. 2020, appendix Table 6: batch, ELECTRA's train steps, lr, warmup
+    # (the preset is a stand-in: `_electra` sets every size).
+    "electra_small": ("small", 128, 1_000_000, 5e-4, 10_000),
+    "electra_base": ("base", 256, 766_000, 2e-4, 10_000),
+    "electra_tiny": ("tiny", 32, 1000, 1e-3, 100),  # `modern_tiny`'s batch, steps, lr, warmup
 }
 
 # variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
@@ -80,6 +95,9 @@ VARIANTS = {
     "modern_base": "ModernBERT-base: network, 30% MLM, StableAdamW + wsd, seq 1,024 then 8,192",
     "modern_tiny": "ModernBERT's network at tiny scale (3 layers x 128), seq 128 (CPU, minutes)",
     "continue": "continue MLM from a released checkpoint (--init DIR): seq 512, 12,500 steps",
+    "electra_small": "ELECTRA-Small (Clark et al. 2020): 12 x 256, embeddings 128, 1M steps of 128",
+    "electra_base": "ELECTRA-Base (Clark et al. 2020): 12 x 768, generator 1/3, 766k steps of 256",
+    "electra_tiny": "ELECTRA at tiny scale (2 x 128, generator 32 wide), seq 128 (CPU, minutes)",
 }
 
 
@@ -93,11 +111,18 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
         f"experiments/pretrain.py: unknown variant {arg!r}; valid: " f"{', '.join(VARIANTS)}"
     )
   preset, batch, steps, lr, warmup = _SCALES[scale]
-  paper = scale in ("base", "large", "modern_base")  # bf16, scanned layers, BERT's optimizer
+  # bf16, scanned layers, BERT's optimizer
+  paper = scale in ("base", "large", "modern_base", "electra_small", "electra_base")
 
   c = ml_collections.ConfigDict()
   c.variant = variant  # recorded in the workdir's config.json
   c.seed = 0  # parameter init, dropout and data order
+  # mlm: BERT's masked LM (+ the pair task) | electra: replaced-token detection (Clark et al.
+  # 2020), a generator beside the encoder (bertjax.model.electra, docs/training.md "ELECTRA")
+  c.objective = "mlm"
+  c.electra = ml_collections.ConfigDict()  # read only with objective "electra"
+  c.electra.generator_hidden_fraction = 0.25  # generator width / the encoder's (paper: 1/4)
+  c.electra.disc_weight = 50.0  # λ: loss = generator MLM + λ · discriminator BCE (paper: 50)
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = preset  # tiny/mini/small/medium/base/large (bertjax.model.PRESETS)
@@ -118,6 +143,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.model.use_bias = True  # biases of the dense layers and LayerNorms
   c.model.local_attention = 0  # 0: every layer global | window (tokens) of the local layers
   c.model.global_every = 1  # layer i is global when i % global_every == 0
+  c.model.embedding_size = 0  # 0: hidden_size | ELECTRA's factorised embeddings, projected
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "prepared"  # prepared (TFRecord shards) | synthetic (random tokens, no TF)
@@ -135,6 +161,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # Mask every piece of a word together; on data prepared with `--word-segmenter`, every token
   # of a segmenter's word (Chinese whole-word masking: docs/data.md)
   c.data.whole_word_mask = False
+  c.data.mask_token_prob = 0.8  # of the chosen tokens: [MASK] (BERT: 80%)
+  c.data.random_token_prob = 0.1  # of the chosen tokens: a random token (BERT: 10%); rest kept
   c.data.prefetch = 2  # batches transferred ahead of the step
   c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
   # packed rows: at most this many examples (NSP labels) each; 0: measured on the corpus
@@ -257,6 +285,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     _modern(c, tiny=scale == "modern_tiny")
   if variant == "continue":
     _continue(c)
+  if scale.startswith("electra_"):
+    _electra(c, scale.removeprefix("electra_"))
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563
@@ -371,3 +401,79 @@ def _continue(c: ml_collections.ConfigDict) -> None:
   c.checkpoint.every_steps = 500
   c.eval.every_steps = 500
   c.log_every_steps = 50
+
+
+def _electra(c: ml_collections.ConfigDict, size: str) -> None:
+  """ELECTRA (Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as Discriminators Rather
+  Than Generators"): sizes and pretraining hyperparameters of the paper's appendix (Table 6,
+  "Pre-train hyperparameters") and of google-research/electra (configure_pretraining.py,
+  pretrain/pretrain_helpers.py, model/optimization.py). `tiny` is the same recipe at CPU scale.
+  """
+  m = c.model
+  c.objective = "electra"
+  c.data.pair_mode = "none"  # paper section 2: no next-sentence prediction, one segment or two
+  c.data.mask_prob = 0.15  # Table 6: mask percent 15 (Small and Base)
+  c.data.mask_token_prob = 0.85  # pretrain_helpers.mask: [MASK] at 85% of the chosen tokens ...
+  c.data.random_token_prob = 0.0  # ... the original at the other 15%, never a random token
+  c.train.optimizer = "bert_adamw"  # optimization.py: BERT's Adam without bias correction
+  c.train.schedule = "bert"  # Table 6: linear decay to 0 over the steps, linear warmup
+  c.train.b1 = 0.9  # Table 6: Adam β1
+  c.train.b2 = 0.999  # Table 6: Adam β2
+  c.train.eps = 1e-6  # Table 6: Adam ε
+  c.train.weight_decay = 0.01  # Table 6: weight decay (not on LayerNorms and biases)
+  c.train.clip_norm = 1.0  # optimization.py: clip_by_global_norm(clip_norm=1.0)
+  c.electra.disc_weight = 50.0  # paper section 3.1 / configure_pretraining.py: λ = 50
+  m.hidden_dropout_rate = 0.1  # Table 6: dropout 0.1
+  m.attention_dropout_rate = 0.1  # Table 6: attention dropout 0.1
+  m.hidden_act = "gelu"  # modeling.py: BERT's exact GELU
+  m.initializer_range = 0.02  # modeling.py: BERT's truncated normal, std 0.02
+  m.scan_layers = size != "tiny"  # 12 identical layers: one compiled layer
+  c.phase2.fraction = 0.0  # one phase: ELECTRA trains at one sequence length
+  if size == "small":
+    m.num_layers = 12  # Table 6: 12 layers
+    m.hidden_size = 256  # Table 6: hidden size 256
+    m.intermediate_size = 1024  # Table 6: FFN inner hidden size 1024
+    m.num_heads = 4  # Table 6: 4 attention heads (head size 64)
+    m.embedding_size = 128  # Table 6: embedding size 128, projected to 256
+    c.electra.generator_hidden_fraction = 0.25  # Table 6: generator size 1/4 (64 wide, 1 head)
+    c.data.seq_len = 128  # configure_pretraining.py: max_seq_length 128 for Small
+    c.data.max_predictions_per_seq = 19  # configure_pretraining.py: int((0.15 + 0.005) * 128)
+    c.train.batch_size = 128  # Table 6: batch size 128
+    c.train.steps = 1_000_000  # Table 6: train steps (ELECTRA) 1M
+    c.train.learning_rate = 5e-4  # Table 6: learning rate 5e-4
+    c.train.warmup_steps = 10_000  # Table 6: warmup steps 10000
+  elif size == "base":
+    m.num_layers = 12  # Table 6: 12 layers
+    m.hidden_size = 768  # Table 6: hidden size 768
+    m.intermediate_size = 3072  # Table 6: FFN inner hidden size 3072
+    m.num_heads = 12  # Table 6: 12 attention heads (head size 64)
+    m.embedding_size = 768  # Table 6: embedding size 768 (no projection)
+    c.electra.generator_hidden_fraction = 1 / 3  # Table 6: generator size 1/3 (256 wide, 4 heads)
+    c.data.seq_len = 512  # configure_pretraining.py (larger models): max_seq_length 512
+    c.data.max_predictions_per_seq = 79  # configure_pretraining.py: int((0.15 + 0.005) * 512)
+    c.train.batch_size = 256  # Table 6: batch size 256
+    c.train.steps = 766_000  # Table 6: train steps (ELECTRA) 766K
+    c.train.learning_rate = 2e-4  # Table 6: learning rate 2e-4
+    c.train.warmup_steps = 10_000  # Table 6: warmup steps 10000
+  else:  # tiny: the recipe at CPU scale on the bundled corpus (docs/training.md, "ELECTRA")
+    m.num_layers = 2  # BERT-tiny's depth
+    m.hidden_size = 128  # BERT-tiny's width
+    m.intermediate_size = 512  # 4 x hidden, as Table 6
+    m.num_heads = 2  # head size 64, as Table 6
+    m.embedding_size = 64  # factorised as ELECTRA-Small (half the hidden size), projected
+    c.electra.generator_hidden_fraction = 0.25  # Table 6 (Small): generator 32 wide, 1 head
+    m.hidden_dropout_rate = 0.0  # tiny model, few epochs: nothing to regularise yet (`demo`)
+    m.attention_dropout_rate = 0.0
+    m.max_position_embeddings = 128
+    c.data.seq_len = 128  # as Small
+    c.data.max_predictions_per_seq = 19  # int((0.15 + 0.005) * 128), as Small
+    c.train.batch_size = 32  # `modern_tiny`'s batch
+    c.train.steps = 1000  # `modern_tiny`'s steps
+    c.train.learning_rate = 1e-3  # `tiny`'s lr
+    c.train.warmup_steps = 100  # `tiny`'s warmup
+    c.train.optimizer = "adamw"  # the small recipes' optimizer and schedule (`tiny`)
+    c.train.schedule = "warmup_linear"
+    c.log_every_steps = 50
+    c.eval.every_steps = 250
+    c.eval.steps = 8
+    c.eval.batch_size = 64

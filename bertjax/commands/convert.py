@@ -125,12 +125,13 @@ def _find_vocab(src: epath.Path, explicit: str | None, recorded: str | None) -> 
 
 
 def _load(args):
-  """(config, params, tokenizer path or None) from SRC."""
+  """(config, params, tokenizer path or None, ELECTRA's generator config or None) from SRC."""
   from bertjax.interop import convert as convert_lib
+  from bertjax.interop import electra as electra_interop
   from bertjax.runtime import fs
 
   src = fs.path(args.src)
-  recorded = None
+  recorded, generator = None, None
   if args.src_kind == "google":
     from bertjax.interop import google_ckpt
 
@@ -144,7 +145,10 @@ def _load(args):
     cfg, params = google_ckpt.load_google(src, config)
   elif args.src_kind == "hf":
     fresh: list[str] = []
-    cfg, params = convert_lib.load_hf(src, fresh=fresh)
+    if electra_interop.is_electra_dir(src):  # the discriminator, and DIR/generator if there
+      cfg, params, generator = electra_interop.load(src, fresh=fresh)
+    else:
+      cfg, params = convert_lib.load_hf(src, fresh=fresh)
     if fresh:
       are = "is" if len(fresh) == 1 else "are"
       print(f"{src}: {' and '.join(fresh)} {are} not in the checkpoint: initialised fresh")
@@ -153,15 +157,25 @@ def _load(args):
 
     loaded = encoder_lib.load_bertjax(src)
     cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
-  return cfg, params, _find_vocab(src, args.tokenizer, recorded)
+    generator = loaded.generator_config
+  return cfg, params, _find_vocab(src, args.tokenizer, recorded), generator
 
 
-def _check_target(args, cfg) -> None:
+def _check_target(args, cfg, generator=None, params=None) -> None:
   """The model fits --to's format: HF takes BERT- and ModernBERT-shaped configs, Google's
-  checkpoints BERT's only."""
+  checkpoints BERT's only; ELECTRA (a `generator`) goes to HF with BERT's block."""
   from bertjax.interop import convert as convert_lib
+  from bertjax.interop import electra as electra_interop
 
   if args.dst_kind == "bertjax":
+    return
+  if generator is not None or "discriminator_predictions" in (params or {}):
+    if args.dst_kind == "google":
+      raise errors.ConfigError("--to google: ELECTRA has no Google BERT checkpoint; use --to hf")
+    try:
+      electra_interop.check_exportable(cfg)
+    except convert_lib.ConversionError as e:
+      raise errors.ConfigError(f"--to {args.dst_kind}: {e}") from e
     return
   try:
     arch = convert_lib.hf_architecture(cfg)
@@ -263,10 +277,24 @@ def _write_hf_sentencepiece(tok, dst: epath.Path, max_len: int) -> list[str]:
   return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
 
-def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok) -> str:
+def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, generator=None) -> str:
   """Write the model in --to's format into `out`; returns what was written."""
   from bertjax.runtime import fs
 
+  electra = "discriminator_predictions" in params or generator is not None
+  if args.dst_kind == "hf" and electra:  # the discriminator in DST, the generator in DST/generator
+    from bertjax.interop import electra as electra_interop
+
+    written = electra_interop.save(params, cfg, generator, out)
+    if tok is not None:
+      written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
+      if generator is not None:  # each directory loads on its own, as google/electra-*'s do
+        gen_dir = out / electra_interop.GENERATOR_DIR
+        written += [
+            f"{electra_interop.GENERATOR_DIR}/{name}"
+            for name in write_hf_tokenizer(tok, gen_dir, cfg.max_position_embeddings)
+        ]
+    return ", ".join(written)
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib
 
@@ -279,7 +307,12 @@ def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok) -> 
     from bertjax.training import checkpoint
 
     checkpoint.save_pretrained(
-        str(out), cfg, params, tokenizer_path=str(vocab) if vocab else None, step=0
+        str(out),
+        cfg,
+        params,
+        tokenizer_path=str(vocab) if vocab else None,
+        step=0,
+        generator_config=generator,
     )
     if tok is not None and hasattr(tok, "lower_case"):
       # vocab.txt does not say whether the model is uncased; this file beside it does, and
@@ -359,8 +392,8 @@ def main(argv: list[str]) -> int:
   _check_args(args)
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
   print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
-  cfg, params, vocab = _load(args)
-  _check_target(args, cfg)
+  cfg, params, vocab, generator = _load(args)
+  _check_target(args, cfg, generator, params)
   print(
       f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
       f"vocab {cfg.vocab_size}",
@@ -376,6 +409,8 @@ def main(argv: list[str]) -> int:
         file=sys.stderr,
     )
   dst = epath.Path(args.dst)  # as typed
-  what = publish(fs.path(args.dst), lambda out: _save(args, out, cfg, params, vocab, tok))
+  what = publish(
+      fs.path(args.dst), lambda out: _save(args, out, cfg, params, vocab, tok, generator)
+  )
   print(f"convert: wrote {what} to {dst}")
   return 0

@@ -36,6 +36,12 @@ def _summary(workdir, pairs: bool = True) -> str:
         f"MLM loss {a['mlm_loss']:.3f} (step {a['step']}) -> {b['mlm_loss']:.3f} "
         f"(step {b['step']}){nsp}"
     )
+    if "disc_accuracy_replaced" in b:  # ELECTRA: the MLM figures above are its generator's
+      lines.append(
+          f"ELECTRA discriminator at step {b['step']}: accuracy {b['disc_accuracy_replaced']:.3f} "
+          f"on replaced tokens, {b['disc_accuracy_original']:.3f} on original ones "
+          f"({b['replaced_fraction']:.1%} of the tokens replaced)"
+      )
   if evals:
     e = evals[-1]
     nsp = f", NSP accuracy {e['eval_nsp_accuracy']:.3f}" if pairs else ""
@@ -83,7 +89,15 @@ def fill_mask(workdir, data_dir, n: int = 5, k: int = 5) -> list[str]:
 
   pre = checkpoint.load_pretrained(str(workdir))
   tok = tokenizer_lib.SentencePieceTokenizer(pre.tokenizer_path)
-  bert = model_lib.BertForPreTraining(pre.config)
+  if pre.generator_config is not None:  # ELECTRA: the generator fills the mask
+    from bertjax.model import electra
+
+    electra_model = electra.ElectraForPreTraining(pre.config, pre.generator_config)
+    bert = electra_model.bind({"params": pre.params})
+    fill = lambda *a, **kw: bert.generate(*a, **kw)
+  else:
+    bert = model_lib.BertForPreTraining(pre.config)
+    fill = lambda *a, **kw: bert.apply({"params": pre.params}, *a, **kw)
   lines = []
   for ids in _held_out_sentences(data_dir, n):
     # A one-piece word of 3+ letters in the middle of the sentence.
@@ -105,8 +119,7 @@ def fill_mask(workdir, data_dir, n: int = 5, k: int = 5) -> list[str]:
         + [tokenizer_lib.SEP_ID]
     )
     arr = np.asarray([x], np.int32)
-    out = bert.apply(
-        {"params": pre.params},
+    out = fill(
         arr,
         np.zeros_like(arr),
         np.ones_like(arr),
@@ -131,7 +144,7 @@ def _parser():
       default="demo",
       metavar="RECIPE",
       help="the recipe to pretrain, as `bertjax pretrain --config` names it (default: demo; "
-      "modern_tiny: ModernBERT's network at tiny scale)",
+      "modern_tiny: ModernBERT's network at tiny scale; electra_tiny: ELECTRA's)",
   )
   p.add_argument(
       "--steps",

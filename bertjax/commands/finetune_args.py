@@ -82,6 +82,14 @@ def resolve_packing(args: argparse.Namespace) -> bool:
   return args.packing
 
 
+def _layer_decay(text: str) -> float:
+  """argparse type: a number in (0, 1]."""
+  value = args_lib.positive_float(text)
+  if value > 1.0:
+    raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1] (1: off; ELECTRA: 0.8)")
+  return value
+
+
 def add_recipe_args(
     g,
     *,
@@ -121,6 +129,13 @@ def add_recipe_args(
       help="warmup fraction of all steps, in [0, 1)",
   )
   g.add_argument("--weight-decay", type=args_lib.nonneg_float, default=0.01)
+  g.add_argument(
+      "--layerwise-lr-decay",
+      type=_layer_decay,
+      default=1.0,
+      help="layer-wise learning-rate decay in (0, 1]: a layer d below the task head learns at "
+      "decay^d of the peak, the embeddings lowest (ELECTRA's fine-tuning: 0.8; default 1: off)",
+  )
   g.add_argument(
       "--optimizer",
       choices=("bert_adamw", "adamw"),
@@ -257,6 +272,7 @@ def recipe_from_args(
       eval_batch_size=args.eval_batch_size,
       warmup_fraction=args.warmup,
       weight_decay=args.weight_decay,
+      layerwise_lr_decay=args.layerwise_lr_decay,
       optimizer=optimizer,
       dropout=args.dropout,
       seed=args.seed,

@@ -501,6 +501,11 @@ def load_hf(
   except json.JSONDecodeError as e:
     raise ConversionError(f"{cfg_file}:{e.lineno}: invalid JSON ({e.msg})") from e
   model_type = hf_cfg.get("model_type") if isinstance(hf_cfg, dict) else None
+  if model_type == "electra":  # interop/electra.py
+    from bertjax.interop import electra
+
+    cfg, params = electra.load_encoder(path, fresh=fresh)
+    return cfg.replace(**config_overrides), params
   if model_type == "modernbert":
     cfg = config_from_modernbert(hf_cfg, str(cfg_file), **config_overrides)
   elif model_type in ROBERTA_TYPES:

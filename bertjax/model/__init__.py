@@ -1,6 +1,7 @@
 """BERT in Flax linen: its config and presets (`config.py`), the network (`bert.py`), the
-kernels it lowers through (`ops.py`), task heads (`heads.py`) and parameter-tree helpers
-(`params.py`). `from bertjax import model` gives all of them."""
+kernels it lowers through (`ops.py`), task heads (`heads.py`), ELECTRA's generator and
+discriminator (`electra.py`) and parameter-tree helpers (`params.py`). `from bertjax import
+model` gives all of them."""
 
 from bertjax.model.bert import (
     BertForPreTraining,
@@ -12,6 +13,7 @@ from bertjax.model.bert import (
     packed_position_ids,
 )
 from bertjax.model.config import BertConfig, from_preset, PRESETS
+from bertjax.model.electra import ElectraForPreTraining
 from bertjax.model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,

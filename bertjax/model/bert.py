@@ -62,14 +62,14 @@ def _ones(names: tuple[str | None, ...]):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+def _layer_norm(cfg: BertConfig, name: str, axis: str = "embed") -> nn.LayerNorm:
   return nn.LayerNorm(
       epsilon=cfg.layer_norm_eps,
       dtype=cfg.compute_dtype,
       param_dtype=cfg.params_dtype,
       use_bias=cfg.use_bias,
-      scale_init=_ones(("embed",)),
-      bias_init=_zeros(("embed",)),
+      scale_init=_ones((axis,)),
+      bias_init=_zeros((axis,)),
       name=name,
   )
 
@@ -103,10 +103,11 @@ def _constrain(x: Array, names: tuple[str, ...]) -> Array:
 
 
 def _embedding(cfg: BertConfig, rows: int, axis: str) -> nn.Embed:
-  """A [rows, H] table whose rows are named `axis` ('vocab', 'pos' or 'type')."""
+  """A [rows, E] table whose rows are named `axis` ('vocab', 'pos' or 'type'); E is the
+  embedding width, the hidden size unless `cfg.embedding_size` factorises the embeddings."""
   return nn.Embed(
       rows,
-      cfg.hidden_size,
+      cfg.embedding_width,
       dtype=cfg.compute_dtype,
       param_dtype=cfg.params_dtype,
       embedding_init=_init(cfg, (axis, "embed")),
@@ -114,7 +115,10 @@ def _embedding(cfg: BertConfig, rows: int, axis: str) -> nn.Embed:
 
 
 class Embeddings(nn.Module):
-  """Word + learned position + segment embeddings, then LayerNorm and dropout.
+  """Word + learned position + segment embeddings, then LayerNorm and dropout, [B, L, E].
+
+  E is the hidden size H, or ELECTRA's smaller `embedding_size`, which `BertModel` projects
+  to H (`embeddings_project`).
 
   With rotary positions there is no position table (attention rotates queries and keys); with
   `type_vocab_size=0` no segment table, and token types passed in are ignored (ModernBERT).
@@ -149,16 +153,16 @@ class Embeddings(nn.Module):
       )
     if position_ids_BxL is None:
       position_ids_BxL = jnp.arange(seq_len)[None, :]
-    x_BxLxH = self.word_embeddings(input_ids_BxL)
+    x_BxLxE = self.word_embeddings(input_ids_BxL)
     if cfg.position_embedding == "learned":  # RoBERTa's table starts position 0 at row 2
-      x_BxLxH = x_BxLxH + self.position_embeddings(position_ids_BxL + cfg.position_offset)
+      x_BxLxE = x_BxLxE + self.position_embeddings(position_ids_BxL + cfg.position_offset)
     if cfg.type_vocab_size == 1:  # RoBERTa: one type, whatever types the inputs carry
       token_type_ids_BxL = jnp.zeros_like(token_type_ids_BxL)
     if cfg.type_vocab_size:
-      x_BxLxH = x_BxLxH + self.token_type_embeddings(token_type_ids_BxL)
-    x_BxLxH = self.layer_norm(x_BxLxH)
-    x_BxLxH = self.dropout(x_BxLxH, deterministic=deterministic)
-    return _constrain(x_BxLxH, ("batch", "length", "act_embed"))
+      x_BxLxE = x_BxLxE + self.token_type_embeddings(token_type_ids_BxL)
+    x_BxLxE = self.layer_norm(x_BxLxE)
+    x_BxLxE = self.dropout(x_BxLxE, deterministic=deterministic)
+    return _constrain(x_BxLxE, ("batch", "length", "act_embed"))
 
 
 def attention_mask_bias(attention_mask_BxL: Array) -> Array:
@@ -385,9 +389,31 @@ class LayerStack(nn.Module):
 @flax.struct.dataclass
 class EncoderOutput:
   sequence_output: Array  # [B, L, H] last layer
-  pooled_output: Array  # [B, H] tanh(dense([CLS])); [B, E, H] with cls_positions
+  pooled_output: Array | None  # [B, H] tanh(dense([CLS])); [B, E, H] with cls_positions; None
+  #                              when called with pool=False (ELECTRA pretraining has no pooler)
   hidden_states: tuple[Array, ...] = ()  # embeddings then each layer's [B, L, H], if requested;
   #                                         the last is sequence_output (pre-LN: final-normed)
+
+
+def encoder_inputs(
+    input_ids_BxL: Array,
+    attention_mask_BxL: Array | None,
+    segment_ids_BxL: Array | None,
+    position_ids_BxL: Array | None,
+) -> tuple[Array | None, Array]:
+  """(attention mask [B, 1, 1, L] or None, position ids [B, L] or [1, L]) of one batch: padded
+  rows are masked by `attention_mask`, packed rows by their segment ids (`ops.attention`), each
+  packed example counting its positions from 0."""
+  mask_Bx1x1xL = None
+  if segment_ids_BxL is None:  # one example per row, padded
+    if attention_mask_BxL is None:
+      attention_mask_BxL = jnp.ones_like(input_ids_BxL)
+    mask_Bx1x1xL = attention_mask_bias(attention_mask_BxL)
+  elif position_ids_BxL is None:  # packed: each example counts from 0
+    position_ids_BxL = packed_position_ids(segment_ids_BxL)
+  if position_ids_BxL is None:
+    position_ids_BxL = jnp.arange(input_ids_BxL.shape[1])[None, :]
+  return mask_Bx1x1xL, position_ids_BxL
 
 
 class BertModel(nn.Module):
@@ -398,6 +424,11 @@ class BertModel(nn.Module):
   (default: `packed_position_ids(segment_ids)` with segment ids, else 0..L-1) and
   `cls_positions` [B, E] (each example's [CLS] index; -1 for an absent example, which reads
   position 0: the loss masks it). Without them the model is BERT on one example per row.
+
+  Factorised embeddings (`cfg.embedding_size`, ELECTRA): the embeddings are E wide and
+  `embeddings_project` maps them to H. `embedded_BxLxE` hands in embeddings computed elsewhere
+  (ELECTRA's generator reads the discriminator's tables, `electra.py`): this encoder then has
+  no tables of its own. `pool=False` skips the pooler, which ELECTRA pretraining does not train.
   """
 
   cfg: BertConfig
@@ -405,6 +436,8 @@ class BertModel(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.embeddings = Embeddings(cfg)
+    if cfg.factorised_embeddings:  # ELECTRA: E -> H
+      self.embeddings_project = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
     self.encoder = LayerStack(cfg)
     if cfg.norm_placement == "pre":  # the residual stream is never normalised inside the stack
       self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
@@ -421,20 +454,23 @@ class BertModel(nn.Module):
       cls_positions: Array | None = None,
       deterministic: bool = True,
       output_hidden_states: bool = False,
+      embedded_BxLxE: Array | None = None,
+      pool: bool = True,
   ) -> EncoderOutput:
-    segment_ids_BxL, position_ids_BxL, cls_positions_BxE = segment_ids, position_ids, cls_positions
+    segment_ids_BxL, cls_positions_BxE = segment_ids, cls_positions
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    mask_Bx1x1xL = None
-    if segment_ids_BxL is None:  # one example per row, padded
-      if attention_mask_BxL is None:
-        attention_mask_BxL = jnp.ones_like(input_ids_BxL)
-      mask_Bx1x1xL = attention_mask_bias(attention_mask_BxL)
-    elif position_ids_BxL is None:  # packed: each example counts from 0
-      position_ids_BxL = packed_position_ids(segment_ids_BxL)
-    emb_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
-    if position_ids_BxL is None:  # rotary positions are applied in every layer
-      position_ids_BxL = jnp.arange(input_ids_BxL.shape[1])[None, :]
+    mask_Bx1x1xL, position_ids_BxL = encoder_inputs(
+        input_ids_BxL, attention_mask_BxL, segment_ids_BxL, position_ids
+    )
+    emb_BxLxE = embedded_BxLxE
+    if emb_BxLxE is None:
+      emb_BxLxE = self.embeddings(
+          input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL
+      )
+    emb_BxLxH = emb_BxLxE
+    if self.cfg.factorised_embeddings:
+      emb_BxLxH = _constrain(self.embeddings_project(emb_BxLxE), ("batch", "length", "act_embed"))
     x_BxLxH, hidden = self.encoder(
         emb_BxLxH,
         mask_Bx1x1xL,
@@ -446,11 +482,13 @@ class BertModel(nn.Module):
     if self.cfg.norm_placement == "pre":
       x_BxLxH = self.final_layer_norm(x_BxLxH)
       hidden = hidden[:-1] + [x_BxLxH] if hidden else hidden  # as transformers reports them
-    if cls_positions_BxE is None:
-      cls_BxH = x_BxLxH[:, 0]
-    else:  # each packed example's own [CLS]
-      cls_BxH = gather_positions(x_BxLxH, jnp.maximum(cls_positions_BxE, 0))
-    pooled_BxH = jnp.tanh(self.pooler(cls_BxH))
+    pooled_BxH = None
+    if pool:
+      if cls_positions_BxE is None:
+        cls_BxH = x_BxLxH[:, 0]
+      else:  # each packed example's own [CLS]
+        cls_BxH = gather_positions(x_BxLxH, jnp.maximum(cls_positions_BxE, 0))
+      pooled_BxH = jnp.tanh(self.pooler(cls_BxH))
     hidden_states = tuple([emb_BxLxH] + hidden) if output_hidden_states else ()
     return EncoderOutput(
         sequence_output=x_BxLxH, pooled_output=pooled_BxH, hidden_states=hidden_states
@@ -496,7 +534,8 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     cfg = self.cfg
     self.bert = BertModel(cfg)
-    self.mlm_transform = dense(cfg, cfg.hidden_size, ("embed", "embed_out"))
+    # H -> E: to the tied decoder's width (H, unless the embeddings are factorised)
+    self.mlm_transform = dense(cfg, cfg.embedding_width, ("embed", "embed_out"))
     self.mlm_layer_norm = _layer_norm(cfg, "mlm_layer_norm")
     self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.params_dtype)
     self.nsp = dense(cfg, 2, ("embed", "classes"), use_bias=True)

@@ -88,6 +88,9 @@ class BertConfig:
   local_attention: int = 0  # 0: every layer global; > 0: window in tokens of the local layers,
   #                           key j visible to query i when |i - j| <= window // 2 (ModernBERT: 128)
   global_every: int = 1  # layer i attends globally when i % global_every == 0 (ModernBERT: 3)
+  # ELECTRA's factorised embeddings (Clark et al. 2020): the token, position and segment tables
+  # and their LayerNorm at this width, projected to hidden_size by `embeddings_project`.
+  embedding_size: int = 0  # 0: hidden_size, no projection (BERT, ModernBERT)
 
   @property
   def max_seq_len(self) -> int:
@@ -144,6 +147,10 @@ class BertConfig:
           f"BertConfig: global_every={every} with local_attention=0: the layers between global "
           "ones have no window — set local_attention=128 (ModernBERT's) or global_every=1"
       )
+    if self.embedding_size < 0:
+      raise ValueError(
+          f"BertConfig: embedding_size={self.embedding_size}; valid: 0 (hidden_size) or more"
+      )
     if self.type_vocab_size < 0:
       raise ValueError(
           f"BertConfig: type_vocab_size={self.type_vocab_size}; valid: 0 (none) or more"
@@ -170,6 +177,16 @@ class BertConfig:
           "(local and global layers)"
       )
     return ""
+
+  @property
+  def embedding_width(self) -> int:
+    """The width of the embedding tables: `embedding_size`, or `hidden_size` when 0."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def factorised_embeddings(self) -> bool:
+    """Whether the embeddings are projected to the hidden size (ELECTRA-Small's 128 -> 256)."""
+    return self.embedding_width != self.hidden_size
 
   @property
   def head_dim(self) -> int:

@@ -2,9 +2,11 @@
 
 `load_encoder(init)` reads any of the places a BERT can come from:
   a `bertjax pretrain` workdir, one of its checkpoints/<step> dirs, or a `save_pretrained` dir
-      (`bertjax.training.checkpoint.load_pretrained`; the tokenizer recorded with it),
+      (`bertjax.training.checkpoint.load_pretrained`; the tokenizer recorded with it; of an
+      ELECTRA run, the discriminator's encoder, its pooler fresh),
   a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
-      vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json),
+      vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json), or an ELECTRA one
+      (ElectraForPreTraining / ElectraModel: the discriminator's encoder),
   a google-research/bert dir or checkpoint prefix (bert_config.json + bert_model.ckpt.*),
 or "random": the no-pretraining baseline, fresh weights of a preset (a tokenizer needed) or of
     a checkpoint's own architecture (`preset` its path; its tokenizer unless one is given).
@@ -131,7 +133,12 @@ def read_encoder(
     cfg, params = google_ckpt.load_google(path)
     return cfg, params["bert"], _tokenizer_in(path if path.is_dir() else path.parent), "google"
   loaded = load_bertjax(path)
-  return loaded.config, loaded.params["bert"], loaded.tokenizer_path, "bertjax"
+  bert_params = loaded.params["bert"]
+  if "pooler" not in bert_params:  # an ELECTRA run: its discriminator was never pooled
+    bert_params = dict(bert_params, pooler=convert._fresh_heads(loaded.config)["pooler"])
+    if fresh is not None:
+      fresh.append("the pooler")
+  return loaded.config, bert_params, loaded.tokenizer_path, "bertjax"
 
 
 def load_bertjax(path: fs.PathLike) -> checkpoint.Pretrained:

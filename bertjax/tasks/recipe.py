@@ -51,6 +51,9 @@ class Recipe:
   )  # at most this many batch lengths (compiled shapes); 0: no cap
   mesh: tuple[int, int, int] = (-1, 1, 1)  # (data, fsdp, tensor), as pretraining's config.mesh
   pooling: str = "cls"  # GLUE head: cls (BERT's pooled [CLS]) | mean (of the last layer)
+  # Layer-wise learning-rate decay (ELECTRA, Clark et al. 2020, appendix; 0.8 for Small and
+  # Base): a layer d below the task head learns at decay^d of the peak (`layerwise_scales`).
+  layerwise_lr_decay: float = 1.0  # 1: every parameter at the peak (BERT)
 
   def __post_init__(self):
     for name, kind, ok, must in _CHECKS:
@@ -87,6 +90,7 @@ _CHECKS: tuple[tuple[str, type, Callable[[Any], bool], str], ...] = (
     ("max_steps", int, lambda v: v >= 0, ">= 0 (0: no cap)"),
     ("length_bucket", int, lambda v: v >= 0, ">= 0 (0: no buckets)"),
     ("max_lengths", int, lambda v: v >= 0, ">= 0 (0: no cap)"),
+    ("layerwise_lr_decay", float, lambda v: 0 < v <= 1, "in (0, 1] (1: off; ELECTRA: 0.8)"),
 )
 
 
@@ -168,15 +172,72 @@ def make_optimizer(recipe: Recipe, total_steps: int) -> optax.GradientTransforma
   else:  # "adamw": Recipe checked it is one of OPTIMIZERS
     shape, opt = optim.warmup_linear_decay(1.0, warmup, total_steps), optim.adamw
   clip = [optax.clip_by_global_norm(recipe.clip_norm)] if recipe.clip_norm > 0 else []
+  decay = recipe.layerwise_lr_decay
+  layerwise = [layerwise_lr_decay(decay)] if decay != 1.0 else []
 
   def chain(learning_rate):
     return optax.chain(
         *clip,
         opt(shape, b1=0.9, b2=0.999, eps=1e-6, weight_decay=recipe.weight_decay),
+        *layerwise,
         optax.scale(learning_rate),
     )
 
   return optax.inject_hyperparams(chain, hyperparam_dtype=jnp.float32)(learning_rate=1.0)
+
+
+def _key(entry) -> str:
+  return str(getattr(entry, "key", getattr(entry, "name", entry)))
+
+
+def layerwise_scales(params, decay: float) -> Any:
+  """A tree like `params` of each parameter's learning-rate factor under ELECTRA's layer-wise
+  decay (google-research/electra, model/optimization.py `_get_layer_lrs`): with n encoder
+  layers, the embeddings (and `embeddings_project`) are at depth 0, layer i at depth i + 1 and
+  everything else (the task head, the pooler) at depth n + 2; the factor is
+  decay^(n + 2 - depth). A pre-LN encoder's final norm takes its last layer's. Scanned layers
+  ("layers", stacked on axis 0) get one factor per layer."""
+  flat = jax.tree_util.tree_leaves_with_path(params)
+  names = [[_key(e) for e in path] for path, _ in flat]
+  n = 0
+  for ks in names:
+    for k in ks:
+      if k.startswith("layer_") and k[len("layer_") :].isdigit():
+        n = max(n, int(k[len("layer_") :]) + 1)
+  for (path, leaf), ks in zip(flat, names):
+    if "layers" in ks:
+      n = max(n, int(jnp.shape(leaf)[0]))
+
+  def scale(path, leaf):
+    ks = [_key(e) for e in path]
+    if "embeddings" in ks or "embeddings_project" in ks:
+      return jnp.asarray(decay ** (n + 2), jnp.float32)
+    for k in ks:
+      if k.startswith("layer_") and k[len("layer_") :].isdigit():
+        return jnp.asarray(decay ** (n + 1 - int(k[len("layer_") :])), jnp.float32)
+    if "layers" in ks:  # [n, ...]: layer i's slice at decay^(n + 1 - i)
+      per_layer = decay ** (n + 1 - jnp.arange(n, dtype=jnp.float32))
+      return per_layer.reshape((n,) + (1,) * (jnp.ndim(leaf) - 1))
+    if "final_layer_norm" in ks:
+      return jnp.asarray(decay**2, jnp.float32)
+    return jnp.asarray(1.0, jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def layerwise_lr_decay(decay: float) -> optax.GradientTransformation:
+  """Scale each update by its parameter's `layerwise_scales` factor (after the optimizer, so
+  the weight decay scales too, as ELECTRA's per-layer learning rates do)."""
+
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    scales = layerwise_scales(updates, decay)
+    return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales), state
+
+  return optax.GradientTransformation(init, update)
 
 
 def with_peak_learning_rate(opt_state, learning_rate) -> Any:

@@ -65,6 +65,7 @@ ARCH_FIELDS = (
     "position_offset",  # RoBERTa's position table starts at row 2
     "type_vocab_size",
     "norm_placement",  # pre-LN adds a final norm and drops layer 0's attention norm
+    "embedding_size",  # ELECTRA's factorised embeddings: other tables, a projection
     "mlp_type",  # GLU's input kernel is [H, 2, F]
     "position_embedding",  # RoPE has no position table
     "use_bias",
@@ -170,8 +171,15 @@ def check_compatible(
     where: str,
     saved_optimizer: str | None = None,
     optimizer: str | None = None,
+    saved_objective: str | None = None,
+    objective: str | None = None,
 ) -> None:
   """Raise, naming the first differing field, instead of ever restoring partially."""
+  if objective and (saved_objective or "mlm") != objective:
+    raise CheckpointMismatchError(
+        f"{where} was written with config.objective={saved_objective or 'mlm'!r} but the config "
+        f"now has {objective!r}; use the original objective, or a new --workdir"
+    )
   for field in ARCH_FIELDS:
     old, new = saved.get(field, _ARCH_DEFAULTS[field]), getattr(current, field)
     if old != new:
@@ -395,9 +403,11 @@ def gather_json(obj: Any) -> list:
 @dataclasses.dataclass
 class Pretrained:
   config: model_lib.BertConfig  # scan_layers=False: params below are unscanned
-  params: Any  # BertForPreTraining params, `encoder/layer_{i}`
+  params: Any  # BertForPreTraining params, `encoder/layer_{i}` (ElectraForPreTraining's)
   tokenizer_path: str | None  # the tokenizer copy stored with the checkpoint
   step: int
+  generator_config: model_lib.BertConfig | None = None  # ELECTRA's generator (unscanned); None:
+  #                                                       an MLM model
 
 
 def save_pretrained(
@@ -406,8 +416,10 @@ def save_pretrained(
     params: Any,
     tokenizer_path: str | None = None,
     step: int = 0,
+    generator_config: model_lib.BertConfig | None = None,
 ) -> None:
-  """Write a self-contained params-only checkpoint that `load_pretrained` reads.
+  """Write a self-contained params-only checkpoint that `load_pretrained` reads; with
+  `generator_config`, ELECTRA's (generator_config.json beside bert_config.json).
 
   `params` may be scanned or not, sharded or not; they are stored unscanned. The tokenizer
   file (SentencePiece .model or WordPiece vocab .txt) is copied next to them. Every process
@@ -420,6 +432,9 @@ def save_pretrained(
   if jax.process_index() == 0:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bert_config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    if generator_config is not None:
+      gen = generator_config.replace(scan_layers=False).to_dict()
+      (out / "generator_config.json").write_text(json.dumps(gen, indent=2))
     if tokenizer_path:
       fs.path(tokenizer_path).copy(out / tok_name, overwrite=True)
     (out / "pretrained.json").write_text(
@@ -505,6 +520,17 @@ def read_tokenizer(path: str) -> str | None:
   return str(d.parent.parent / tok) if tok else None
 
 
+def read_generator_config(path: str) -> model_lib.BertConfig | None:
+  """ELECTRA's generator config of what `load_pretrained(path)` would load (None: an MLM
+  model), without its params."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    f = d / "generator_config.json"
+    return model_lib.BertConfig.from_dict(json.loads(f.read_text())) if f.exists() else None
+  gen = json.loads((d / "meta" / "metadata").read_text()).get("generator_config")
+  return model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
+
+
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   """Read a workdir (latest complete step), one step dir, or a `save_pretrained` dir.
 
@@ -518,7 +544,13 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
     cfg = model_lib.BertConfig.from_dict(json.loads((d / "bert_config.json").read_text()))
     params = _restore_params(d / "params", shardings, None)
     tok = str(d / info["tokenizer"]) if info.get("tokenizer") else None
-    return Pretrained(cfg, params, tok, int(info.get("step", 0)))
+    gen_file = d / "generator_config.json"
+    gen = (
+        model_lib.BertConfig.from_dict(json.loads(gen_file.read_text()))
+        if gen_file.exists()
+        else None
+    )
+    return Pretrained(cfg, params, tok, int(info.get("step", 0)), gen)
   meta = json.loads((d / "meta" / "metadata").read_text())
   cfg = model_lib.BertConfig.from_dict(meta["bert_config"])
   if cfg.scan_layers:  # stored stacked: restore on the host, unstack, then place
@@ -529,4 +561,6 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
     params = _restore_params(d / "state", shardings, "params")
   tok = meta.get("tokenizer")
   tok_path = str(d.parent.parent / tok) if tok else None
-  return Pretrained(cfg.replace(scan_layers=False), params, tok_path, int(meta["step"]))
+  gen = meta.get("generator_config")
+  gen = model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
+  return Pretrained(cfg.replace(scan_layers=False), params, tok_path, int(meta["step"]), gen)

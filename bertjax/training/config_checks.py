@@ -95,6 +95,17 @@ RANGES: dict[str, Range] = {
     "data.mask_prob": Range(
         float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
     ),
+    "data.mask_token_prob": Range(float, 0.0, 1.0, why="of the chosen tokens: [MASK]; BERT: 0.8"),
+    "data.random_token_prob": Range(
+        float, 0.0, 1.0, why="of the chosen tokens: a random token; BERT: 0.1"
+    ),
+    "model.embedding_size": _at_least(0, "0: hidden_size; ELECTRA-Small: 128", none_ok=True),
+    "electra.generator_hidden_fraction": Range(
+        float, 0.0, 1.0, low_open=True, why="generator width / the encoder's; ELECTRA: 0.25"
+    ),
+    "electra.disc_weight": Range(
+        float, **_POSITIVE, why="λ on the discriminator loss; ELECTRA: 50"
+    ),
     "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
     "data.workers": _at_least(1, "processes building examples; None: half the cores", none_ok=True),
     "data.max_examples_per_row": Range(
@@ -163,6 +174,7 @@ PHASE2_RANGES: dict[str, Range] = {
     "phase2.peak_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
+    "objective": ("mlm", "electra"),
     "data.source": ("prepared", "synthetic"),
     "data.pair_mode": ("nsp", "sop", "none"),
     "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
@@ -211,6 +223,17 @@ def validate(config) -> None:
   for path, valid in CHOICES.items():
     _check_choice(config, path, valid)
   pairs = _get(config, "data.pair_mode") not in ("none", _MISSING)
+  if _get(config, "objective") == "electra" and pairs:
+    raise errors.ConfigError(
+        f"config.data.pair_mode={_get(config, 'data.pair_mode')!r}: ELECTRA has no pair task — "
+        "set config.data.pair_mode=none with config.objective=electra"
+    )
+  shares = [_get(config, f"data.{k}") for k in ("mask_token_prob", "random_token_prob")]
+  if _MISSING not in shares and sum(shares) > 1.0:
+    raise errors.ConfigError(
+        f"config.data.mask_token_prob + random_token_prob = {sum(shares):g}: must be <= 1 "
+        "(the rest of the chosen tokens stay as they are) — lower one of them"
+    )
   # [CLS] and [SEP], plus a [SEP] and one token per segment for sentence pairs
   check_range(config, "data.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
   if _get(config, "eval.every_steps") and _get(config, "eval.steps"):
@@ -263,7 +286,7 @@ def preflight(config, workdir: str | None = None, explicit: frozenset[str] = fro
   with c.unlocked():
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
   try:
-    train.model_config(c)
+    train.electra_generator_config(c, train.model_config(c))  # and ELECTRA's generator
   except errors.UserError:
     raise
   except ValueError as e:  # BertConfig's own checks (hidden_size % num_heads, ...)

@@ -285,7 +285,11 @@ def compile_phases(
     )
     r.model_flops = (
         flops_lib.pretraining_flops_per_step(
-            s.bert_config, ph.batch_size, ph.seq_len, ph.max_predictions
+            s.bert_config,
+            ph.batch_size,
+            ph.seq_len,
+            ph.max_predictions,
+            generator=s.generator_config,  # ELECTRA: the generator's FLOPs too
         )
         / mesh.size
     )

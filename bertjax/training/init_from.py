@@ -33,6 +33,7 @@ from bertjax.runtime import fs
 ADOPTED = (
     "vocab_size",
     "hidden_size",
+    "embedding_size",
     "num_layers",
     "num_heads",
     "intermediate_size",
@@ -73,6 +74,7 @@ class Source:
   what: str  # e.g. "transformers RobertaForMaskedLM"
   config: model_lib.BertConfig  # unscanned
   tokenizer: str | None  # the tokenizer file that comes with it, if any
+  objective: str = "mlm"  # "electra": a bertjax ELECTRA run (a generator beside the encoder)
 
 
 def _tokenizer_in(directory) -> str | None:
@@ -109,7 +111,8 @@ def describe(path: str) -> Source:
     return Source(path, "google", "Google BERT checkpoint", cfg, _tokenizer_in(d))
   cfg = checkpoint.read_config(path)
   tok = checkpoint.read_tokenizer(path)
-  return Source(path, "bertjax", "bertjax run", cfg, tok)
+  objective = "electra" if checkpoint.read_generator_config(path) is not None else "mlm"
+  return Source(path, "bertjax", "bertjax run", cfg, tok, objective)
 
 
 def _hf_config(d, raw: dict):

@@ -76,6 +76,8 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
       mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
       whole_word_mask=_held_out(config, split, "whole_word_mask", d.get("whole_word_mask", False)),
+      mask_token_prob=d.get("mask_token_prob", 0.8),
+      random_token_prob=d.get("random_token_prob", 0.1),
       seed=seed,
       vocab_size=config.model.vocab_size,
       packing=_held_out(config, split, "packing", d.get("packing", False)),
@@ -117,8 +119,11 @@ def _meta(
     metrics_partial: dict,
     progress: dict | None = None,
 ) -> dict:
+  gen = setup.generator_config
   return dict(
       bert_config=setup.bert_config.to_dict(),
+      objective=train.objective(config),
+      generator_config=gen.to_dict() if gen is not None else None,  # ELECTRA's generator
       step=int(step),
       tokenizer=tokenizer_rel,
       optimizer=config.train.optimizer,
@@ -144,6 +149,17 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   return rel
 
 
+def _electra_note(setup: train.Setup) -> str:
+  """ ", ELECTRA: discriminator H wide, generator G wide" for an ELECTRA run, else ""."""
+  gen = setup.generator_config
+  if gen is None:
+    return ""
+  return (
+      f" (ELECTRA: discriminator {setup.bert_config.hidden_size} wide, generator "
+      f"{gen.hidden_size} wide, embeddings {setup.bert_config.embedding_width})"
+  )
+
+
 def _init_from(
     setup: train.Setup, state: train.TrainState, path: str
 ) -> tuple[train.TrainState, list[str]]:
@@ -151,6 +167,13 @@ def _init_from(
   run, a transformers or a Google BERT directory, `init_from.py`); also the heads it lacked,
   which keep their fresh values."""
   source = init_from_lib.describe(path)
+  want = "electra" if setup.generator_config is not None else "mlm"
+  if want != source.objective:
+    raise errors.ConfigError(
+        f"config.train.init_from={path}: an {source.objective} checkpoint, but "
+        f"config.objective={want!r} — start from a checkpoint of the same objective, or set "
+        f"config.objective={source.objective!r}"
+    )
   checkpoint.check_compatible(
       dict(source.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
       setup.bert_config,
@@ -213,7 +236,12 @@ def evaluate(
     target_counts.update(host_batch["masked_ids"][host_batch["at_mask"] > 0].tolist())
     sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-  out = {f"eval_{k}": float(v) for k, v in losses.finalize(jax.device_get(totals)).items()}
+  totals = jax.device_get(totals)
+  if setup.generator_config is not None:  # ELECTRA: the generator's MLM, the discriminator's
+    means = losses.electra_finalize(totals, config.electra.disc_weight)
+  else:
+    means = losses.finalize(totals)
+  out = {f"eval_{k}": float(v) for k, v in means.items()}
   # The best constant guess at the same positions: the most frequent target there. A model
   # that has not learned to use context (the unigram plateau) scores about this.
   n = sum(target_counts.values())
@@ -289,7 +317,11 @@ class _Run:
     self.batches = self._open(self.phase, data_state)
     meta = restored.meta if restored else {}
     self.meter = progress.Meter(
-        config, setups[self.phase.index].bert_config, self.phase, meta.get("metrics_partial")
+        config,
+        setups[self.phase.index].bert_config,
+        self.phase,
+        meta.get("metrics_partial"),
+        generator_config=setups[self.phase.index].generator_config,
     )
     self.clock = progress.TimeToTarget(
         config, list(self.phases), meta.get("progress"), source_names(config)
@@ -439,6 +471,8 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
       where,
       meta.get("optimizer"),
       config.train.optimizer,
+      meta.get("objective"),
+      train.objective(config),
   )
   restored = mngr.restore_newest_good(
       setups[0].abstract_state, check, log=print if is_main else lambda _: None
@@ -456,7 +490,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
     writer.log(note)
   writer.log(
       f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
-      f"params | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
+      f"params{_electra_note(setups[0])} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
 

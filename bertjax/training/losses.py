@@ -174,3 +174,95 @@ def finalize(sums: dict[str, Array]) -> dict[str, Array]:
   if "mask_count" in sums:  # evaluation: accuracy where the input is [MASK]
     out["mask_accuracy"] = sums["mask_correct"] / jnp.maximum(sums["mask_count"], 1.0)
   return out
+
+
+# ------------------------------------------------------------------------------------ ELECTRA
+
+ELECTRA_SUMS = (
+    "mlm_loss",
+    "mlm_correct",
+    "mlm_count",
+    "disc_loss",
+    "disc_correct",
+    "disc_count",
+    "replaced_correct",
+    "replaced_count",
+    "original_correct",
+)
+
+
+def real_tokens(batch: dict[str, Array]) -> Array:
+  """[B, L] float32: 1 on the real tokens the discriminator is scored on (padding excluded; the
+  rows batch-size warmup skips too)."""
+  real_BxL = batch["attention_mask"].astype(jnp.float32)
+  if "row_weights" in batch:
+    real_BxL = real_BxL * batch["row_weights"][:, None]
+  return real_BxL
+
+
+def binary_cross_entropy(logits_BxL: Array, labels_BxL: Array) -> Array:
+  """[B, L] -log sigmoid(logit) for label 1, -log sigmoid(-logit) for 0, stable at any logit."""
+  z_BxL = logits_BxL.astype(jnp.float32)
+  return jnp.maximum(z_BxL, 0.0) - z_BxL * labels_BxL + jnp.log1p(jnp.exp(-jnp.abs(z_BxL)))
+
+
+def electra_sums(
+    mlm_nll_BxP: Array,
+    mlm_correct_BxP: Array,
+    disc_logits_BxL: Array,
+    is_replaced_BxL: Array,
+    batch: dict[str, Array],
+) -> dict[str, Array]:
+  """Summed losses and counts of one (micro)batch of ELECTRA: the generator's MLM over the real
+  masked positions, the discriminator's binary cross-entropy over every real token, and its
+  hits on the replaced and on the original tokens; `electra_finalize` turns them into means."""
+  w_BxP = batch["masked_weights"].astype(jnp.float32)
+  real_BxL = real_tokens(batch)
+  replaced_BxL = is_replaced_BxL * real_BxL
+  hit_BxL = ((disc_logits_BxL > 0).astype(jnp.float32) == is_replaced_BxL).astype(jnp.float32)
+  return dict(
+      mlm_loss=jnp.sum(mlm_nll_BxP * w_BxP),
+      mlm_correct=jnp.sum(mlm_correct_BxP * w_BxP),
+      mlm_count=jnp.sum(w_BxP),
+      disc_loss=jnp.sum(binary_cross_entropy(disc_logits_BxL, is_replaced_BxL) * real_BxL),
+      disc_correct=jnp.sum(hit_BxL * real_BxL),
+      disc_count=jnp.sum(real_BxL),
+      replaced_correct=jnp.sum(hit_BxL * replaced_BxL),
+      replaced_count=jnp.sum(replaced_BxL),
+      original_correct=jnp.sum(hit_BxL * (real_BxL - replaced_BxL)),
+  )
+
+
+def electra_loss(
+    sums: dict[str, Array], mlm_count: Array, disc_count: Array, disc_weight: float
+) -> Array:
+  """ELECTRA's objective given the counts of the *whole* batch: mean generator MLM loss +
+  λ · mean discriminator cross-entropy (λ = `disc_weight`, the paper's 50)."""
+  return sums["mlm_loss"] / jnp.maximum(mlm_count, 1.0) + disc_weight * sums[
+      "disc_loss"
+  ] / jnp.maximum(disc_count, 1.0)
+
+
+def electra_finalize(sums: dict[str, Array], disc_weight: float) -> dict[str, Array]:
+  """Means from `electra_sums`: loss; the generator's mlm_loss, mlm_accuracy, mlm_perplexity;
+  disc_loss, disc_accuracy (every real token), disc_accuracy_replaced / _original (on the
+  replaced and on the original tokens), and replaced_fraction (of the real tokens)."""
+  mlm_n = jnp.maximum(sums["mlm_count"], 1.0)
+  disc_n = jnp.maximum(sums["disc_count"], 1.0)
+  mlm_loss = sums["mlm_loss"] / mlm_n
+  disc_loss = sums["disc_loss"] / disc_n
+  original_n = sums["disc_count"] - sums["replaced_count"]
+  out = dict(
+      loss=mlm_loss + disc_weight * disc_loss,
+      mlm_loss=mlm_loss,
+      mlm_accuracy=sums["mlm_correct"] / mlm_n,
+      mlm_perplexity=jnp.exp(mlm_loss),
+      disc_loss=disc_loss,
+      disc_accuracy=sums["disc_correct"] / disc_n,
+      disc_accuracy_replaced=sums["replaced_correct"] / jnp.maximum(sums["replaced_count"], 1.0),
+      disc_accuracy_original=sums["original_correct"] / jnp.maximum(original_n, 1.0),
+      replaced_fraction=sums["replaced_count"] / disc_n,
+  )
+  if "mask_count" in sums:  # evaluation: the generator's accuracy where the input is [MASK]
+    out["mask_accuracy"] = sums["mask_correct"] / jnp.maximum(sums["mask_count"], 1.0)
+  return out

@@ -30,6 +30,8 @@ _PROGRESS = (
     ("loss", "loss", ".4f"),
     ("mlm_accuracy", "mlm_acc", ".3f"),
     ("nsp_accuracy", "nsp_acc", ".3f"),
+    ("disc_accuracy_replaced", "disc_acc_replaced", ".3f"),  # ELECTRA
+    ("disc_accuracy_original", "disc_acc_original", ".3f"),
     ("learning_rate", "lr", ".2e"),
 )
 

@@ -21,16 +21,23 @@ class Meter:
   interval averages the same steps as in an uninterrupted run.
   """
 
-  def __init__(self, config, bert_config, phase: Phase, partial: dict | None = None):
+  def __init__(
+      self, config, bert_config, phase: Phase, partial: dict | None = None, generator_config=None
+  ):
     self.peak = config.peak_flops_per_device or flops.peak_flops_per_device()
     self.sums = dict(partial["sums"]) if partial else {}
     self.count = int(partial["count"]) if partial else 0
+    self.generator_config = generator_config  # ELECTRA's generator: its FLOPs count too
     self.set_phase(bert_config, phase)
 
   def set_phase(self, bert_config, phase: Phase) -> None:
     self.phase = phase
     self.flops = flops.pretraining_flops_per_step(
-        bert_config, phase.batch_size, phase.seq_len, phase.max_predictions
+        bert_config,
+        phase.batch_size,
+        phase.seq_len,
+        phase.max_predictions,
+        generator=self.generator_config,
     )
     self.t0, self.timed = None, 0
 

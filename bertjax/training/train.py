@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax import errors, model as model_lib
+from bertjax.model import electra as electra_lib
 from bertjax.training import losses, optim, sharding, train_state
 
 Array = jax.Array
@@ -73,13 +74,41 @@ def model_config(config) -> model_lib.BertConfig:
   return model_lib.BertConfig.from_preset(m.preset, **overrides)
 
 
+def objective(config) -> str:
+  """config.objective: "mlm" (BERT's masked LM, the default) or "electra" (replaced-token
+  detection, `bertjax.model.electra`)."""
+  return config.get("objective", "mlm") or "mlm"
+
+
+def electra_generator_config(config, bert_config: model_lib.BertConfig):
+  """The ELECTRA generator's `BertConfig` under `config.objective == "electra"`, else None."""
+  if objective(config) != "electra":
+    return None
+  fraction = config.electra.generator_hidden_fraction
+  try:
+    return electra_lib.generator_config(bert_config, fraction)
+  except ValueError as e:  # no width left, or a generator BertConfig refuses
+    raise errors.ConfigError(
+        f"config.electra.generator_hidden_fraction={fraction}: the generator of "
+        f"hidden_size={bert_config.hidden_size} would be invalid ({str(e).removeprefix('BertConfig: ')})"
+        " — choose a fraction that leaves whole heads (ELECTRA: 0.25 or 1/3)"
+    ) from e
+
+
+def make_model(bert_config: model_lib.BertConfig, generator_config=None) -> nn.Module:
+  """`BertForPreTraining`, or `ElectraForPreTraining` when a generator config is given."""
+  if generator_config is None:
+    return model_lib.BertForPreTraining(bert_config)
+  return electra_lib.ElectraForPreTraining(bert_config, generator_config)
+
+
 @dataclasses.dataclass
 class Setup:
   """Everything the loop needs, built once per (config, mesh)."""
 
   config: Any  # the ml_collections ConfigDict
-  bert_config: model_lib.BertConfig
-  model: model_lib.BertForPreTraining
+  bert_config: model_lib.BertConfig  # ELECTRA: the discriminator's
+  model: nn.Module  # BertForPreTraining, or ElectraForPreTraining
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: optax.Schedule
@@ -89,6 +118,7 @@ class Setup:
   init_state: Callable[[int], TrainState]
   train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
   eval_step: Callable[[Any, dict], dict]  # (params, batch) -> summed metrics
+  generator_config: model_lib.BertConfig | None = None  # ELECTRA's generator; None: MLM
 
 
 def _init_fn(model, tx, seed_or_key):
@@ -96,7 +126,7 @@ def _init_fn(model, tx, seed_or_key):
   key = jax.random.PRNGKey(seed_or_key) if jnp.ndim(seed_or_key) == 0 else seed_or_key
   params_key, dropout_key = jax.random.split(key)
   boxed = model.init(
-      {"params": params_key},
+      {"params": params_key, "sample": params_key},
       d["input_ids"],
       d["token_type_ids"],
       d["attention_mask"],
@@ -113,7 +143,9 @@ def _init_fn(model, tx, seed_or_key):
 def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps."""
   bert_config = model_config(config)
-  model = model_lib.BertForPreTraining(bert_config)
+  generator_config = electra_generator_config(config, bert_config)
+  model = make_model(bert_config, generator_config)
+  disc_weight = float(config.electra.disc_weight) if generator_config else 0.0
   schedule = optim.make_schedule(config.train, config.get("phase2"))
   tx = optim.make_optimizer(config.train, schedule)
 
@@ -137,6 +169,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       ),
       pair_mode=config.data.pair_mode,
       inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
+      disc_weight=disc_weight,
   )
   train_step = train_state.jit_step(
       step_fn,
@@ -146,7 +179,9 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       donate_argnums=0,
   )
   eval_step = train_state.jit_step(
-      functools.partial(_eval_step, model=model, pair_mode=config.data.pair_mode),
+      functools.partial(
+          _eval_step, model=model, pair_mode=config.data.pair_mode, disc_weight=disc_weight
+      ),
       mesh,
       in_shardings=(built.shardings.params, batch_sharding),
       out_shardings=repl,
@@ -164,27 +199,43 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       init_state=init_state,
       train_step=train_step,
       eval_step=eval_step,
+      generator_config=generator_config,
   )
 
 
-def _forward(params, batch, model, dropout_key, deterministic: bool):
+def _forward(params, batch, model, dropout_key, deterministic: bool, sample_key=None):
   """The model's outputs and the MLM loss fused with its tied decoder: ([B, P] nll, [B, P]
-  correct, the outputs)."""
+  correct, the outputs). ELECTRA: the generator's MLM; its draw is keyed by `sample_key` and
+  each row's `row_ids` (default: derived from `dropout_key`, the rows numbered 0..B-1)."""
+  electra = isinstance(model, electra_lib.ElectraForPreTraining)
+  rngs = {"dropout": dropout_key}
+  extra = {}
+  if electra:
+    rngs["sample"] = jax.random.fold_in(dropout_key, 1) if sample_key is None else sample_key
+    rows = batch["input_ids"].shape[0]
+    extra["row_ids"] = batch.get("row_ids", jnp.arange(rows, dtype=jnp.int32))
+  targets = ("masked_ids", "masked_weights") if electra else ()
   out = model.apply(
       {"params": params},
-      *(batch[k] for k in MODEL_INPUTS),
+      *(batch[k] for k in MODEL_INPUTS + targets),
       **{k: batch[k] for k in PACKED_INPUTS if k in batch},
+      **extra,
       deterministic=deterministic,
-      rngs={"dropout": dropout_key},
+      rngs=rngs,
   )
+  mlm = out.generator if electra else out
   nll_BxP, correct_BxP = losses.mlm_cross_entropy(
-      out.mlm_hidden, out.mlm_table, out.mlm_bias, batch["masked_ids"]
+      mlm.mlm_hidden, mlm.mlm_table, mlm.mlm_bias, batch["masked_ids"]
   )
   return nll_BxP, correct_BxP, out
 
 
-def _forward_sums(params, batch, model, pair_mode: str, dropout_key, deterministic: bool):
-  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic)
+def _forward_sums(
+    params, batch, model, pair_mode: str, dropout_key, deterministic: bool, sample_key=None
+):
+  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic, sample_key)
+  if isinstance(model, electra_lib.ElectraForPreTraining):
+    return losses.electra_sums(nll_BxP, correct_BxP, out.disc_logits, out.is_replaced, batch)
   return losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
 
 
@@ -211,8 +262,10 @@ def _train_step(
     batch_warmup: tuple[int, int],
     pair_mode: str,
     inject_nan_at_step: int,
+    disc_weight: float = 0.0,
 ):
   batch = {k: v for k, v in batch.items() if k in STEP_INPUTS}
+  electra = isinstance(model, electra_lib.ElectraForPreTraining)
   # Batch-size warmup: only the first `active` microbatches train (the others weigh 0 and
   # are skipped); the batch keeps its shape, so the step compiles once.
   warming = microbatches > 1 and batch_warmup[0] > 0
@@ -223,10 +276,17 @@ def _train_step(
   # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
   mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
   nsp_count = losses.nsp_count(batch, pair_mode)
+  disc_count = jnp.sum(losses.real_tokens(batch)) if electra else None
   step_key = jax.random.fold_in(state.rng, state.step)
+  sample_key = None
+  if electra:  # one draw per row of the step, whatever microbatch the row trains in
+    sample_key = jax.random.fold_in(step_key, 1 << 30)
+    batch = dict(batch, row_ids=jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32))
 
   def loss_fn(params, mb, key):
-    sums = _forward_sums(params, mb, model, pair_mode, key, deterministic=False)
+    sums = _forward_sums(params, mb, model, pair_mode, key, False, sample_key)
+    if electra:
+      return losses.electra_loss(sums, mlm_count, disc_count, disc_weight), sums
     return losses.total_loss(sums, mlm_count, nsp_count), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -235,10 +295,12 @@ def _train_step(
   else:
 
     zeros_g = jax.tree.map(jnp.zeros_like, state.params)
-    zeros_s = {
-        k: jnp.zeros((), jnp.float32)
-        for k in ("mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")
-    }
+    sum_names = (
+        losses.ELECTRA_SUMS
+        if electra
+        else ("mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")
+    )
+    zeros_s = {k: jnp.zeros((), jnp.float32) for k in sum_names}
 
     def body(carry, xs):
       grads_acc, sums_acc = carry
@@ -260,7 +322,7 @@ def _train_step(
         (jnp.arange(microbatches), _split_microbatches(batch, microbatches, mesh)),
     )
 
-  metrics = losses.finalize(sums)
+  metrics = losses.electra_finalize(sums, disc_weight) if electra else losses.finalize(sums)
   loss = metrics["loss"]
   if inject_nan_at_step >= 0:  # testing the guard: poison one step's loss and gradients
     poison = jnp.where(state.step == inject_nan_at_step, jnp.nan, 1.0)
@@ -321,18 +383,24 @@ def batch_shape_metrics(batch: dict) -> dict:
   return out
 
 
-def _eval_step(params, batch, *, model, pair_mode: str) -> dict:
+def _eval_step(params, batch, *, model, pair_mode: str, disc_weight: float = 0.0) -> dict:
   """Summed MLM/NSP loss and accuracy counts on one batch (dropout off).
 
   Also `mask_correct`/`mask_count` at `batch["at_mask"]` ([B, P], `losses.at_mask_token` with
   the data's [MASK] id): the predicted positions whose input is [MASK] (80% of them). There the
   model cannot copy the token it is given, so this is the accuracy that shows whether it uses
   context (`bertjax.training.loop.evaluate` sets it beside the best constant guess).
+
+  ELECTRA: the generator's MLM and the discriminator's sums (`losses.electra_sums`) on
+  replacements drawn with a fixed key, so that every evaluation sees the same draw per model.
   """
   nll_BxP, correct_BxP, out = _forward(
       params, batch, model, jax.random.PRNGKey(0), deterministic=True
   )
-  sums = losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
+  if isinstance(model, electra_lib.ElectraForPreTraining):
+    sums = losses.electra_sums(nll_BxP, correct_BxP, out.disc_logits, out.is_replaced, batch)
+  else:
+    sums = losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
   at_mask_BxP = batch["at_mask"]
   sums.update(mask_correct=jnp.sum(correct_BxP * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
   return sums
