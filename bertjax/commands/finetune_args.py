@@ -272,7 +272,7 @@ def recipe_from_args(
       eval_batch_size=args.eval_batch_size,
       warmup_fraction=args.warmup,
       weight_decay=args.weight_decay,
-      layerwise_lr_decay=args.layerwise_lr_decay,
+      layerwise_lr_decay=getattr(args, "layerwise_lr_decay", 1.0),  # a caller without the flag: off
       optimizer=optimizer,
       dropout=args.dropout,
       seed=args.seed,
