@@ -560,3 +560,26 @@ def test_wwm_needs_segmented_data_and_owns_the_masking(tmp_path, capsys):
   with pytest.raises(SystemExit):
     ablate.parse_args(["--sweep", "wwm", "--steps", "9", "--out", str(tmp_path), "--scale", "base"])
   assert "the wwm sweep runs at demo, tiny" in capsys.readouterr().err
+
+
+def test_wwm_table_and_plot_show_the_mean_over_fine_tuning_seeds(tmp_path):
+  vs = ablate.variants("wwm", "demo")
+  args = ablate.parse_args(
+      ["--sweep", "wwm", "--steps", "9", "--seeds", "0,1", "--out", str(tmp_path)]
+  )
+  rows = [
+      {"variant": v.name, **v.settings, "seed": s, "mlm_accuracy": 0.1 + 0.01 * s + 0.05 * i}
+      | {"zh_reviews_accuracy": 0.9, "zh_reviews_accuracy_mean": 0.7 + 0.02 * s}
+      | {"zh_reviews_accuracy_std": 0.01, "zh_reviews_accuracy_median": 0.7}
+      for i, v in enumerate(vs)
+      for s in (0, 1)
+  ]
+  ablate.write_md(str(tmp_path / "results.md"), rows, vs, args, "CMD")
+  md = (tmp_path / "results.md").read_text()
+  head = next(l for l in md.splitlines() if l.startswith("| Masking"))
+  # The best-of-seeds pick, medians and stds are left to the CSV.
+  assert head.endswith("| MLM acc | zh_reviews_accuracy_mean |")
+  assert "| character | 2 | 0.1050 ± 0.0071 | 0.7100 ± 0.0141 |" in md
+  assert "| whole word (jieba) | 2 | 0.1550 ± 0.0071 |" in md
+  ablate.plot(str(tmp_path / "wwm.png"), rows, vs, args)
+  assert (tmp_path / "wwm.png").stat().st_size > 5000
