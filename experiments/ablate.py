@@ -1,6 +1,6 @@
 r"""Ablation runner: pretrain every variant of a sweep, fine-tune each on GLUE, tabulate and plot.
 
-  python -m experiments.ablate --sweep nsp|layers|size|modern --scale demo|tiny|mini|base \
+  python -m experiments.ablate --sweep nsp|layers|size|modern|wwm --scale demo|tiny|mini|base \
       --steps N [--seeds 0,1] [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,...] --out DIR
 
 Sweeps (the BERT paper's ablations, and the modern ladder):
@@ -11,6 +11,11 @@ Sweeps (the BERT paper's ablations, and the modern ladder):
           demo or tiny, default demo): held-out MLM accuracy at 15% masking on the same
           examples for every rung, after the last step (matched steps x batch x seq), at
           matched real tokens and at matched wall time, and the time to --target accuracy
+  wwm     character masking vs whole-word masking (Cui et al. 2019) on Chinese: both arms read
+          the same data, prepared once with a WordPiece vocab and `--word-segmenter jieba`
+          (without --data: data/chinese/corpus.txt), and are scored on the same held-out
+          masking (single characters); without --tasks, fine-tuned on data/chinese/reviews
+          (scale demo or tiny, default demo)
 
 Every variant gets the same data (one prepared copy; the bundled corpus when --data is not
 given), the same seeds, batch, steps and sequence length, so the data order is the same and
@@ -48,7 +53,7 @@ from experiments import layers as layers_exp  # noqa: E402
 from experiments import modern as modern_exp  # noqa: E402
 from experiments import size as size_exp  # noqa: E402
 
-SWEEPS = ("nsp", "layers", "size", "modern")
+SWEEPS = ("nsp", "layers", "size", "modern", "wwm")
 SCALES = ("demo", "tiny", "mini", "base")
 
 
@@ -58,6 +63,27 @@ class Variant:
   config: str  # --config of `bertjax pretrain`
   settings: dict  # the swept setting(s): CSV columns, table columns, plot x axis
   label: str  # x tick label in the plot
+  overrides: tuple[str, ...] = ()  # KEY=VALUE config overrides of this variant, after --set
+
+
+# The wwm sweep: the held-out stream masks single tokens (characters) in both arms, so both are
+# scored on the same masked positions; only the training stream's masking differs.
+WWM_EVAL = "eval.whole_word_mask=false"
+WWM_SCALES = ("demo", "tiny")
+CHINESE = os.path.join(REPO, "data", "chinese")
+# Fine-tuning tasks of the bundled files: `bertjax glue --task custom` with these flags.
+CUSTOM_TASKS = {
+    "zh_reviews": [
+        "--train",
+        os.path.join(CHINESE, "reviews", "train.tsv"),
+        "--dev",
+        os.path.join(CHINESE, "reviews", "dev.tsv"),
+        "--text-columns",
+        "sentence",
+        "--label-column",
+        "label",
+    ],
+}
 
 
 def variants(sweep: str, scale: str) -> list[Variant]:
@@ -88,6 +114,24 @@ def variants(sweep: str, scale: str) -> list[Variant]:
     return [
         Variant(name, f"{exp}/modern.py:{scale},rung={name}", {"rung": i, "change": change}, change)
         for i, (name, (change, _)) in enumerate(modern_exp.RUNGS.items())
+    ]
+  if sweep == "wwm":
+    cfg = f"{exp}/pretrain.py:{scale}"
+    return [
+        Variant(
+            "char",
+            cfg,
+            {"masking": "character"},
+            "character",
+            ("data.whole_word_mask=false", WWM_EVAL),
+        ),
+        Variant(
+            "wwm",
+            cfg,
+            {"masking": "whole word (jieba)"},
+            "whole word (jieba)",
+            ("data.whole_word_mask=true", WWM_EVAL),
+        ),
     ]
   raise ValueError(f"--sweep {sweep!r}; valid: {', '.join(SWEEPS)}")
 
@@ -273,18 +317,20 @@ def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[
     ]
   if args.batch_size:
     argv.append(f"--config.train.batch_size={args.batch_size}")
-  return argv + [f"--config.{kv}" for kv in args.set]
+  return argv + [f"--config.{kv}" for kv in [*args.set, *v.overrides]]
 
 
 def glue_argv(task: str, args, init: str, out: str, seed: int) -> list[str]:
+  if task in CUSTOM_TASKS:  # a bundled task: its files, not --glue-data
+    where = ["custom", "--name", task, *CUSTOM_TASKS[task]]
+  else:
+    where = [task, "--data", args.glue_data]
   return [
       "glue",
       "--task",
-      task,
+      *where,
       "--init",
       init,
-      "--data",
-      args.glue_data,
       "--workdir",
       out,
       "--seed",
@@ -361,6 +407,59 @@ def prepare_bundled(out: str) -> str:
   return bundled.prepared_dir(out)
 
 
+def prepare_chinese(out: str, isolate: bool) -> str:
+  """data/chinese/corpus.txt, prepared once for both arms of the wwm sweep: a WordPiece
+  vocab.txt trained on it (every ideograph an entry, as bert-base-chinese), then `prepare
+  --word-segmenter jieba` (5% of documents held out). Reused when already there."""
+  data, vocab = os.path.join(out, "data"), os.path.join(out, "vocab")
+  if os.path.exists(os.path.join(data, "metadata.json")):
+    return data
+  corpus = os.path.join(CHINESE, "corpus.txt")
+  steps = [
+      ["tokenizer", "train", "--kind", "wordpiece", "--input", corpus, "--output", vocab],
+      [
+          "prepare",
+          "--input",
+          corpus,
+          "--tokenizer",
+          os.path.join(vocab, "vocab.txt"),
+          "--output",
+          data,
+          "--word-segmenter",
+          "jieba",
+          "--num-shards",
+          "2",
+          "--eval-fraction",
+          "0.05",
+          "--overwrite",
+      ],
+  ]
+  for argv in steps:
+    if os.path.exists(os.path.join(vocab, "vocab.txt")) and argv[0] == "tokenizer":
+      continue
+    rc = run_bertjax(argv, os.path.join(out, "prepare.log"), isolate)
+    if rc != 0:
+      raise SystemExit(f"ablate: preparing {corpus} failed (exit {rc}); see the output above")
+  return data
+
+
+def check_segmented(data: str) -> None:
+  """The wwm sweep needs data prepared with a word segmenter (else wwm masks characters)."""
+  if "://" in data:
+    return  # remote: the stream's own check applies
+  path = os.path.join(data, "metadata.json")
+  try:
+    with open(path) as f:
+      segmenter = json.load(f).get("word_segmenter")
+  except OSError:
+    raise SystemExit(f"ablate: --data {data}: no metadata.json; give `bertjax prepare` output")
+  if not segmenter:
+    raise SystemExit(
+        f"ablate: --data {data}: prepared without a word segmenter, so whole-word masking "
+        "would mask single characters; prepare it with --word-segmenter jieba"
+    )
+
+
 # ----------------------------------------------------------------------------- reporting
 
 METRIC_NAMES = {
@@ -375,7 +474,14 @@ METRIC_NAMES = {
     "target_step": "target step",
     "target_wall_s": "target s",
 }
-SETTING_NAMES = {"pair_task": "Pair task", "layers": "#L", "L": "#L", "H": "#H", "A": "#A"}
+SETTING_NAMES = {
+    "pair_task": "Pair task",
+    "layers": "#L",
+    "L": "#L",
+    "H": "#H",
+    "A": "#A",
+    "masking": "Masking",
+}
 
 
 def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[str], list[str]]:
@@ -385,6 +491,21 @@ def columns(rows: list[dict], v_list: list[Variant]) -> tuple[list[str], list[st
   metrics = [m for m in METRIC_NAMES if any(m in r for r in rows)]
   tasks = sorted({k for r in rows for k in r if k not in fixed and not k.startswith("_")})
   return settings, metrics, tasks
+
+
+SPREAD_SUFFIXES = ("_mean", "_median", "_std")  # a task's spread over `glue --sweep`'s seeds
+
+
+def shown_tasks(tasks: list[str]) -> list[str]:
+  """The task columns of the table and plot: a metric's mean over the fine-tuning seeds where
+  `glue --sweep` gave one (its unsuffixed value is the best run's, an optimistic pick), else
+  the metric; medians and stds stay in the CSV."""
+  out = []
+  for k in tasks:
+    if k.endswith(SPREAD_SUFFIXES):
+      continue
+    out.append(k + "_mean" if k + "_mean" in tasks else k)
+  return out
 
 
 def write_csv(path: str, rows: list[dict], v_list: list[Variant]) -> None:
@@ -464,6 +585,7 @@ def write_md(
     points: dict | None = None,
 ) -> None:
   settings, metrics, tasks = columns(rows, v_list)
+  tasks = shown_tasks(tasks)
   modern = args.sweep == "modern"
   head = (
       [SETTING_NAMES.get(s, s) for s in settings]
@@ -478,7 +600,8 @@ def write_md(
       else f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
       f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
       "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
-      "std over seeds; task columns: dev metrics after fine-tuning."
+      "std over seeds; task columns: dev metrics after fine-tuning (`_mean`: the mean over "
+      "the fine-tuning seeds of each pretrained model, then mean ± std over its seeds)."
   )
   lines = [
       f"# Ablation `{args.sweep}` at scale `{args.scale}`",
@@ -574,10 +697,16 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
   import matplotlib.pyplot as plt
 
   _, _, tasks = columns(rows, v_list)
+  tasks = shown_tasks(tasks)
   groups = by_variant(rows, v_list)
   x = list(range(len(groups)))
-  xlabel = {"nsp": "pretraining tasks", "layers": "layers L", "size": "L / H / A"}[args.sweep]
-  line = "-" if args.sweep != "nsp" else "none"  # no line between unordered settings
+  xlabel = {
+      "nsp": "pretraining tasks",
+      "layers": "layers L",
+      "size": "L / H / A",
+      "wwm": "training masking (held out: characters for both)",
+  }[args.sweep]
+  line = "none" if args.sweep in ("nsp", "wwm") else "-"  # no line between unordered settings
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
 
   def draw(ax, key, label=None):
@@ -593,9 +722,14 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
       ax.plot([i] * len(vals), vals, ".", color=bars[0].get_color(), alpha=0.5)
     return max(m + e for m, e in zip(means, errs))
 
-  top = draw(ax1, "mlm_perplexity")
-  ax1.set_ylim(0, top * 1.1 if top else 1)
-  ax1.set_ylabel("held-out MLM perplexity (lower is better)")
+  if args.sweep == "wwm":  # both arms scored on the same masked characters
+    draw(ax1, "mlm_accuracy")
+    ax1.set_ylim(0, 1)
+    ax1.set_ylabel("held-out MLM accuracy (characters masked)")
+  else:
+    top = draw(ax1, "mlm_perplexity")
+    ax1.set_ylim(0, top * 1.1 if top else 1)
+    ax1.set_ylabel("held-out MLM perplexity (lower is better)")
   if tasks:
     for t in tasks:
       draw(ax2, t, t)
@@ -694,6 +828,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       args.target = modern_exp.TARGET_MLM_ACCURACY
   elif args.target is not None:
     p.error("--target: only the modern sweep times to a target")
+  if args.sweep == "wwm":
+    args.scale = args.scale or "demo"
+    if args.scale not in WWM_SCALES:
+      p.error(f"--scale {args.scale}: the wwm sweep runs at {', '.join(WWM_SCALES)}")
+    masking = [kv for kv in args.set if kv.split("=")[0].endswith("whole_word_mask")]
+    if masking:
+      p.error(f"--set {masking[0]}: the wwm sweep sets the masking itself; drop it")
+    if not args.tasks and args.glue_data == "tfds":
+      args.tasks = ["zh_reviews"]  # data/chinese/reviews
   args.scale = args.scale or "tiny"
   if "://" not in args.out:
     args.out = os.path.abspath(args.out)  # orbax wants absolute checkpoint paths
@@ -748,8 +891,12 @@ def main(argv: list[str] | None = None) -> int:
   os.makedirs(args.out, exist_ok=True)
   if args.data:
     data = args.data if "://" in args.data else os.path.abspath(args.data)
+  elif args.sweep == "wwm":
+    data = prepare_chinese(args.out, args.isolate)
   else:
     data = prepare_bundled(args.out)
+  if args.sweep == "wwm":
+    check_segmented(data)
   check_resume(args, data)
   rows = []
   # Seed by seed: a whole table after the first seed, the spreads as the others finish.

@@ -499,3 +499,87 @@ def test_two_rung_modern_sweep_end_to_end(tmp_path):
     )
   assert (out / "modern.png").stat().st_size > 5000
   assert "| 7 | packing | 1 |" in (out / "results.md").read_text()
+
+
+# --------------------------------------------------------------------------- whole-word masking
+
+
+def test_wwm_arms_differ_only_in_the_training_masking(tmp_path, capsys):
+  from bertjax.commands import pretrain as pretrain_cmd
+  from bertjax.training import loop
+
+  args = ablate.parse_args(
+      ["--sweep", "wwm", "--steps", "10", "--seeds", "0,1", "--out", str(tmp_path)]
+  )
+  assert (args.scale, args.tasks) == ("demo", ["zh_reviews"])  # the bundled Chinese task
+  vs = ablate.variants("wwm", args.scale)
+  assert [v.name for v in vs] == ["char", "wwm"]
+  configs = {}
+  for v in vs:
+    argv = ablate.pretrain_argv(v, args, str(tmp_path / v.name), str(tmp_path / "data"), 1)
+    configs[v.name] = pretrain_cmd.parse(argv[1:], "bertjax pretrain").config
+  char, wwm = configs["char"], configs["wwm"]
+  # Training masks characters in one arm, whole segmenter words in the other ...
+  assert (char.data.whole_word_mask, wwm.data.whole_word_mask) == (False, True)
+  # ... and the held-out stream masks single characters in both: the same scored positions.
+  for c in (char, wwm):
+    assert loop._held_out(c, "eval", "whole_word_mask", c.data.whole_word_mask) is False
+  # Everything else is the same run: data, seed (so data order), steps, batch, model.
+  a, b = char.to_dict(), wwm.to_dict()
+  a["data"].pop("whole_word_mask"), b["data"].pop("whole_word_mask")
+  assert a == b and char.seed == 1 and char.data.path == str(tmp_path / "data")
+  # The downstream task is the bundled Chinese one, and its files exist.
+  glue = ablate.glue_argv("zh_reviews", args, "INIT", "OUT", 0)
+  assert glue[:5] == ["glue", "--task", "custom", "--name", "zh_reviews"]
+  for flag in ("--train", "--dev"):
+    assert pathlib.Path(glue[glue.index(flag) + 1]).is_file()
+
+
+def test_wwm_needs_segmented_data_and_owns_the_masking(tmp_path, capsys):
+  meta = {"tokenizer": {"vocab_size": 10}}
+  (tmp_path / "metadata.json").write_text(json.dumps(meta))
+  with pytest.raises(SystemExit, match="prepare it with --word-segmenter jieba"):
+    ablate.check_segmented(str(tmp_path))
+  meta["word_segmenter"] = {"name": "jieba", "version": "0.42.1"}
+  (tmp_path / "metadata.json").write_text(json.dumps(meta))
+  ablate.check_segmented(str(tmp_path))  # accepted
+  with pytest.raises(SystemExit):
+    ablate.parse_args(
+        [
+            "--sweep",
+            "wwm",
+            "--steps",
+            "9",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "data.whole_word_mask=true",
+        ]
+    )
+  assert "the wwm sweep sets the masking itself" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    ablate.parse_args(["--sweep", "wwm", "--steps", "9", "--out", str(tmp_path), "--scale", "base"])
+  assert "the wwm sweep runs at demo, tiny" in capsys.readouterr().err
+
+
+def test_wwm_table_and_plot_show_the_mean_over_fine_tuning_seeds(tmp_path):
+  vs = ablate.variants("wwm", "demo")
+  args = ablate.parse_args(
+      ["--sweep", "wwm", "--steps", "9", "--seeds", "0,1", "--out", str(tmp_path)]
+  )
+  rows = [
+      {"variant": v.name, **v.settings, "seed": s, "mlm_accuracy": 0.1 + 0.01 * s + 0.05 * i}
+      | {"zh_reviews_accuracy": 0.9, "zh_reviews_accuracy_mean": 0.7 + 0.02 * s}
+      | {"zh_reviews_accuracy_std": 0.01, "zh_reviews_accuracy_median": 0.7}
+      for i, v in enumerate(vs)
+      for s in (0, 1)
+  ]
+  ablate.write_md(str(tmp_path / "results.md"), rows, vs, args, "CMD")
+  md = (tmp_path / "results.md").read_text()
+  head = next(l for l in md.splitlines() if l.startswith("| Masking"))
+  # The best-of-seeds pick, medians and stds are left to the CSV.
+  assert head.endswith("| MLM acc | zh_reviews_accuracy_mean |")
+  assert "| character | 2 | 0.1050 ± 0.0071 | 0.7100 ± 0.0141 |" in md
+  assert "| whole word (jieba) | 2 | 0.1550 ± 0.0071 |" in md
+  ablate.plot(str(tmp_path / "wwm.png"), rows, vs, args)
+  assert (tmp_path / "wwm.png").stat().st_size > 5000
