@@ -41,7 +41,7 @@ test: $(VENV)/.installed-test lint
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost and not process" tests
 
-FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py
+FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py data/make_chinese.py
 lint: $(VENV)/.installed-test
 	$(BIN)/pyink --check $(FORMATTED)
 
