@@ -297,7 +297,7 @@ def format_finetune_report(r: dict[str, Any]) -> str:
   for peer in ok[1:]:  # the speedups above are over the first; the others' here
     lines.append(
         f"speedup over {peer['name']}: {peer['wall_s'] / r['wall_s']:.2f}x wall, "
-        f"{peer['cpu_s'] / r['cpu_s']:.2f}x CPU (bertjax {ours[0][0].split()[-1]})"
+        f"{peer['cpu_s'] / r['cpu_s']:.2f}x CPU" + (" (bertjax cold)" if len(ours) > 1 else "")
     )
   lines.append(
       "(model build to the last dev prediction; cold compiles every step, warm reads them "
