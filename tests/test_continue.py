@@ -6,8 +6,8 @@ tokenizers, a corpus they never saw is prepared with `--tokenizer DIR`, and then
   - the run takes the network from the directory and says what it overrode;
   - its first step's MLM loss is the loss transformers computes on the same batch (float32,
     dropout off);
-  - a few steps lower the held-out loss below the checkpoint's;
   - `convert --to hf` of the continued run loads in transformers with bertjax's logits;
+  - a few steps lower the held-out loss below the checkpoint's (both measured by transformers);
   - `glue --init` takes the continued run.
 """
 
@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-SEQ, PRED, BATCH, STEPS = 64, 10, 8, 6
+SEQ, PRED, BATCH, STEPS = 64, 10, 8, 4
 SMALL = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64)
 
 
@@ -167,7 +167,7 @@ def _config(hf_dir, data):
   c.model.dtype = "float32"
   c.train.batch_size, c.train.steps, c.train.warmup_steps = BATCH, STEPS, 1
   c.train.learning_rate = 2e-3
-  c.eval.every_steps, c.eval.steps, c.eval.batch_size = STEPS, 2, BATCH
+  c.eval.every_steps = 0  # the held-out loss is transformers' on the converted run, below
   c.checkpoint.every_steps = STEPS
   c.log_every_steps = 1
   c.tensorboard = False
@@ -221,23 +221,26 @@ def test_continued_pretraining_from_transformers_directories(family, tmp_path, c
   first = next(
       pretraining.make_stream(cfg, global_batch_size=BATCH, process_index=0, process_count=1)
   )
-  train, evals = metrics_rows(tmp_path / "run")
+  train, _ = metrics_rows(tmp_path / "run")
   want = _hf_loss(hf, first, types=name == "bert")
   assert train[1]["mlm_loss"] == pytest.approx(want, rel=1e-4)
 
-  # The held-out loss: the checkpoint's (transformers, the same held-out batches) and after.
-  held = pretraining.make_stream(
-      cfg, global_batch_size=BATCH, process_index=0, process_count=1, split="eval"
-  )
-  before = np.mean([_hf_loss(hf, next(held), types=name == "bert") for _ in range(2)])
-  assert evals[-1]["eval_mlm_loss"] < before - 0.05, (evals[-1]["eval_mlm_loss"], before)
-
-  # Back to transformers: its logits are bertjax's.
+  # Back to transformers: the continued run loads there.
   out = tmp_path / "hf_back"
   assert (
       cli.main(["convert", "--from", "bertjax", str(tmp_path / "run"), "--to", "hf", str(out)]) == 0
   )
   back = getattr(transformers, MODEL[name]).from_pretrained(out).eval()
+  # The held-out loss, the checkpoint's and the continued run's, on the same held-out batches.
+  held = pretraining.make_stream(
+      cfg, global_batch_size=BATCH, process_index=0, process_count=1, split="eval"
+  )
+  batches = [next(held) for _ in range(2)]
+  before = np.mean([_hf_loss(hf, b, types=name == "bert") for b in batches])
+  after = np.mean([_hf_loss(back, b, types=name == "bert") for b in batches])
+  assert after < before - 0.02, (after, before)  # the same batches: no sampling noise
+
+  # ... and its logits there are bertjax's.
   ours_cfg, ours = convert.load_hf(out)
   from bertjax import model as model_lib
 

@@ -242,6 +242,7 @@ def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
     c.data.pair_mode = "none"
     c.model.embedding_size = 64
     c.data.seq_len, c.data.max_predictions_per_seq = 16, 3
+    c.eval.every_steps = 6  # one held-out evaluation, at the end
     return c
 
   run_until(config(), tmp_path / "a", 3)

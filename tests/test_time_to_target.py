@@ -52,7 +52,8 @@ def test_a_run_stops_at_the_target_and_reports_it(tmp_path, capsys):
   reached = [r for r in records if r.get("time_to_target")]
   assert reached[0]["step"] == 3 and "eval_mlm_accuracy" in reached[0]  # the eval record
   assert reached[-1] == {"step": 3, "time_to_target": reached[0]["time_to_target"]} | {
-      "elapsed_sec": reached[-1]["elapsed_sec"]
+      "elapsed_sec": reached[-1]["elapsed_sec"],
+      "tokens_by_source": reached[0]["tokens_by_source"],  # every row carries it
   }
   ttt = reached[0]["time_to_target"]
   assert ttt["step"] == 3 and ttt["wall_s"] > 0

@@ -120,7 +120,11 @@ def test_load_tokenizer_picks_the_kind(vocab_file, tmp_path):
 
   assert isinstance(sp, Tokenizer)
   with pytest.raises(wordpiece.WordPieceError, match="unknown tokenizer type"):
-    wordpiece.load_tokenizer(tmp_path / "x.json")
+    wordpiece.load_tokenizer(tmp_path / "x.bin")
+  from bertjax.data import tokenizer as tokenizer_lib
+
+  with pytest.raises(tokenizer_lib.TokenizerError, match="x.json: tokenizer file not found"):
+    wordpiece.load_tokenizer(tmp_path / "x.json")  # transformers' tokenizer.json: its reader
 
 
 def test_errors_name_the_file(tmp_path):

@@ -327,7 +327,7 @@ def help_text(
       first + "\n" + body,
       "",
       "variants of experiments/pretrain.py (--config VARIANT, or experiments/pretrain.py:VARIANT):",
-      _rows(list(variants().items()), width=12),
+      _rows(list(variants().items()), width=14),  # the longest name: electra_small
       textwrap.fill(
           "other recipe files shipped with bertjax (--config FILE:ARG, e.g. no_nsp.py:tiny): "
           + ", ".join(others),

@@ -346,8 +346,8 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
   if path.suffix == ".txt":
     return WordPieceTokenizer(path, lower_case)
   raise WordPieceError(
-      f"{path}: unknown tokenizer type; expected a SentencePiece .model or a "
-      "WordPiece vocab .txt"
+      f"{path}: unknown tokenizer type; expected a SentencePiece .model, a "
+      "WordPiece vocab .txt or a transformers tokenizer.json"
   )
 
 
