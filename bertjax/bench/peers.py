@@ -225,68 +225,24 @@ def run_torch_finetune(
   except ImportError as e:
     return {"name": name, "status": "unavailable", "reason": f"{e}; pip install torch transformers"}
   try:
-    torch.set_num_threads(spec["threads"])
-    torch.manual_seed(spec["seed"])
-    rng = np.random.default_rng(spec["seed"])
-    t0, c0 = time.perf_counter(), time.process_time()
-    hf = _hf_config(transformers, spec)
-    hf.num_labels = spec["num_labels"]
-    model = transformers.BertForSequenceClassification(hf)
-    no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
-    groups = [
-        {
-            "params": [p for n, p in model.named_parameters() if not no_decay(n)],
-            "weight_decay": spec["weight_decay"],
-        },
-        {"params": [p for n, p in model.named_parameters() if no_decay(n)], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=spec["learning_rate"], eps=1e-6)
-    n, bs = len(train["labels"]), spec["batch_size"]
-    total = spec["epochs"] * -(-n // bs)
-    sched = transformers.get_linear_schedule_with_warmup(
-        opt, int(spec["warmup_fraction"] * total), total
-    )
 
-    def batch(arrays, idx):
+    def padded(model, arrays, idx, labels):  # each batch padded to its longest row
       longest = int(arrays["attention_mask"][idx].sum(1).max())
-      return {
+      inputs = {
           k: torch.from_numpy(arrays[k][idx, :longest].astype(np.int64))
           for k in ("input_ids", "token_type_ids", "attention_mask")
       }
+      out = model(**inputs, labels=labels)
+      return out.loss, out.logits
 
-    model.train()
-    losses = []
-    for _ in range(spec["epochs"]):
-      order = rng.permutation(n)
-      for start in range(0, n, bs):
-        idx = order[start : start + bs]
-        labels = torch.from_numpy(train["labels"][idx].astype(np.int64))
-        loss = model(**batch(train, idx), labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-    model.eval()
-    pred = []
-    with torch.inference_mode():
-      for start in range(0, len(dev["labels"]), spec["eval_batch_size"]):
-        idx = np.arange(start, min(start + spec["eval_batch_size"], len(dev["labels"])))
-        pred.append(model(**batch(dev, idx)).logits.argmax(-1).numpy())
-    accuracy = float(np.mean(np.concatenate(pred) == dev["labels"]))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out, model = _torch_classifier_run(torch, transformers, spec, train, dev, None, padded)
   except Exception as e:  # a peer's failure is reported, never fatal to the benchmark
     return {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
   return {
       "name": name,
       "status": "ok",
       "reason": "",
-      "wall_s": wall,
-      "cpu_s": cpu,
-      "accuracy": accuracy,
-      "train_loss": float(torch.stack(losses).mean()),
-      "steps": len(losses),
+      **out,
       "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
       f"{torch.get_num_threads()} threads, attention "
       f"{model.config._attn_implementation}",
@@ -432,13 +388,36 @@ def flat_logits(model, inputs: dict, starts):
 
 
 def _torch_flat_run(torch, transformers, spec, train, dev, impl: str) -> dict:
+  def flattened(model, arrays, idx, labels):
+    logits = flat_logits(model, *flat_batch(torch, arrays, idx))
+    loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+    return loss, logits
+
+  out, _ = _torch_classifier_run(torch, transformers, spec, train, dev, impl, flattened)
+  return {
+      "status": "ok",
+      **out,
+      "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
+      f"{torch.get_num_threads()} threads, attention {impl}, flattened rows",
+  }
+
+
+def _torch_classifier_run(torch, transformers, spec, train, dev, impl, forward):
+  """The fine-tuning both PyTorch peers run: BertForSequenceClassification (attention `impl`,
+  None: transformers' default), AdamW without decay on biases and LayerNorm, ε 1e-6, linear
+  warmup then decay, gradients clipped at 1.0, then the dev accuracy. `forward(model, arrays,
+  idx, labels)` -> (loss or None, logits) is how a batch of rows `idx` reaches the model.
+  Returns the timings and figures (model build to the last dev prediction) and the model."""
   torch.set_num_threads(spec["threads"])
   torch.manual_seed(spec["seed"])
   rng = np.random.default_rng(spec["seed"])
   t0, c0 = time.perf_counter(), time.process_time()
   hf = _hf_config(transformers, spec)
   hf.num_labels = spec["num_labels"]
-  model = transformers.BertForSequenceClassification._from_config(hf, attn_implementation=impl)
+  if impl is None:
+    model = transformers.BertForSequenceClassification(hf)
+  else:
+    model = transformers.BertForSequenceClassification._from_config(hf, attn_implementation=impl)
   no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
   groups = [
       {
@@ -453,10 +432,6 @@ def _torch_flat_run(torch, transformers, spec, train, dev, impl: str) -> dict:
   sched = transformers.get_linear_schedule_with_warmup(
       opt, int(spec["warmup_fraction"] * total), total
   )
-
-  flat = lambda arrays, idx: flat_batch(torch, arrays, idx)
-  logits = lambda inputs, starts: flat_logits(model, inputs, starts)
-
   model.train()
   losses = []
   for _ in range(spec["epochs"]):
@@ -464,7 +439,7 @@ def _torch_flat_run(torch, transformers, spec, train, dev, impl: str) -> dict:
     for start in range(0, n, bs):
       idx = order[start : start + bs]
       labels = torch.from_numpy(train["labels"][idx].astype(np.int64))
-      loss = torch.nn.functional.cross_entropy(logits(*flat(train, idx)), labels)
+      loss, _ = forward(model, train, idx, labels)
       loss.backward()
       torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
       opt.step()
@@ -476,19 +451,17 @@ def _torch_flat_run(torch, transformers, spec, train, dev, impl: str) -> dict:
   with torch.inference_mode():
     for start in range(0, len(dev["labels"]), spec["eval_batch_size"]):
       idx = np.arange(start, min(start + spec["eval_batch_size"], len(dev["labels"])))
-      pred.append(logits(*flat(dev, idx)).argmax(-1).numpy())
+      pred.append(forward(model, dev, idx, None)[1].argmax(-1).numpy())
   accuracy = float(np.mean(np.concatenate(pred) == dev["labels"]))
   wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-  return {
-      "status": "ok",
+  out = {
       "wall_s": wall,
       "cpu_s": cpu,
       "accuracy": accuracy,
       "train_loss": float(torch.stack(losses).mean()),
       "steps": len(losses),
-      "version": f"transformers {transformers.__version__}, torch {torch.__version__}, "
-      f"{torch.get_num_threads()} threads, attention {impl}, flattened rows",
   }
+  return out, model
 
 
 def run_flax_inline(spec: dict) -> dict:
