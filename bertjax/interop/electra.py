@@ -70,26 +70,9 @@ def config_to_electra(cfg: BertConfig, architecture: str) -> dict[str, Any]:
   """The `config.json` dict that `transformers.ElectraConfig` reads, for `architecture`
   ("ElectraForPreTraining" or "ElectraForMaskedLM")."""
   check_exportable(cfg)
-  return {
-      "architectures": [architecture],
-      "model_type": "electra",
-      "vocab_size": cfg.vocab_size,
-      "embedding_size": cfg.embedding_width,
-      "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.intermediate_size,
-      "hidden_act": cfg.hidden_act,
-      "hidden_dropout_prob": cfg.hidden_dropout_rate,
-      "attention_probs_dropout_prob": cfg.attention_dropout_rate,
-      "max_position_embeddings": cfg.max_position_embeddings,
-      "type_vocab_size": cfg.type_vocab_size,
-      "initializer_range": cfg.initializer_range,
-      "layer_norm_eps": cfg.layer_norm_eps,
-      "position_embedding_type": "absolute",
-      "pad_token_id": 0,
-      "tie_word_embeddings": True,
-  }
+  out = convert.config_to_hf(cfg)  # BERT's fields, which ElectraConfig shares
+  out.update(architectures=[architecture], model_type="electra", embedding_size=cfg.embedding_width)
+  return out
 
 
 def check_exportable(cfg: BertConfig) -> None:
