@@ -1,6 +1,6 @@
 r"""Ablation runner: pretrain every variant of a sweep, fine-tune each on GLUE, tabulate and plot.
 
-  python -m experiments.ablate --sweep nsp|layers|size|modern|wwm --scale demo|tiny|mini|base \
+  python -m experiments.ablate --sweep nsp|layers|size|modern|wwm|objective --scale demo|tiny|mini|base \
       --steps N [--seeds 0,1] [--data SHARDS] [--glue-data GLUE_DIR --tasks sst2,...] --out DIR
 
 Sweeps (the BERT paper's ablations, and the modern ladder):
@@ -16,6 +16,13 @@ Sweeps (the BERT paper's ablations, and the modern ladder):
           (without --data: data/chinese/corpus.txt), and are scored on the same held-out
           masking (single characters); without --tasks, fine-tuned on data/chinese/reviews
           (scale demo or tiny, default demo)
+  objective  MLM or ELECTRA's replaced-token detection (Clark et al. 2020), on BERT's block and
+          on the modern ladder's best rung (experiments/objective.py), at equal model FLOPs:
+          --steps is the BERT MLM arm's, every other arm runs the steps that cost the same
+          FLOPs (bertjax.training.flops, ELECTRA's generator and sampling included); beside
+          them the same architectures from random init. Without --tasks, fine-tuned on
+          data/movie_snippets by `glue --sweep` (3 seeds x lr 1e-3, 3e-4, 3 epochs; the row
+          is the lr whose seeds average best). Scale demo or tiny, default demo.
 
 Every variant gets the same data (one prepared copy; the bundled corpus when --data is not
 given), the same seeds, batch, steps and sequence length, so the data order is the same and
@@ -51,9 +58,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # `python experiments/ablate.py` as well as `python -m`
 from experiments import layers as layers_exp  # noqa: E402
 from experiments import modern as modern_exp  # noqa: E402
+from experiments import objective as objective_exp  # noqa: E402
 from experiments import size as size_exp  # noqa: E402
 
-SWEEPS = ("nsp", "layers", "size", "modern", "wwm")
+SWEEPS = ("nsp", "layers", "size", "modern", "wwm", "objective")
 SCALES = ("demo", "tiny", "mini", "base")
 
 
@@ -64,6 +72,9 @@ class Variant:
   settings: dict  # the swept setting(s): CSV columns, table columns, plot x axis
   label: str  # x tick label in the plot
   overrides: tuple[str, ...] = ()  # KEY=VALUE config overrides of this variant, after --set
+  # Not pretrained: fine-tuned from random init with the architecture (and tokenizer) of this
+  # variant's run with the same seed (`glue --init random --preset RUN`).
+  random_init_of: str = ""
 
 
 # The wwm sweep: the held-out stream masks single tokens (characters) in both arms, so both are
@@ -83,7 +94,21 @@ CUSTOM_TASKS = {
         "--label-column",
         "label",
     ],
+    "movie_snippets": [
+        "--train",
+        os.path.join(REPO, "data", "movie_snippets", "train.tsv"),
+        "--dev",
+        os.path.join(REPO, "data", "movie_snippets", "dev.tsv"),
+        "--text-columns",
+        "sentence",
+        "--label-column",
+        "label",
+    ],
 }
+# The objective sweep's fine-tuning when --glue-flags is not given: the grid of
+# experiments.transfer's finding (every encoder's best lr was 1e-3 or 3e-4; 3e-3 diverged).
+OBJECTIVE_GLUE_FLAGS = "--sweep --learning-rates 1e-3,3e-4 --epochs 3"
+OBJECTIVE_FT_SEEDS = 3  # fine-tuning seeds per pretrained model (random init: 3 per row seed)
 
 
 def variants(sweep: str, scale: str) -> list[Variant]:
@@ -133,6 +158,30 @@ def variants(sweep: str, scale: str) -> list[Variant]:
             ("data.whole_word_mask=true", WWM_EVAL),
         ),
     ]
+  if sweep == "objective":
+    out = []
+    for block, block_label in (("bert", "BERT"), ("modern", "modern")):
+      cfg = f"{exp}/objective.py:{scale},block={block}"
+      for objective, label in (("mlm", "MLM"), ("electra", "ELECTRA")):
+        settings = {"objective": label, "block": block_label}
+        out.append(
+            Variant(
+                f"{objective}_{block}",
+                f"{cfg},objective={objective}",
+                settings,
+                f"{label}, {block_label}",
+            )
+        )
+      out.append(
+          Variant(
+              f"random_{block}",
+              f"{cfg},objective=mlm",
+              {"objective": "none (random init)", "block": block_label},
+              f"random init, {block_label}",
+              random_init_of=f"mlm_{block}",
+          )
+      )
+    return out
   raise ValueError(f"--sweep {sweep!r}; valid: {', '.join(SWEEPS)}")
 
 
@@ -196,6 +245,9 @@ def final_eval(workdir: str, steps: int) -> dict | None:
       "mlm_perplexity": ppl,
       "mlm_accuracy": r.get("eval_mlm_accuracy"),
       "nsp_accuracy": r.get("eval_nsp_accuracy"),
+      # ELECTRA's discriminator on the held-out split (its mlm_* are the generator's)
+      "disc_accuracy_replaced": r.get("eval_disc_accuracy_replaced"),
+      "disc_accuracy_original": r.get("eval_disc_accuracy_original"),
   }
 
 
@@ -278,7 +330,11 @@ def task_results(glue_dir: str, task: str) -> dict | None:
   return {f"{task}_{k}": v for k, v in entry.items() if not k.endswith("_runs")}
 
 
-def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[str]:
+def pretrain_argv(
+    v: Variant, args, workdir: str, data: str, seed: int, steps: int | None = None
+) -> list[str]:
+  """`bertjax pretrain` of `v` with `seed` for `steps` steps (default --steps)."""
+  steps = args.steps if steps is None else steps
   # The config file by absolute path: the sweep may be started from any directory.
   argv = [
       "pretrain",
@@ -286,26 +342,28 @@ def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[
       os.path.join(REPO, v.config),
       "--workdir",
       workdir,
-      f"--config.train.steps={args.steps}",
+      f"--config.train.steps={steps}",
       f"--config.seed={seed}",
       f"--config.data.path={data}",
       # resumable mid-variant, without saving every few steps of a short run
-      f"--config.checkpoint.every_steps={max(25, args.steps // 4)}",
+      f"--config.checkpoint.every_steps={max(25, steps // 4)}",
   ]
   if args.sweep == "modern":
-    every = max(1, args.steps // MODERN_EVALS)
+    every = max(1, steps // MODERN_EVALS)
     argv += [
         # a curve of held-out evaluations: matched tokens and wall time pick points on it
         f"--config.eval.every_steps={every}",
         f"--config.log_every_steps={every}",  # real tokens counted up to each evaluation
-        f"--config.train.warmup_steps={max(1, args.steps // 10)}",  # 10% of any --steps
+        f"--config.train.warmup_steps={max(1, steps // 10)}",  # 10% of any --steps
         f"--config.eval.target_mlm_accuracy={args.target}",
     ]
   else:
     argv += [
-        f"--config.eval.every_steps={args.steps}",  # one evaluation, at the end
-        f"--config.log_every_steps={max(1, min(50, args.steps // 4))}",
+        f"--config.eval.every_steps={steps}",  # one evaluation, at the end
+        f"--config.log_every_steps={max(1, min(50, steps // 4))}",
     ]
+  if args.sweep == "objective":  # every arm warms up over 10% of its own steps
+    argv.append(f"--config.train.warmup_steps={max(1, steps // 10)}")
   if args.seq_len:
     # The config's masking rate (BERT's 15%; the demo's 30%), rounded up: 0.15 * 128 -> 20.
     from experiments import pretrain as pretrain_exp
@@ -320,23 +378,70 @@ def pretrain_argv(v: Variant, args, workdir: str, data: str, seed: int) -> list[
   return argv + [f"--config.{kv}" for kv in [*args.set, *v.overrides]]
 
 
-def glue_argv(task: str, args, init: str, out: str, seed: int) -> list[str]:
+def step_flops(v: Variant, args, data: str) -> float:
+  """Model FLOPs of one pretraining step of `v` as `bertjax pretrain` will run it: its config
+  file with --set and its own overrides (parsed as the command line parses them), the data's
+  vocabulary, ELECTRA's generator and sampling included (bertjax.training.flops)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  from bertjax.training import config_checks, flops, train
+
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=fv, lock_config=False)
+  fv(
+      ["ablate", f"--config={os.path.join(REPO, v.config)}"]
+      + [f"--config.{kv}" for kv in [*args.set, *v.overrides]]
+  )
+  c = fv.config
+  c.model.vocab_size = config_checks.read_metadata(data)["tokenizer"]["vocab_size"]
+  bert = train.model_config(c)
+  return flops.pretraining_flops_per_step(
+      bert,
+      c.train.batch_size,
+      c.data.seq_len,
+      c.data.max_predictions_per_seq,
+      generator=train.electra_generator_config(c, bert),
+  )
+
+
+def variant_steps(v: Variant, args, data: str) -> int:
+  """The pretraining steps of `v`: --steps, except in the objective sweep, where every arm gets
+  the model FLOPs of --steps steps of the first arm (BERT's MLM): budget / its FLOPs per step."""
+  if args.sweep != "objective" or v.random_init_of:
+    return args.steps
+  budget = args.steps * step_flops(variants(args.sweep, args.scale)[0], args, data)
+  return max(1, round(budget / step_flops(v, args, data)))
+
+
+def glue_argv(
+    task: str, args, init: str, out: str, seed: int, preset: str = "", tokenizer: str = ""
+) -> list[str]:
+  """`bertjax glue` of one task from `init` (a checkpoint, or "random": the architecture of the
+  checkpoint `preset`, the tokenizer `tokenizer`)."""
   if task in CUSTOM_TASKS:  # a bundled task: its files, not --glue-data
     where = ["custom", "--name", task, *CUSTOM_TASKS[task]]
   else:
     where = [task, "--data", args.glue_data]
+  flags = shlex.split(args.glue_flags)
+  if args.sweep == "objective" and not args.glue_flags:
+    flags = shlex.split(OBJECTIVE_GLUE_FLAGS)
+    # Random init: each row seed its own fine-tuning seeds (each its own initial weights).
+    first = seed * OBJECTIVE_FT_SEEDS if init == "random" else 0
+    flags += ["--seeds", ",".join(str(first + i) for i in range(OBJECTIVE_FT_SEEDS))]
   return [
       "glue",
       "--task",
       *where,
       "--init",
       init,
+      *(["--preset", preset, "--tokenizer", tokenizer] if init == "random" else []),
       "--workdir",
       out,
       "--seed",
       str(seed),
       "--no-progress",
-  ] + shlex.split(args.glue_flags)
+  ] + flags
 
 
 def run_variant(v: Variant, args, data: str, seed: int) -> dict:
@@ -344,49 +449,38 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
   vdir = os.path.join(args.out, v.name, f"seed{seed}")
   workdir, glue_dir = os.path.join(vdir, "pretrain"), os.path.join(vdir, "glue")
   os.makedirs(vdir, exist_ok=True)
-  ev = final_eval(workdir, args.steps)
-  if ev is None:
-    state = "resuming" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "starting"
-    print(f"ablate: {v.name}: {state} pretraining ({args.steps} steps)", flush=True)
-    t = time.time()
-    rc = run_bertjax(
-        pretrain_argv(v, args, workdir, data, seed),
-        os.path.join(vdir, "pretrain.log"),
-        args.isolate,
-    )
-    ev = final_eval(workdir, args.steps)
-    if rc != 0 or ev is None:
-      raise RuntimeError(
-          f"ablate: {v.name}: pretraining failed (exit {rc}); see "
-          f"{workdir}/metrics.jsonl and the output above. Rerun the same "
-          "command to resume."
-      )
-    print(f"ablate: {v.name}: pretrained in {time.time() - t:.0f}s", flush=True)
-  else:
-    print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
+  steps = variant_steps(v, args, data)
   row = {
       "variant": v.name,
       **v.settings,
       "scale": args.scale,
-      "steps": args.steps,
+      "steps": steps,
       "batch_size": args.batch_size or "",
       "seq_len": args.seq_len or "",
       "seed": seed,
-      **{k: val for k, val in ev.items() if val is not None},
   }
-  if v.settings.get("pair_task") == "none":
-    row.pop("nsp_accuracy", None)  # no pair task: its "accuracy" is a placeholder
-  if args.sweep == "modern":
-    row.pop("nsp_accuracy", None)  # the held-out rows are single segments for every rung
-    row.update(modern_results(workdir, args.scale))
-  # The final checkpoint, by its step: what fine-tuning starts from is unambiguous.
-  final_ckpt = os.path.join(workdir, "checkpoints", str(args.steps))
-  init = final_ckpt if os.path.isdir(final_ckpt) else workdir
+  if v.random_init_of:  # the same architecture as that run, fresh weights
+    source = os.path.join(args.out, v.random_init_of, f"seed{seed}", "pretrain")
+    final = os.path.join(
+        source, "checkpoints", str(variant_steps(_variant(v.random_init_of, args), args, data))
+    )
+    if not os.path.isdir(final):
+      raise RuntimeError(
+          f"ablate: {v.name}: takes the architecture of {v.random_init_of}, which has no final "
+          f"checkpoint at {final}; run that variant first (drop --only, or add it)"
+      )
+    row["steps"] = 0
+    init_args = {"init": "random", "preset": final, "tokenizer": os.path.join(source, "tokenizer")}
+  else:
+    row.update(pretrain(v, args, data, seed, workdir, vdir, steps))
+    # The final checkpoint, by its step: what fine-tuning starts from is unambiguous.
+    final_ckpt = os.path.join(workdir, "checkpoints", str(steps))
+    init_args = {"init": final_ckpt if os.path.isdir(final_ckpt) else workdir}
   for task in args.tasks:
     res = task_results(glue_dir, task)
     if res is None:
       rc = run_bertjax(
-          glue_argv(task, args, init, os.path.join(glue_dir, task), seed),
+          glue_argv(task, args, out=os.path.join(glue_dir, task), seed=seed, **init_args),
           os.path.join(vdir, f"glue_{task}.log"),
           args.isolate,
       )
@@ -397,6 +491,43 @@ def run_variant(v: Variant, args, data: str, seed: int) -> dict:
             f"see {os.path.join(glue_dir, task)}"
         )
     row.update(res)
+  return row
+
+
+def _variant(name: str, args) -> Variant:
+  return next(v for v in variants(args.sweep, args.scale) if v.name == name)
+
+
+def pretrain(v: Variant, args, data: str, seed: int, workdir: str, vdir: str, steps: int) -> dict:
+  """Pretrain `v` for `steps` steps (resuming; nothing when done); its held-out figures."""
+  ev = final_eval(workdir, steps)
+  if ev is None:
+    state = "resuming" if os.path.isdir(os.path.join(workdir, "checkpoints")) else "starting"
+    print(f"ablate: {v.name}: {state} pretraining ({steps} steps)", flush=True)
+    t = time.time()
+    rc = run_bertjax(
+        pretrain_argv(v, args, workdir, data, seed, steps),
+        os.path.join(vdir, "pretrain.log"),
+        args.isolate,
+    )
+    ev = final_eval(workdir, steps)
+    if rc != 0 or ev is None:
+      raise RuntimeError(
+          f"ablate: {v.name}: pretraining failed (exit {rc}); see "
+          f"{workdir}/metrics.jsonl and the output above. Rerun the same "
+          "command to resume."
+      )
+    print(f"ablate: {v.name}: pretrained in {time.time() - t:.0f}s", flush=True)
+  else:
+    print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
+  row = {k: val for k, val in ev.items() if val is not None}
+  if v.settings.get("pair_task") == "none" or args.sweep == "objective":
+    row.pop("nsp_accuracy", None)  # no pair task (or not in every arm): not a column
+  if args.sweep == "modern":
+    row.pop("nsp_accuracy", None)  # the held-out rows are single segments for every rung
+    row.update(modern_results(workdir, args.scale))
+  if args.sweep == "objective":
+    row["train_tflops"] = steps * step_flops(v, args, data) / 1e12
   return row
 
 
@@ -466,6 +597,10 @@ METRIC_NAMES = {
     "mlm_perplexity": "MLM ppl",
     "mlm_accuracy": "MLM acc",
     "nsp_accuracy": "pair acc",
+    # the objective sweep's
+    "disc_accuracy_replaced": "RTD acc replaced",
+    "disc_accuracy_original": "RTD acc original",
+    "train_tflops": "train TFLOPs",
     # the modern sweep's
     "acc_at_tokens": "MLM acc @ tokens",
     "acc_at_wall": "MLM acc @ wall",
@@ -481,6 +616,8 @@ SETTING_NAMES = {
     "H": "#H",
     "A": "#A",
     "masking": "Masking",
+    "objective": "Objective",
+    "block": "Block",
 }
 
 
@@ -576,6 +713,21 @@ def _modern_intro(args, points: dict) -> str:
   )
 
 
+def _objective_intro(args) -> str:
+  seq_len, batch = modern_exp.SCALES[args.scale]
+  return (
+      f"Every pretrained arm gets the model FLOPs of {args.steps} steps of BERT's MLM arm at "
+      f"{batch} x {seq_len} (the steps column: each arm's own; ELECTRA's FLOPs count its "
+      "generator and sampling), seeds "
+      f"{','.join(map(str, args.seeds))}. MLM acc / ppl: held-out, 15% masking, after the last "
+      "step (an ELECTRA arm's are its generator's, a quarter of the width); RTD acc: its "
+      "discriminator on the held-out replaced and original tokens. Task columns: dev metrics "
+      "after fine-tuning at the learning rate whose fine-tuning seeds average best (`_mean`), "
+      "then mean ± std over the pretraining seeds; random init: the same architecture, fresh "
+      "weights, each row seed its own fine-tuning seeds."
+  )
+
+
 def write_md(
     path: str,
     rows: list[dict],
@@ -587,9 +739,11 @@ def write_md(
   settings, metrics, tasks = columns(rows, v_list)
   tasks = shown_tasks(tasks)
   modern = args.sweep == "modern"
+  objective = args.sweep == "objective"  # each arm its own steps: shown
   head = (
       [SETTING_NAMES.get(s, s) for s in settings]
       + ["seeds"]
+      + (["steps"] if objective else [])
       + [METRIC_NAMES[m] for m in metrics]
       + tasks
       + (["reached target"] if modern else [])
@@ -597,6 +751,8 @@ def write_md(
   intro = (
       _modern_intro(args, points or {})
       if modern
+      else _objective_intro(args)
+      if args.sweep == "objective"
       else f"{args.steps} pretraining steps per run, seq {args.seq_len or 'from the config'}, "
       f"batch {args.batch_size or 'from the config'}, seeds {','.join(map(str, args.seeds))}; "
       "MLM perplexity and pair accuracy on the held-out split after the last step, mean ± "
@@ -617,6 +773,7 @@ def write_md(
     cells = (
         [_fmt(rs[0].get(s)) for s in settings]
         + [str(len(rs))]
+        + ([str(rs[0]["steps"])] if objective else [])
         + [_fmt_spread(spread(rs, k)) for k in metrics + tasks]
     )
     if modern:
@@ -705,8 +862,10 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
       "layers": "layers L",
       "size": "L / H / A",
       "wwm": "training masking (held out: characters for both)",
+      "objective": "pretraining objective, block",
   }[args.sweep]
-  line = "none" if args.sweep in ("nsp", "wwm") else "-"  # no line between unordered settings
+  # no line between unordered settings
+  line = "none" if args.sweep in ("nsp", "wwm", "objective") else "-"
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
 
   def draw(ax, key, label=None):
@@ -726,6 +885,10 @@ def plot(path: str, rows: list[dict], v_list: list[Variant], args) -> None:
     draw(ax1, "mlm_accuracy")
     ax1.set_ylim(0, 1)
     ax1.set_ylabel("held-out MLM accuracy (characters masked)")
+  elif args.sweep == "objective":  # an ELECTRA arm's MLM is its generator's; random: none
+    draw(ax1, "mlm_accuracy")
+    ax1.set_ylim(0, 1)
+    ax1.set_ylabel("held-out MLM accuracy (ELECTRA: its generator)")
   else:
     top = draw(ax1, "mlm_perplexity")
     ax1.set_ylim(0, top * 1.1 if top else 1)
@@ -837,6 +1000,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       p.error(f"--set {masking[0]}: the wwm sweep sets the masking itself; drop it")
     if not args.tasks and args.glue_data == "tfds":
       args.tasks = ["zh_reviews"]  # data/chinese/reviews
+  if args.sweep == "objective":
+    args.scale = args.scale or "demo"
+    if args.scale not in modern_exp.SCALES:
+      p.error(f"--scale {args.scale}: the objective sweep runs at {', '.join(modern_exp.SCALES)}")
+    if args.seq_len or args.batch_size:
+      p.error(
+          "--seq-len/--batch-size: the objective sweep's scale fixes them (experiments/modern.py)"
+      )
+    if not args.tasks and args.glue_data == "tfds":
+      args.tasks = ["movie_snippets"]  # data/movie_snippets
   args.scale = args.scale or "tiny"
   if "://" not in args.out:
     args.out = os.path.abspath(args.out)  # orbax wants absolute checkpoint paths

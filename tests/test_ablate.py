@@ -35,6 +35,8 @@ def test_final_eval_needs_the_last_steps_eval(tmp_path):
       "mlm_perplexity": 7.4,
       "mlm_accuracy": None,
       "nsp_accuracy": 0.6,
+      "disc_accuracy_replaced": None,
+      "disc_accuracy_original": None,
   }
   # A line cut short by a kill is skipped; perplexity falls back to exp(loss).
   write_jsonl(m, [{"step": 10, "eval_mlm_loss": 1.0}], tail='{"step": 11, "lo')
@@ -230,7 +232,8 @@ class FakeBertjax:
       return 0 if stop == steps else 1
     out = pathlib.Path(flag("--workdir"))
     out.mkdir(parents=True)
-    (out / "results.json").write_text(json.dumps({flag("--task"): {"accuracy": 0.5}}))
+    task = flag("--name") if flag("--task") == "custom" else flag("--task")  # glue's results key
+    (out / "results.json").write_text(json.dumps({task: {"accuracy": 0.5}}))
     return 0
 
 
@@ -583,3 +586,84 @@ def test_wwm_table_and_plot_show_the_mean_over_fine_tuning_seeds(tmp_path):
   assert "| whole word (jieba) | 2 | 0.1550 ± 0.0071 |" in md
   ablate.plot(str(tmp_path / "wwm.png"), rows, vs, args)
   assert (tmp_path / "wwm.png").stat().st_size > 5000
+
+
+def test_objective_arms_get_equal_model_flops_and_share_one_architecture(tmp_path, austen_shards):
+  """--steps is BERT's MLM arm's; every other pretrained arm runs the steps of the same model
+  FLOPs (ELECTRA's generator included), and an ELECTRA arm's encoder is its MLM arm's network."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  from bertjax.training import train
+
+  args = ablate.parse_args(["--sweep", "objective", "--steps", "2000", "--out", str(tmp_path)])
+  assert (args.scale, args.tasks) == ("demo", ["movie_snippets"])
+  data = str(austen_shards)
+  vs = {v.name: v for v in ablate.variants("objective", "demo")}
+  budget = 2000 * ablate.step_flops(vs["mlm_bert"], args, data)
+  for name in ("electra_bert", "mlm_modern", "electra_modern"):
+    steps, per_step = ablate.variant_steps(vs[name], args, data), ablate.step_flops(
+        vs[name], args, data
+    )
+    assert abs(steps * per_step - budget) <= per_step / 2, name
+    assert steps < 2000, name  # each costs more per step than BERT's MLM at 15%
+  # ELECTRA's step is dearer than its MLM arm's on the same block: the generator
+  assert ablate.step_flops(vs["electra_bert"], args, data) > ablate.step_flops(
+      vs["mlm_bert"], args, data
+  )
+
+  def model(v):
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=fv)
+    fv(["x", f"--config={REPO / v.config}"])
+    c = fv.config
+    c.model.vocab_size = 8000
+    return c, train.model_config(c)
+
+  for block in ("bert", "modern"):
+    (cm, mm), (ce, me) = model(vs[f"mlm_{block}"]), model(vs[f"electra_{block}"])
+    assert mm == me and (cm.objective, ce.objective) == ("mlm", "electra")
+    assert train.electra_generator_config(ce, me).hidden_size == me.hidden_size // 4
+    assert vs[f"random_{block}"].random_init_of == f"mlm_{block}"
+
+
+def test_objective_sweep_fine_tunes_random_init_with_the_arms_architecture(tmp_path, monkeypatch):
+  """The random-init rows fine-tune the MLM arm's architecture and tokenizer with fresh weights,
+  each row seed its own fine-tuning seeds; the pretrained arms get the 3-seed lr grid on the
+  bundled task; table and plot carry every arm."""
+  fake = FakeBertjax()
+  monkeypatch.setattr(ablate, "run_bertjax", fake)
+  flops = {"mlm_bert": 10.0, "electra_bert": 12.5, "mlm_modern": 11.0, "electra_modern": 13.0}
+  monkeypatch.setattr(ablate, "step_flops", lambda v, args, data: flops[v.name])
+  argv = ["--sweep", "objective", "--steps", "10", "--seeds", "0,1", "--out", str(tmp_path / "o")]
+  assert ablate.main(argv + ["--data", str(tmp_path / "data")]) == 0
+  pre = {c[c.index("--workdir") + 1]: c for c in fake.calls if c[0] == "pretrain"}
+  steps = {w.split("/")[-3]: next(a for a in c if "train.steps=" in a) for w, c in pre.items()}
+  assert steps == {
+      "mlm_bert": "--config.train.steps=10",
+      "electra_bert": "--config.train.steps=8",
+      "mlm_modern": "--config.train.steps=9",
+      "electra_modern": "--config.train.steps=8",
+  }
+  glue = [c for c in fake.calls if c[0] == "glue"]
+  assert len(glue) == 12  # 6 rows x 2 seeds
+  flag = lambda c, f: c[c.index(f) + 1]
+  for c in glue:
+    assert flag(c, "--name") == "movie_snippets" and "--sweep" in c
+    assert flag(c, "--learning-rates") == "1e-3,3e-4"
+  rand = [c for c in glue if flag(c, "--init") == "random"]
+  assert [flag(c, "--seeds") for c in rand] == ["0,1,2", "0,1,2", "3,4,5", "3,4,5"]
+  out = tmp_path / "o"
+  assert flag(rand[2], "--preset") == str(
+      out / "mlm_bert" / "seed1" / "pretrain" / "checkpoints" / "10"
+  )
+  assert flag(rand[2], "--tokenizer") == str(out / "mlm_bert" / "seed1" / "pretrain" / "tokenizer")
+  assert {flag(c, "--seeds") for c in glue if flag(c, "--init") != "random"} == {"0,1,2"}
+  md = (out / "results.md").read_text()
+  for label in (
+      "| ELECTRA | BERT | 2 | 8 |",
+      "| none (random init) | modern | 2 | 0 |",
+      "train TFLOPs",
+  ):
+    assert label in md
+  assert (out / "objective.png").stat().st_size > 0

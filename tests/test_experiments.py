@@ -11,7 +11,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ablate, layers, modern, no_nsp, pretrain, size, sop  # noqa: E402
+from experiments import ablate, layers, modern, no_nsp, objective, pretrain, size, sop  # noqa: E402
 from bertjax import model as model_lib
 from bertjax.training import train  # noqa: E402
 
@@ -23,6 +23,7 @@ MODULES = {
     "layers.py": layers,
     "size.py": size,
     "modern.py": modern,
+    "objective.py": objective,
 }
 
 
@@ -94,6 +95,8 @@ def test_size_grid_rows(scale):
         (size, "tiny,L=2,H=128", "give all of L, H and A"),
         (size, "tiny,L=2,H=100,A=3", "H divisible by A"),
         (no_nsp, "huge", "unknown variant 'huge'"),
+        (objective, "demo,block=rnn,objective=mlm", "objective.py: bad option 'block=rnn'"),
+        (objective, "demo,block=bert", "expected SCALE,block=NAME,objective=NAME"),
     ],
 )
 def test_bad_args_name_the_file_and_fix(mod, arg, message):
@@ -105,8 +108,8 @@ def test_bad_args_name_the_file_and_fix(mod, arg, message):
 @pytest.mark.parametrize("scale", ablate.SCALES)
 def test_runner_config_strings_load(sweep, scale):
   """Every `--config FILE:ARG` the runner passes to `bertjax pretrain` builds."""
-  if sweep == "modern" and scale not in modern.SCALES:
-    pytest.skip("the modern sweep runs at modern.SCALES (ablate refuses the others)")
+  if sweep in ("modern", "objective") and scale not in modern.SCALES:
+    pytest.skip(f"the {sweep} sweep runs at modern.SCALES (ablate refuses the others)")
   vs = ablate.variants(sweep, scale)
   assert len({v.name for v in vs}) == len(vs)
   for v in vs:
