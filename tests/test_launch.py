@@ -574,39 +574,3 @@ def test_local_multihost_processes_form_one_system(tmp_path):
       ["bash", "launch/local_multihost.sh", "2", "--", "--fail=1"], env=env, check=False, timeout=60
   )
   assert p.returncode == 3 and "stopping the others" in p.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.multihost
-def test_local_multihost_trains(tmp_path):
-  """`bertjax pretrain` as 2 hosts x 4 devices on synthetic data: per-host input, one mesh."""
-  wd = tmp_path / "run"
-  env = {"BERTJAX": f"{sys.executable} -m bertjax.cli", "TF_CPP_MIN_LOG_LEVEL": "2"}
-  p = sh(
-      [
-          "bash",
-          "launch/local_multihost.sh",
-          "2",
-          "--",
-          "pretrain",
-          "--config",
-          "experiments/pretrain.py:tiny",
-          "--workdir",
-          str(wd),
-          "--config.data.source=synthetic",
-          "--config.train.steps=3",
-          "--config.train.batch_size=16",
-          "--config.data.seq_len=32",
-          "--config.data.max_predictions_per_seq=5",
-          "--config.log_every_steps=1",
-          "--config.eval.every_steps=0",
-          "--config.checkpoint.every_steps=100",
-      ],
-      env=env,
-      timeout=300,
-  )
-  assert "2 process(es)" in p.stdout and "8 cpu devices" in p.stdout
-  import json
-
-  steps = [json.loads(l)["step"] for l in (wd / "metrics.jsonl").read_text().splitlines()]
-  assert steps and steps[-1] == 3

@@ -1,6 +1,7 @@
-"""Two processes x two CPU devices on localhost (gloo) == one process x four devices, and a
-checkpoint written by two processes resumes in one; a pretraining run on prepared data resumes
-on another process count (2 -> 1, 1 -> 2) using every document of the epoch once."""
+"""Two processes x two CPU devices on localhost (gloo), started by launch/local_multihost.sh ==
+one process x four devices, and a checkpoint written by two processes resumes in one; a
+pretraining run on prepared data resumes on another process count (2 -> 1 -> 2) using every
+document of the epoch once."""
 
 import collections
 import dataclasses
@@ -8,6 +9,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -52,11 +54,39 @@ def _run(workdir, steps, processes: int, devices_per_process: int, port: int = 0
   return outs[0]
 
 
+def _launch(workdir, steps: int, processes: int, devices_per_process: int) -> str:
+  """`pretrain_cmd` as a user starts N local hosts: launch/local_multihost.sh (a free port, its
+  environment, its [i]-prefixed output); the launcher's output."""
+  cmd = pretrain_cmd(workdir, steps) + ["--config.mesh.data=2", "--config.mesh.fsdp=-1"]
+  assert cmd[:3] == [sys.executable, "-m", "bertjax.cli"], cmd[:3]
+  env = dict(
+      os.environ,
+      BERTJAX=f"{sys.executable} -m bertjax.cli",
+      PYTHONPATH=str(REPO),
+      JAX_COMPILATION_CACHE_DIR=str(pathlib.Path(workdir).parent / "jax_cache"),
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
+  launcher = ["bash", "launch/local_multihost.sh", str(processes), "--devices"]
+  out = subprocess.run(
+      [*launcher, str(devices_per_process), "--", *cmd[3:]],
+      env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      start_new_session=True,  # the launcher's processes die with it
+  )
+  assert out.returncode == 0, (out.returncode, out.stdout[-3000:], out.stderr[-5000:])
+  return out.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.multihost
-def test_two_processes_equal_one_process_and_checkpoints_carry_over(tmp_path, free_port):
+def test_two_processes_equal_one_process_and_checkpoints_carry_over(tmp_path):
   _run(tmp_path / "one", 8, processes=1, devices_per_process=4)
-  _run(tmp_path / "two", 8, processes=2, devices_per_process=2, port=free_port())
+  out = _launch(tmp_path / "two", 8, processes=2, devices_per_process=2)
+  # Both processes ran, each prefixed by the launcher, on one 4-device mesh.
+  assert "[0] " in out and "[1] " in out and "on 4 cpu devices, 2 process(es)" in out, out[-2000:]
   one, _ = metrics_rows(tmp_path / "one")
   two, _ = metrics_rows(tmp_path / "two")
   assert set(two) == set(one)
@@ -193,74 +223,73 @@ def _epoch_done(streams) -> bool:
   )
 
 
+def _draw(streams, seen, drawn_states, step: int) -> None:
+  """One global batch from every process's stream: its rows counted, their states kept."""
+  for s in streams:
+    seen.update(_rows(next(s)))
+  drawn_states[step] = [json.loads(json.dumps(s.get_state())) for s in streams]
+
+
+def _check_saved(workdir, drawn_states) -> dict[int, list[dict]]:
+  """The run's checkpointed input positions equal the streams drawn here, step by step."""
+  saved = _checkpointed_states(workdir)
+  for step, states in saved.items():
+    assert states == drawn_states[step], step
+  return saved
+
+
 @pytest.mark.slow
 @pytest.mark.multihost
-@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
 def test_resume_on_another_process_count_uses_every_row_of_the_epoch_once(
-    tmp_path, free_port, one_file_data, before, after
+    tmp_path, free_port, one_file_data
 ):
+  """2 processes x 4 devices train to SAVED_AT (mid-epoch, mid-block), 1 process x 8 resumes to
+  2 x SAVED_AT (still mid-epoch), 2 processes resume to the epoch's end: every run's checkpointed
+  positions are the streams drawn here with the positions carried over as the loop carries
+  them, and every row of the epoch is drawn exactly once across both changes."""
   from bertjax.data import pretraining
 
   workdir = tmp_path / "run"
-  # `before` processes x 8/before devices train to SAVED_AT (mid-epoch); evaluation on one
-  # held-out file with 2 processes, and training from one file, work.
-  out = _run(
-      workdir,
-      SAVED_AT,
-      before,
-      8 // before,
-      free_port() if before > 1 else 0,
-      _prepared_cmd(workdir, one_file_data, SAVED_AT),
-  )
-  assert f"on 8 cpu devices, {before} process(es)" in out, out[-2000:]
+  # Evaluation on one held-out file with 2 processes, and training from one file, work.
+  out = _run(workdir, SAVED_AT, 2, 4, free_port(), _prepared_cmd(workdir, one_file_data, SAVED_AT))
+  assert "on 8 cpu devices, 2 process(es)" in out, out[-2000:]
   _, evals = metrics_rows(workdir)
   assert [r["step"] for r in evals] == [SAVED_AT]
   cfg = _input_config(workdir)
 
   # The same streams, drawn here; their states at each step.
   seen, drawn_states = collections.Counter(), {}
-  streams = _streams(cfg, before)
+  streams = _streams(cfg, 2)
   for step in range(1, SAVED_AT + 1):
-    for s in streams:
-      seen.update(_rows(next(s)))
-    drawn_states[step] = [json.loads(json.dumps(s.get_state())) for s in streams]
-  saved = _checkpointed_states(workdir)
+    _draw(streams, seen, drawn_states, step)
+  saved = _check_saved(workdir, drawn_states)
   assert sorted(saved) == [3, SAVED_AT]
-  for step, states in saved.items():
-    assert states == drawn_states[step], step
   assert all(s["epoch"] == 0 for s in saved[SAVED_AT])
   assert any(s["offset"] > 0 for s in saved[SAVED_AT])  # a block partly used: mid-block
 
-  # The run's saved positions carried over as the loop carries them; drawn until the epoch is
-  # used up: that many more steps for the run.
-  states, what = pretraining.resume_states(saved[SAVED_AT], after)
-  streams, step = _streams(cfg, after, states), SAVED_AT
-  while not _epoch_done(streams):
-    for s in streams:
-      seen.update(_rows(next(s)))
-    step += 1
-    drawn_states[step] = [json.loads(json.dumps(s.get_state())) for s in streams]
-  end = step
-  out = _run(
-      workdir,
-      end,
-      after,
-      8 // after,
-      free_port() if after > 1 else 0,
-      _prepared_cmd(workdir, one_file_data, end),
-  )
-  said = f"input: the position saved by {before} process(es) carries over to {after}: {what}"
-  assert said in out, out[-3000:]
-  assert f"on 8 cpu devices, {after} process(es)" in out and "done: checkpoints in" in out
-  train, _ = metrics_rows(workdir)
-  assert sorted(train) == list(range(1, end + 1))
-  saved = _checkpointed_states(workdir)
-  assert end in saved and len([s for s in saved if s > SAVED_AT]) >= 2, sorted(saved)
-  for step, states in saved.items():
-    assert states == drawn_states[step], step
+  # The run's saved positions carried over as the loop carries them; drawn to the next stop
+  # (the end of the epoch for the last run): that many more steps for the run.
+  step, before = SAVED_AT, 2
+  for after, until in ((1, 2 * SAVED_AT), (2, None)):
+    states, what = pretraining.resume_states(saved[step], after)
+    streams = _streams(cfg, after, states)
+    while step < until if until else not _epoch_done(streams):
+      step += 1
+      _draw(streams, seen, drawn_states, step)
+    port = free_port() if after > 1 else 0
+    out = _run(workdir, step, after, 8 // after, port, _prepared_cmd(workdir, one_file_data, step))
+    said = f"input: the position saved by {before} process(es) carries over to {after}: {what}"
+    assert said in out, out[-3000:]
+    assert f"on 8 cpu devices, {after} process(es)" in out and "done: checkpoints in" in out
+    train, _ = metrics_rows(workdir)
+    assert sorted(train) == list(range(1, step + 1))
+    saved = _check_saved(workdir, drawn_states)
+    assert step in saved
+    before = after
+  assert all(s["epoch"] == 0 for s in drawn_states[2 * SAVED_AT])  # the 1-process run: mid-epoch
 
-  # Every row of epoch 0's blocks was drawn exactly once across the change; here every document
-  # of the epoch gives one row (rows per block == documents per block).
+  # Every row of epoch 0's blocks was drawn exactly once across the changes; here every
+  # document of the epoch gives one row (rows per block == documents per block).
   builder = _streams(cfg, 1)[0].builder
   blocks = range(builder.blocks_per_epoch)
   want = collections.Counter(r for t in blocks for r in _rows(builder(t)))
