@@ -58,6 +58,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _SPAWN_MARKS = ("slow", "multihost", "process")
 
 
+def pytest_collection_modifyitems(items):
+  """Tests marked `long` first, then the rest in file order: pytest-xdist hands tests out in
+  this order as workers free up, so the long ones start early and the suite ends on short
+  tests on every worker rather than on one long test while the other worker waits."""
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(autouse=True)
 def _unmarked_tests_spawn_nothing(request, monkeypatch):
   if any(request.node.get_closest_marker(m) for m in _SPAWN_MARKS):

@@ -296,6 +296,7 @@ def test_resume_refuses_other_settings(tmp_path, monkeypatch):
     ablate.main(sweep(tmp_path, "--only", "layers2"))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_variant_tiny_sweep_end_to_end(tmp_path, capsys):
   """Real `bertjax pretrain` and `bertjax glue`, in this process, on the bundled corpus."""
@@ -461,6 +462,7 @@ def test_modern_matched_tokens_wall_time_and_target(tmp_path):
   assert (tmp_path / "modern.png").stat().st_size > 5000
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_rung_modern_sweep_end_to_end(tmp_path):
   """Real `bertjax pretrain` of rung 0 (BERT) and rung 7 (packing: every change before it

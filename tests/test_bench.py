@@ -321,6 +321,7 @@ def _small_task(root, n_train=64, n_dev=32):
   return str(root)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_bench_finetune_reports_both_runs(tmp_path, capsys):
   """A tiny `bench finetune`: one epoch on 64 rows beside the PyTorch peer (no timing checks)."""

@@ -138,6 +138,7 @@ def _saved(ckpt_dir: pathlib.Path) -> bool:  # the first step directory is compl
   )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_during_and_after_async_save_then_exact_resume(tmp_path):
   ref, env = tmp_path / "ref", _cached_env(tmp_path)

@@ -225,6 +225,7 @@ def large_v6e_16():
   return _compile("large", "v6e-16", "--config.mesh.data=1", "--config.mesh.fsdp=16")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @needs_libtpu
 def test_base_fits_on_v4_32_both_phases(base_v4_32):
@@ -240,6 +241,7 @@ def test_base_fits_on_v4_32_both_phases(base_v4_32):
     assert not [c for c in r.collectives if c.op == "all-gather" and c.dtype in ("f32", "bf16")]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @needs_libtpu
 def test_large_fits_on_v6e_16_with_fsdp_and_its_collectives(large_v6e_16):
@@ -319,6 +321,7 @@ def _splash_calls(r) -> tuple[int, int]:
   return fwd, bwd
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @needs_libtpu
 def test_modern_base_fits_on_v5p_32_at_seq_1024_with_splash_attention():
@@ -331,6 +334,7 @@ def test_modern_base_fits_on_v5p_32_at_seq_1024_with_splash_attention():
   assert {c.op for c in r.collectives} == {"all-reduce"}  # data parallel: gradients only
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @needs_libtpu
 def test_modern_network_at_seq_8192_compiles_with_local_splash_windows():

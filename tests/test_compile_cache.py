@@ -46,6 +46,7 @@ def _glue(workdir: pathlib.Path, cache: pathlib.Path) -> dict:
   return json.loads((workdir / "results.json").read_text())
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_second_process_compiles_nothing(tmp_path):
   cache = tmp_path / "cache"

@@ -191,6 +191,7 @@ def _hf_loss(model, batch, types: bool) -> float:
     return float(model(ids, labels=torch.tensor(labels), **kw).loss)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_continued_pretraining_from_transformers_directories(family, tmp_path, capsys):
   from bertjax.interop import convert

@@ -183,6 +183,7 @@ def _steps(c, mesh, batches):
   return out, s
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("block", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
 def test_train_step_every_block_packing_mesh_and_accumulation(block):
   modern = dict(
@@ -229,6 +230,7 @@ def test_flops_count_the_generator():
   assert mlm > 0
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
   from bertjax.tasks import encoder as encoder_lib

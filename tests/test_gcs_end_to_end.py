@@ -76,6 +76,7 @@ def _losses(jsonl: str) -> dict:
   return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+@pytest.mark.long
 def test_prepare_pretrain_resume_glue_on_gs(gcs, tmp_path):
   cwd = tmp_path / "cwd"
   cwd.mkdir()

@@ -252,6 +252,7 @@ def modern_tiny_config():
   return c
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_modern_one_device_equals_eight_devices():
   from test_train import _losses

@@ -80,6 +80,7 @@ def _launch(workdir, steps: int, processes: int, devices_per_process: int) -> st
   return out.stdout
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.multihost
 def test_two_processes_equal_one_process_and_checkpoints_carry_over(tmp_path):
@@ -238,6 +239,7 @@ def _check_saved(workdir, drawn_states) -> dict[int, list[dict]]:
   return saved
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.multihost
 def test_resume_on_another_process_count_uses_every_row_of_the_epoch_once(

@@ -128,6 +128,7 @@ def test_abstract_batch_has_the_packed_shapes():
   assert shapes["nsp_labels"] == (32,) and "segment_ids" not in shapes
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_packed_loop_on_prepared_shards_logs_real_tokens_and_resumes(tmp_path, austen_shards):
   kw = {

@@ -261,6 +261,7 @@ def test_modern_tiny_is_modern_base_at_tiny_scale():
   assert tiny.num_layers > tiny.global_every - 1  # a global layer and local ones
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_modern_tiny_pretrains_and_its_loss_falls(tmp_path):
   """The recipe end to end through the loop on the bundled corpus, shortened (40 steps of 16

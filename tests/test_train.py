@@ -175,6 +175,7 @@ def test_bad_config_from_python_is_one_error_and_writes_nothing(tmp_path, field,
   assert not wd.exists()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_context_extension_phase_computes_with_its_own_rope_theta(tmp_path):
   """ModernBERT's context extension as phase 2: a longer sequence and a new global RoPE base.

@@ -53,6 +53,7 @@ def _verse_task(out: pathlib.Path) -> None:
       f.write("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_corpus_to_task_with_relative_paths_from_another_directory(tmp_path):
   user = tmp_path / "user"
