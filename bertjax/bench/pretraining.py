@@ -586,6 +586,9 @@ def format_report(r: dict[str, Any]) -> str:
   )
   for row in r["peers"].values():  # what a peer computes that bertjax does not, and back
     if row.get("differences"):
-      lines.append(f"{row['name']} vs bertjax ({row['version']}):")
+      lines.append(
+          f"{row['name']} vs bertjax ({row['version']}; first step, compile included, "
+          f"{row['compile_s']:.1f} s; import, not timed, {row['import_s']:.1f} s):"
+      )
       lines += [f"  - {d}" for d in row["differences"]]
   return "\n".join(lines)
