@@ -10,10 +10,11 @@
                     when Keras is imported, so the bertjax process is left alone); MLM only,
                     its head on the masked positions as bertjax's (`KERAS_HUB_DIFFERENCES`).
 
-Each peer trains in the same way bertjax does: forward, MLM + NSP loss, backward, AdamW update,
-on the same synthetic batch (`synthetic_batch`), with dropout on. The peers score the MLM head
-at every position (their models have no gathered head) and mask the loss with label -100; that
-extra work is exactly what bertjax skips, so it is not counted in their model FLOPs either.
+Each Hugging Face peer trains in the same way bertjax does: forward, MLM + NSP loss, backward,
+AdamW update, on the same synthetic batch (`synthetic_batch`), with dropout on. They score the
+MLM head at every position (their models have no gathered head) and mask the loss with label
+-100; that extra work is exactly what bertjax skips, so it is not counted in their model FLOPs
+either. keras-hub's head gathers the masked positions as bertjax's does, and it has no NSP.
 `bertjax bench finetune` runs `run_torch_finetune`: a whole fine-tuning epoch and dev eval, and
 with `--compare keras-hub` `run_keras_finetune_subprocess` (keras-hub's `BertTextClassifier`).
 
