@@ -69,7 +69,7 @@ $(HF4_VENV)/bin/python:
 	$(HF4_VENV)/bin/python -m pip install --quiet 'transformers>=4.57,<5' flax==0.12.8 jax==0.10.2 optax==0.2.8
 
 bench: $(VENV)/.installed-test $(HF4_VENV)/bin/python
-	$(BIN)/bertjax bench --preset mini --batch-size 32 --seq-len 128 --steps 10 --compare hf-torch,hf-flax
+	$(BIN)/bertjax bench --preset mini --batch-size 32 --seq-len 128 --steps 10 --compare hf-torch,hf-flax,keras-hub
 	$(BIN)/bertjax bench --preset base --batch-size 16 --seq-len 128 --steps 8 --compare hf-torch,hf-flax
 
 clean:

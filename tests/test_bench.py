@@ -199,6 +199,46 @@ def test_torch_peer_runs_and_matches_the_report_keys():
   np.testing.assert_allclose(r["tokens_per_sec"], 2 * 8 * 1e3 / r["step_ms"])
 
 
+def _needs_keras_hub():
+  """Skip, naming the install command, where keras-hub is not installed."""
+  import importlib.util
+
+  if importlib.util.find_spec("keras_hub") is None:
+    pytest.skip(f"keras-hub is not installed: {bench_peers.KERAS_HUB_INSTALL}")
+
+
+def test_keras_hub_peer_is_listed_and_reported_unavailable_without_its_python(capsys, monkeypatch):
+  for argv in ([], ["finetune"]):
+    with pytest.raises(SystemExit):
+      bench_cmd.main(argv + ["--help"])
+    assert "keras-hub" in capsys.readouterr().out
+  monkeypatch.setenv("BERTJAX_KERAS_HUB_PYTHON", "/nonexistent/python")
+  r = bench_peers.run_keras_subprocess({})
+  assert r["status"] == "unavailable" and bench_peers.KERAS_HUB_INSTALL in r["reason"], r
+  r = bench_peers.run_keras_finetune_subprocess({}, {}, {})
+  assert r["status"] == "unavailable" and "BERTJAX_KERAS_HUB_PYTHON" in r["reason"], r
+
+
+@pytest.mark.slow
+def test_keras_hub_peer_trains_the_same_model_without_nsp(capsys):
+  """keras-hub's BertMaskedLM on the same batch: the ratio, and the parameters: bertjax's
+  model has exactly keras-hub's plus the NSP classifier (H x 2 + 2)."""
+  _needs_keras_hub()
+  spec = bench.BenchSpec(
+      preset="tiny", vocab_size=512, batch_size=8, seq_len=16, warmup=1, steps=2, peak_flops=1e12
+  )
+  r = bench.run(spec, ("keras-hub",))
+  peer = r["peers"]["keras-hub"]
+  assert peer["status"] == "ok", peer["reason"]
+  assert peer["tokens_per_sec"] > 0 and peer["steps_timed"] == 2 and peer["compile_s"] > 0
+  np.testing.assert_allclose(r["ratio_keras-hub"], r["tokens_per_sec"] / peer["tokens_per_sec"])
+  hidden = spec.model_config().hidden_size
+  assert r["params"] == peer["params"] + hidden * 2 + 2
+  assert any(d.startswith("NSP: bertjax also trains") for d in peer["differences"])
+  report = bench.format_report(r)
+  assert "keras-hub vs bertjax" in report and "NSP" in report and "clipped at 1.0" in report
+
+
 def _one_line_error(argv, capsys) -> str:
   """`bertjax bench ARGV` fails with exit 2 and one line `bertjax bench: ...`; the line."""
   assert cli.main(["bench", *argv]) == 2
@@ -354,6 +394,24 @@ def test_bench_finetune_reports_both_runs(tmp_path, capsys):
   assert "hf-torch" in report and "dev acc" in report
 
 
+@pytest.mark.slow
+def test_bench_finetune_keras_hub_peer(tmp_path, capsys):
+  """keras-hub's BertTextClassifier: an epoch on the same 64 rows and the dev accuracy."""
+  _needs_keras_hub()
+  argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--preset", "tiny"]
+  argv += ["--max-seq-len", "16", "--length-bucket", "0", "--compare", "keras-hub", "--json"]
+  assert bench_cmd.main(argv) == 0
+  r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  peer = r["peers"]["keras-hub"]
+  assert peer["status"] == "ok", peer["reason"]
+  assert peer["steps"] == 2 and peer["wall_s"] > 0 and 0 <= peer["accuracy"] <= 1
+  assert np.isfinite(peer["train_loss"])
+  np.testing.assert_allclose(r["speedup_keras-hub"], peer["wall_s"] / r["wall_s"])
+  assert any(d.startswith("padding: keras-hub") for d in peer["differences"])
+  report = finetuning.format_finetune_report(r)
+  assert "keras-hub vs bertjax" in report and "padded to --max-seq-len" in report
+
+
 def test_bench_finetune_packed_compiles_one_shape_each(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--preset", "tiny"]
   argv += ["--max-seq-len", "32", "--packing", "--compare", "", "--json"]
@@ -369,7 +427,7 @@ def test_bench_finetune_packed_compiles_one_shape_each(tmp_path, capsys):
 def test_bench_finetune_errors_name_the_flag(tmp_path, capsys):
   argv = ["finetune", "--task-dir", _small_task(tmp_path / "task"), "--compare", "hf-flax"]
   assert _one_line_error(argv, capsys) == (
-      "--compare hf-flax: unknown peer — valid: hf-torch, hf-torch-flat"
+      "--compare hf-flax: unknown peer — valid: hf-torch, hf-torch-flat, keras-hub"
   )
 
 

@@ -7,7 +7,10 @@ in the same process, transformers' BertForSequenceClassification in PyTorch on t
 ids (`bertjax.bench.peers.run_torch_finetune`). "hf-torch-flat" is transformers' padding-free
 path (`bench.peers.run_torch_flat_finetune`), timed where the installed transformers keeps the
 flattened examples apart (measured each run) and otherwise reported with the measured
-difference. With a persistent compile cache the bertjax run
+difference. "keras-hub" is keras-hub's BertTextClassifier on Keras's JAX backend, in a child
+process (`bench.peers.run_keras_finetune_subprocess`), every batch padded to max_seq_len; it
+is opt-in (its import brings TensorFlow: seconds more per run). With a persistent compile cache
+the bertjax run
 is timed twice: cold (every step compiled) and warm (read back, as a rerun sees it).
 """
 
@@ -31,8 +34,10 @@ from bertjax.tasks import defaults, encoder as encoder_lib, finetuning as finetu
 from bertjax.tasks.glue import features, finetune, tasks, tsv
 
 # the fine-tuning peers (`bertjax bench` has more for pretraining): PyTorch padding each batch
-# to its longest row, and transformers' padding-free path (checked, see peers.py)
-PEERS = ("hf-torch", "hf-torch-flat")
+# to its longest row, transformers' padding-free path (checked, see peers.py), and keras-hub on
+# Keras's JAX backend (opt-in: not in DEFAULT_PEERS)
+PEERS = ("hf-torch", "hf-torch-flat", "keras-hub")
+DEFAULT_PEERS = ("hf-torch", "hf-torch-flat")
 MAX_POSITIONS = 512  # BERT's position embeddings
 
 
@@ -194,7 +199,7 @@ def _torch_peer(spec: FinetuneSpec, task, cfg, recipe, feats) -> dict:
   )
 
 
-def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = PEERS) -> dict[str, Any]:
+def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, Any]:
   """Wall time and dev accuracy of `spec.epochs` of fine-tuning + dev eval with bertjax
   (compiles included) and, in the same process, the `compare` peers on the same token ids."""
   check_peers(compare)
@@ -249,6 +254,18 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = PEERS) -> dict[s
     if peer["status"] == "ok":
       out["speedup_hf-torch-flat"] = peer["wall_s"] / out["wall_s"]
       out["cpu_speedup_hf-torch-flat"] = peer["cpu_s"] / out["cpu_s"]
+  if "keras-hub" in compare:
+    _progress("keras-hub: BertTextClassifier on Keras's JAX backend, in a child process ...")
+    kspec = _torch_spec(spec, task, enc.config, recipe)
+    kspec.update(clip_norm=recipe.clip_norm, eps=1e-6)  # bertjax's (tasks.recipe)
+    peer = peers["keras-hub"] = bench_peers.run_keras_finetune_subprocess(
+        kspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"])
+    )
+    if peer["status"] == "ok":
+      out["speedup_keras-hub"] = peer["wall_s"] / out["wall_s"]
+      out["cpu_speedup_keras-hub"] = peer["cpu_s"] / out["cpu_s"]
+      if "warm_wall_s" in out:
+        out["warm_speedup_keras-hub"] = peer["wall_s"] / out["warm_wall_s"]
   out["peers"] = peers
   return out
 
@@ -304,4 +321,11 @@ def format_finetune_report(r: dict[str, Any]) -> str:
       "from the compile cache as a rerun does; speedup = the peer's time / bertjax's; CPU s, "
       "the process's CPU time, is steadier on a shared machine)"
   )
+  for row in ok:  # what a peer computes that bertjax does not, and back
+    if row.get("differences"):
+      lines.append(
+          f"{row['name']} vs bertjax ({row['version']}; its import, not timed: "
+          f"{row['import_s']:.1f} s):"
+      )
+      lines += [f"  - {d}" for d in row["differences"]]
   return "\n".join(lines)

@@ -5,12 +5,18 @@
   hf-flax           `FlaxBertForPreTraining` from transformers 4.x (the last release with Flax)
                     with optax AdamW, run as a subprocess in its own virtualenv (see
                     docs/performance.md); transformers 5 dropped the Flax models.
+  keras-hub         keras-hub's `BertMaskedLM` on Keras 3's JAX backend with
+                    `keras.optimizers.AdamW`, run as a subprocess (KERAS_BACKEND=jax is read
+                    when Keras is imported, so the bertjax process is left alone); MLM only,
+                    its head on the masked positions as bertjax's (`KERAS_HUB_DIFFERENCES`).
 
-Each peer trains in the same way bertjax does: forward, MLM + NSP loss, backward, AdamW update,
-on the same synthetic batch (`synthetic_batch`), with dropout on. The peers score the MLM head
-at every position (their models have no gathered head) and mask the loss with label -100; that
-extra work is exactly what bertjax skips, so it is not counted in their model FLOPs either.
-`bertjax bench finetune` runs `run_torch_finetune`: a whole fine-tuning epoch and dev eval.
+Each Hugging Face peer trains in the same way bertjax does: forward, MLM + NSP loss, backward,
+AdamW update, on the same synthetic batch (`synthetic_batch`), with dropout on. They score the
+MLM head at every position (their models have no gathered head) and mask the loss with label
+-100; that extra work is exactly what bertjax skips, so it is not counted in their model FLOPs
+either. keras-hub's head gathers the masked positions as bertjax's does, and it has no NSP.
+`bertjax bench finetune` runs `run_torch_finetune`: a whole fine-tuning epoch and dev eval, and
+with `--compare keras-hub` `run_keras_finetune_subprocess` (keras-hub's `BertTextClassifier`).
 
 Every peer returns a dict: `{"name", "status": "ok"|"unavailable"|"failed", "reason", ...}` and,
 when ok, `step_ms`, `step_ms_min`, `compile_s`, `tokens_per_sec`, `seq_per_sec`, `version`.
@@ -18,12 +24,14 @@ A missing package or virtualenv is "unavailable", an exception inside a peer is 
 benchmark reports both and carries on.
 
 This file imports nothing from bertjax (only NumPy at module level): the hf-flax peer runs it as
-a script with the other virtualenv's Python: `python bench_peers.py hf-flax '<json spec>'`.
+a script with the other virtualenv's Python: `python bench_peers.py hf-flax '<json spec>'`, the
+keras-hub peers with this Python (or BERTJAX_KERAS_HUB_PYTHON's): `... keras-hub '<json spec>'`.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -37,9 +45,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-PEERS = ("hf-torch", "hf-torch-compile", "hf-flax")
+PEERS = ("hf-torch", "hf-torch-compile", "hf-flax", "keras-hub")
 # The hf-flax virtualenv, relative to the repository root (overridable with BERTJAX_HF4_PYTHON).
 HF4_VENV_PYTHON = os.path.join(".venv-hf4", "bin", "python")
+# keras-hub installs beside bertjax without changing jax, keras, tensorflow or numpy (a 1.7 MB
+# pure-Python wheel and kagglehub/kagglesdk), so its peers run with this Python by default.
+KERAS_HUB_INSTALL = "pip install 'keras-hub>=0.32'"
 FIRST_TOKEN_ID = 5  # ids 0..4 are PAD UNK CLS SEP MASK; synthetic tokens avoid them
 
 
@@ -513,6 +524,250 @@ def run_flax_inline(spec: dict) -> dict:
   )
 
 
+# What the keras-hub peers compute differently from bertjax: in the report and docs/performance.md.
+KERAS_HUB_COMMON = (
+    "AdamW as bertjax's: b1 0.9, b2 0.999, eps 1e-6, weight decay off biases and LayerNorm, "
+    "the global gradient norm clipped at 1.0 (global_clipnorm); Keras adds eps to sqrt(v) "
+    "before the bias correction, optax after",
+    "keras-hub's encoder GELU is the tanh approximation, bertjax's the exact erf",
+    "keras-hub has one dropout rate, for the hidden states and attention alike",
+)
+KERAS_HUB_DIFFERENCES = (
+    "NSP: bertjax also trains the next-sentence head (pooler + 2-way classifier on [CLS]) "
+    "and adds its loss; keras-hub's BertMaskedLM has no NSP head (its pooler is built and "
+    "updated by AdamW, but unused)",
+    "MLM head: both score the P masked positions only (gathered), tied to the token "
+    "embeddings; the hf peers score every position",
+    *KERAS_HUB_COMMON,
+    "keras-hub runs at a constant lr (bertjax's peak), bertjax on its warmup-linear schedule",
+    "train_on_batch returns the loss to Python each step, as bertjax's timed step is synced",
+)
+KERAS_HUB_FINETUNE_DIFFERENCES = (
+    "padding: keras-hub gets every batch padded to --max-seq-len (as its "
+    "BertTextClassifierPreprocessor pads); bertjax pads each batch to its length bucket",
+    "model: BertTextClassifier (pooled [CLS], dropout, dense), as bertjax's GLUE head",
+    *KERAS_HUB_COMMON,
+    "both: linear warmup over the warmup fraction, then linear decay to 0; the rows shuffled "
+    "each epoch (keras-hub's fit does not shuffle arrays: they are permuted before it)",
+    "a partial last batch is compiled again in model.fit and model.predict (Keras compiles "
+    "per shape)",
+)
+
+
+def _keras_optimizer(keras, spec: dict, learning_rate):
+  """keras.optimizers.AdamW with bertjax's hyperparameters (KERAS_HUB_COMMON)."""
+  clip = spec.get("clip_norm", 1.0)
+  opt = keras.optimizers.AdamW(
+      learning_rate=learning_rate,
+      weight_decay=spec.get("weight_decay", 0.01),
+      beta_1=0.9,
+      beta_2=0.999,
+      epsilon=spec.get("eps", 1e-6),
+      global_clipnorm=clip if clip > 0 else None,
+  )
+  # Keras names a LayerNorm's parameters gamma and beta; the MLM head's bias is output_bias
+  opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+  return opt
+
+
+def _keras_backbone(keras_hub, spec: dict):
+  """keras-hub's BertBackbone built from the spec's shape (random init, no preset download)."""
+  return keras_hub.models.BertBackbone(
+      vocabulary_size=spec["vocab_size"],
+      num_layers=spec["num_layers"],
+      num_heads=spec["num_heads"],
+      hidden_dim=spec["hidden_size"],
+      intermediate_dim=spec["intermediate_size"],
+      dropout=spec["hidden_dropout_rate"],
+      max_sequence_length=spec["max_position_embeddings"],
+      dtype="float32",
+  )
+
+
+def _import_keras_hub():
+  """(keras, keras_hub, seconds to import them); keras must have picked the JAX backend."""
+  t0 = time.perf_counter()
+  import keras
+  import keras_hub
+
+  if keras.backend.backend() != "jax":
+    raise RuntimeError(f"Keras runs the {keras.backend.backend()} backend: set KERAS_BACKEND=jax")
+  return keras, keras_hub, time.perf_counter() - t0
+
+
+def _keras_version(keras, keras_hub) -> str:
+  return (
+      f"keras-hub {keras_hub.__version__}, keras {keras.__version__}, jax {jax.__version__}, "
+      "JAX backend"
+  )
+
+
+def _keras_inputs(arrays: dict) -> dict:
+  return {
+      "token_ids": arrays["input_ids"],
+      "segment_ids": arrays["token_type_ids"],
+      "padding_mask": arrays["attention_mask"],
+  }
+
+
+def run_keras_inline(spec: dict) -> dict:
+  """keras-hub's BertMaskedLM + keras AdamW, `train_on_batch` on the synthetic batch (its
+  masked positions and ids); runs in a process whose Keras has the JAX backend."""
+  keras, keras_hub, import_s = _import_keras_hub()
+  keras.utils.set_random_seed(0)
+  model = keras_hub.models.BertMaskedLM(
+      backbone=_keras_backbone(keras_hub, spec), preprocessor=None
+  )
+  model.compile(
+      optimizer=_keras_optimizer(keras, spec, spec.get("learning_rate", 1e-4)),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      weighted_metrics=[],  # the loss alone, as bertjax's step returns
+  )
+  b = synthetic_batch(spec["batch_size"], spec["seq_len"], spec["num_masked"], spec["vocab_size"])
+  x = {k: jnp.asarray(v) for k, v in _keras_inputs(b).items()}  # on the device once, as bertjax
+  x["mask_positions"] = jnp.asarray(b["masked_positions"])
+  y, w = jnp.asarray(b["masked_ids"]), jnp.asarray(b["masked_weights"])
+
+  def step():
+    return model.train_on_batch(x, y, sample_weight=w, return_dict=True)
+
+  t = time_steps(step, lambda logs: float(logs["loss"]), spec["warmup"], spec["steps"])
+  return _throughput(
+      {
+          "name": "keras-hub",
+          "status": "ok",
+          "reason": "",
+          **t,
+          "import_s": import_s,
+          "params": int(model.count_params()),
+          "differences": list(KERAS_HUB_DIFFERENCES),
+          "version": _keras_version(keras, keras_hub),
+      },
+      spec["batch_size"],
+      spec["seq_len"],
+  )
+
+
+def run_keras_finetune_inline(spec: dict, train: dict, dev: dict) -> dict:
+  """keras-hub's BertTextClassifier: `model.fit` for the epochs, then `model.predict` on dev;
+  every batch padded to the arrays' length. The wall time runs from building the model to the
+  last dev prediction (the import is `import_s`), as `run_torch_finetune`'s."""
+  keras, keras_hub, import_s = _import_keras_hub()
+  if spec["num_labels"] < 2:
+    raise ValueError("the keras-hub peer fine-tunes classification tasks (2 labels or more)")
+  keras.utils.set_random_seed(spec["seed"])
+  ops = keras.ops
+  n, bs = len(train["labels"]), spec["batch_size"]
+  total = spec["epochs"] * -(-n // bs)
+  warmup = int(spec["warmup_fraction"] * total)
+  peak = spec["learning_rate"]
+
+  class WarmupLinear(keras.optimizers.schedules.LearningRateSchedule):
+    """0 -> peak over the warmup steps, then linearly to 0 at the last step (as the others)."""
+
+    def __call__(self, step):
+      step = ops.cast(step, "float32")
+      up = step / max(warmup, 1)
+      down = ops.maximum(0.0, (total - step) / max(total - warmup, 1))
+      return peak * ops.where(step < warmup, up, down)
+
+  t0, c0 = time.perf_counter(), time.process_time()
+  model = keras_hub.models.BertTextClassifier(
+      backbone=_keras_backbone(keras_hub, spec),
+      num_classes=spec["num_labels"],
+      preprocessor=None,
+      dropout=spec["hidden_dropout_rate"],
+  )
+  model.compile(
+      optimizer=_keras_optimizer(keras, spec, WarmupLinear()),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics=[],
+  )
+  # keras-hub's fit batches arrays into a grain dataset in the given order and Keras does not
+  # shuffle a dataset, so each epoch gets its own permutation here, as the other runs shuffle
+  rng = np.random.default_rng(spec["seed"])
+  losses = []
+  for epoch in range(spec["epochs"]):
+    order = rng.permutation(n)
+    history = model.fit(
+        _keras_inputs({k: v[order] for k, v in train.items()}),
+        train["labels"][order].astype(np.int32),
+        batch_size=bs,
+        initial_epoch=epoch,
+        epochs=epoch + 1,
+        shuffle=False,  # ignored for the dataset it makes (with a warning): permuted above
+        verbose=0,
+    )
+    losses += history.history["loss"]
+  logits = model.predict(_keras_inputs(dev), batch_size=spec["eval_batch_size"], verbose=0)
+  accuracy = float(np.mean(np.argmax(logits, -1) == dev["labels"]))
+  return {
+      "name": "keras-hub",
+      "status": "ok",
+      "reason": "",
+      "wall_s": time.perf_counter() - t0,
+      "cpu_s": time.process_time() - c0,
+      "accuracy": accuracy,
+      "train_loss": float(np.mean(losses)),
+      "steps": total,
+      "import_s": import_s,
+      "params": int(model.count_params()),
+      "differences": list(KERAS_HUB_FINETUNE_DIFFERENCES),
+      "version": _keras_version(keras, keras_hub),
+  }
+
+
+def keras_hub_python() -> str:
+  return os.environ.get("BERTJAX_KERAS_HUB_PYTHON", sys.executable)
+
+
+def _keras_hub_missing(python: str) -> dict | None:
+  """The "unavailable" answer when keras-hub's Python lacks it (checked here where it is this
+  Python, saving a subprocess); None when the subprocess should run."""
+  if not os.path.exists(python):
+    reason = f"no Python at {python} (BERTJAX_KERAS_HUB_PYTHON)"
+  elif python == sys.executable and importlib.util.find_spec("keras_hub") is None:
+    reason = "keras-hub is not installed"
+  else:
+    return None
+  return {
+      "name": "keras-hub",
+      "status": "unavailable",
+      "reason": f"{reason}: {KERAS_HUB_INSTALL} (or set BERTJAX_KERAS_HUB_PYTHON to a Python "
+      "that has it)",
+  }
+
+
+def run_keras_subprocess(spec: dict, timeout_s: float = 1800) -> dict:
+  """`run_keras_inline` in a child process with KERAS_BACKEND=jax; its one JSON line."""
+  python = keras_hub_python()
+  missing = _keras_hub_missing(python)
+  if missing:
+    return missing
+  return _run_script("keras-hub", python, "keras-hub", spec, timeout_s, keras=True)
+
+
+def run_keras_finetune_subprocess(
+    spec: dict, train: dict[str, np.ndarray], dev: dict[str, np.ndarray], timeout_s: float = 3600
+) -> dict:
+  """`run_keras_finetune_inline` in a child process with KERAS_BACKEND=jax, on `train`/`dev`
+  (input_ids, token_type_ids, attention_mask [N, L], labels [N]) handed over in a .npz."""
+  python = keras_hub_python()
+  missing = _keras_hub_missing(python)
+  if missing:
+    return missing
+  import tempfile
+
+  with tempfile.TemporaryDirectory(prefix="bertjax-keras-") as tmp:
+    data = os.path.join(tmp, "data.npz")
+    np.savez(
+        data, **{f"{s}/{k}": v for s, a in (("train", train), ("dev", dev)) for k, v in a.items()}
+    )
+    return _run_script(
+        "keras-hub", python, "keras-hub-finetune", {**spec, "data": data}, timeout_s, keras=True
+    )
+
+
 def hf4_python(repo_root: str) -> str:
   return os.environ.get("BERTJAX_HF4_PYTHON", os.path.join(repo_root, HF4_VENV_PYTHON))
 
@@ -527,45 +782,72 @@ def run_flax_subprocess(spec: dict, repo_root: str, timeout_s: float = 1800) -> 
         "reason": f"no transformers-4.x virtualenv at {python}: create it as in "
         f"docs/performance.md, or set BERTJAX_HF4_PYTHON",
     }
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  return _run_script("hf-flax", python, "hf-flax", spec, timeout_s, keras=False)
+
+
+def _run_script(
+    name: str, python: str, peer: str, spec: dict, timeout_s: float, keras: bool
+) -> dict:
+  """`python bench_peers.py PEER '<json spec>'` with the XLA flags bertjax ran with; the
+  child's last JSON line, or a "failed" answer with the tail of its output."""
+  # the other virtualenv must not see this one's packages; keras-hub's Python is this one
+  # unless BERTJAX_KERAS_HUB_PYTHON says otherwise, and it was looked for on this path
+  dropped = ("XLA_FLAGS",) if keras else ("XLA_FLAGS", "PYTHONPATH")
+  env = {k: v for k, v in os.environ.items() if k not in dropped}
   env["XLA_FLAGS"] = spec.get("xla_flags", "")  # the same XLA flags bertjax ran with
   env["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS", "")
+  if keras:  # Keras reads its backend once, at import: the child's alone
+    env["KERAS_BACKEND"] = "jax"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keras-hub imports TensorFlow (text ops)
   try:
     proc = subprocess.run(
-        [python, os.path.abspath(__file__), "hf-flax", json.dumps(spec)],
+        [python, os.path.abspath(__file__), peer, json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         env=env,
     )
   except subprocess.TimeoutExpired:
-    return {"name": "hf-flax", "status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
+    return {"name": name, "status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode != 0 or not lines:
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {
-        "name": "hf-flax",
+        "name": name,
         "status": "failed",
         "reason": f"{python} exited {proc.returncode}: {' | '.join(tail)}"[:500],
     }
   return json.loads(lines[-1])
 
 
+SCRIPT_PEERS = ("hf-flax", "keras-hub", "keras-hub-finetune")
+
+
 def _script_main(argv: list[str]) -> int:
-  if len(argv) != 2 or argv[0] != "hf-flax":
-    print("usage: bench_peers.py hf-flax '<json spec>'", file=sys.stderr)
+  if len(argv) != 2 or argv[0] not in SCRIPT_PEERS:
+    print(f"usage: bench_peers.py {'|'.join(SCRIPT_PEERS)} '<json spec>'", file=sys.stderr)
     return 2
-  spec = json.loads(argv[1])
+  peer, spec = argv[0], json.loads(argv[1])
+  name = peer.removesuffix("-finetune")
   try:
-    result = run_flax_inline(spec)
+    if peer == "hf-flax":
+      result = run_flax_inline(spec)
+    elif peer == "keras-hub":
+      result = run_keras_inline(spec)
+    else:
+      with np.load(spec["data"]) as z:
+        split = lambda s: {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(s + "/")}
+        train, dev = split("train"), split("dev")
+      result = run_keras_finetune_inline(spec, train, dev)
   except ImportError as e:
-    result = {
-        "name": "hf-flax",
-        "status": "unavailable",
-        "reason": f"{e}; this virtualenv needs 'transformers<5' flax jax optax",
-    }
+    needs = (
+        "this virtualenv needs 'transformers<5' flax jax optax"
+        if peer == "hf-flax"
+        else KERAS_HUB_INSTALL
+    )
+    result = {"name": name, "status": "unavailable", "reason": f"{e}; {needs}"}
   except Exception as e:  # reported by the parent, never a crash
-    result = {"name": "hf-flax", "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
+    result = {"name": name, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:500]}
   print(json.dumps(result))
   return 0
 

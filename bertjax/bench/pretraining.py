@@ -1,4 +1,5 @@
-"""How fast one BERT config trains here: tokens/s, model FLOPs, MFU, and the Hugging Face peers.
+"""How fast one BERT config trains here: tokens/s, model FLOPs, MFU, and the peers (Hugging
+Face's and keras-hub's).
 
 `run(spec)` times `bertjax.training.train`'s step (forward, MLM + NSP loss, backward, clipping, AdamW
 update: exactly what `bertjax pretrain` runs) on one synthetic batch after warm-up, and returns
@@ -521,6 +522,12 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: 
   if name == "hf-flax":
     root = repo_root or str(locations.REPO_ROOT)
     return bench_peers.run_flax_subprocess(pspec, root)
+  if name == "keras-hub":
+    t = train_config(spec).train  # bertjax's optimizer, which keras AdamW is given
+    pspec.update(
+        learning_rate=t.learning_rate, weight_decay=t.weight_decay, eps=t.eps, clip_norm=t.clip_norm
+    )
+    return bench_peers.run_keras_subprocess(pspec)
   check_peers((name,))  # an unknown name is the caller's mistake
   raise AssertionError(f"peer {name} is in bench_peers.PEERS but has no runner here")
 
@@ -577,4 +584,11 @@ def format_report(r: dict[str, Any]) -> str:
       f"(median of {r['steps']} timed steps after {r['warmup']} warm-up; ratio = "
       "bertjax tokens/s / row tokens/s)"
   )
+  for row in r["peers"].values():  # what a peer computes that bertjax does not, and back
+    if row.get("differences"):
+      lines.append(
+          f"{row['name']} vs bertjax ({row['version']}; first step, compile included, "
+          f"{row['compile_s']:.1f} s; import, not timed, {row['import_s']:.1f} s):"
+      )
+      lines += [f"  - {d}" for d in row["differences"]]
   return "\n".join(lines)

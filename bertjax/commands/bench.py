@@ -1,10 +1,12 @@
-"""`bertjax bench`: how fast a BERT config trains here (tokens/s, MFU), beside Hugging Face.
+"""`bertjax bench`: how fast a BERT config trains here (tokens/s, MFU), beside Hugging Face and
+keras-hub.
 
   bertjax bench --preset mini --batch-size 32 --seq-len 128 --compare hf-torch,hf-flax
   bertjax bench --preset base --batch-size 16 --seq-len 128 --json
   bertjax bench --preset mini --seq-len 512 --batch-size 4 --data DIR --compare-packing
   bertjax bench input ...      the input pipeline's throughput (prepare, readers, stream)
   bertjax bench finetune ...   one fine-tuning epoch + dev eval beside Hugging Face PyTorch
+                               (and keras-hub on Keras's JAX backend: --compare keras-hub)
 
 See docs/performance.md for the numbers on reference machines and how to read them. The work is
 `bertjax.bench` (pretraining, input, finetuning); this module reads the flags.
@@ -72,7 +74,10 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
       "--steps", type=positive_int, default=5, help="timed steps; the median is reported"
   )
   p.add_argument(
-      "--compare", default="", help="comma-separated peers: hf-torch, hf-torch-compile, hf-flax"
+      "--compare",
+      default="",
+      help="comma-separated peers: hf-torch, hf-torch-compile, hf-flax, keras-hub (keras-hub's "
+      "BertMaskedLM on Keras's JAX backend, in a child process; MLM only, no NSP)",
   )
   p.add_argument(
       "--peak-flops",
@@ -190,7 +195,8 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
       default="hf-torch,hf-torch-flat",
       help="comma-separated peers: hf-torch (padding each batch), hf-torch-flat (transformers' "
       "padding-free path: timed where the installed transformers keeps the flattened examples "
-      "apart, measured each run); '' for bertjax alone",
+      "apart, measured each run), keras-hub (BertTextClassifier on Keras's JAX backend, every "
+      "batch padded to --max-seq-len; not in the default); '' for bertjax alone",
   )
   p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -216,7 +222,8 @@ def _parser() -> ArgumentParser:
           description="Wall time and dev accuracy of fine-tuning a random-init encoder on a "
           "single-sentence TSV task (train.tsv, dev.tsv: sentence<TAB>label), beside "
           "transformers' BertForSequenceClassification in PyTorch on the same token "
-          "ids (each batch padded to its longest row, AdamW, linear schedule).",
+          "ids (each batch padded to its longest row, AdamW, linear schedule) and, with "
+          "--compare keras-hub, keras-hub's BertTextClassifier on Keras's JAX backend.",
       )
   )
   return p
