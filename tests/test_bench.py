@@ -394,6 +394,7 @@ def test_bench_finetune_reports_both_runs(tmp_path, capsys):
   assert "hf-torch" in report and "dev acc" in report
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_bench_finetune_keras_hub_peer(tmp_path, capsys):
   """keras-hub's BertTextClassifier: an epoch on the same 64 rows and the dev accuracy."""
