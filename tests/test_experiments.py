@@ -6,12 +6,13 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments import ablate, layers, modern, no_nsp, objective, pretrain, size, sop  # noqa: E402
+from experiments import ablate, layers, modern, no_nsp, objective, pretrain, rtd_check, size, sop  # noqa: E402
 from bertjax import model as model_lib
 from bertjax.training import train  # noqa: E402
 
@@ -143,10 +144,24 @@ def test_config_files_load_by_path_from_anywhere(tmp_path):
 
 
 def test_every_experiment_file_has_the_docstring_sections():
-  for mod in (no_nsp, sop, layers, size, modern):
+  for mod in (no_nsp, sop, layers, size, modern, objective, rtd_check):
     doc = mod.__doc__
     for section in ("Purpose", "Command", "Hardware", "Expected result"):
       assert section in doc, (mod.__name__, section)
+
+
+def test_rtd_check_auc_is_the_share_of_correctly_ordered_pairs():
+  """rtd_check.auc against its definition: over every (replaced, original) pair, the share
+  the scores order correctly, ties counting half."""
+  rng = np.random.default_rng(0)
+  labels = rng.random(300) < 0.15
+  scores = np.round(rng.normal(size=300) + labels, 1)  # rounded: ties
+  pos, neg = scores[labels], scores[~labels]
+  pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+  assert rtd_check.auc(scores, labels) == pytest.approx(pairs, abs=1e-12)
+  assert rtd_check.auc(np.arange(4.0), np.array([0, 0, 1, 1])) == 1.0
+  with pytest.raises(ValueError, match="needs both classes"):
+    rtd_check.auc(np.zeros(3), np.zeros(3))
 
 
 def test_every_pretrain_variant_has_a_one_line_description():
