@@ -521,10 +521,11 @@ def pretrain(v: Variant, args, data: str, seed: int, workdir: str, vdir: str, st
   else:
     print(f"ablate: {v.name}: pretraining done, read from {workdir}", flush=True)
   row = {k: val for k, val in ev.items() if val is not None}
-  if v.settings.get("pair_task") == "none" or args.sweep == "objective":
-    row.pop("nsp_accuracy", None)  # no pair task (or not in every arm): not a column
+  # No pair task; or, in the modern and objective sweeps, held-out rows of single segments
+  # (or a pair task in only some arms): not a column.
+  if v.settings.get("pair_task") == "none" or args.sweep in ("modern", "objective"):
+    row.pop("nsp_accuracy", None)
   if args.sweep == "modern":
-    row.pop("nsp_accuracy", None)  # the held-out rows are single segments for every rung
     row.update(modern_results(workdir, args.scale))
   if args.sweep == "objective":
     row["train_tflops"] = steps * step_flops(v, args, data) / 1e12
