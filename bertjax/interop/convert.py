@@ -484,7 +484,7 @@ def load_hf(
   """Read a Hugging Face `BertForPreTraining`, `BertForMaskedLM`, `BertModel`,
   `RobertaForMaskedLM`, `XLMRobertaForMaskedLM`, `RobertaModel` or `ModernBertForMaskedLM`
   directory (config.json with model_type "bert", "roberta", "xlm-roberta" or "modernbert", and
-  model.safetensors or pytorch_model.bin).
+  model.safetensors or pytorch_model.bin), or the Transformer of a sentence-transformers one.
 
   Returns the config and an unscanned float32 parameter tree for `model.BertForPreTraining`;
   heads the directory lacks (ModernBERT's pooler and NSP head, a `BertForMaskedLM`'s pooler and
@@ -492,7 +492,9 @@ def load_hf(
   `fresh` when a list is given. `place`: as `hf_to_params`' (each parameter placed as it is
   read; with model.safetensors, the checkpoint is read a tensor at a time).
   """
-  path = fs.path(path)
+  from bertjax.interop import sentence_transformers  # its Transformer module's folder
+
+  path = sentence_transformers.transformer_dir(path)
   cfg_file = path / "config.json"
   if not cfg_file.exists():
     raise ConversionError(f"{cfg_file}: not found (expected a Hugging Face model directory)")

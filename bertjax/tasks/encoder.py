@@ -7,6 +7,8 @@
   a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
       vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json), or an ELECTRA one
       (ElectraForPreTraining / ElectraModel: the discriminator's encoder),
+  a sentence-transformers dir (modules.json: its Transformer read as a Hugging Face dir, with
+      its tokenizer.json; its pooling, Dense, Normalize, length and prompts in `sentence`),
   a google-research/bert dir or checkpoint prefix (bert_config.json + bert_model.ckpt.*),
 or "random": the no-pretraining baseline, fresh weights of a preset (a tokenizer needed) or of
     a checkpoint's own architecture (`preset` its path; its tokenizer unless one is given).
@@ -33,6 +35,7 @@ from bertjax.data import wordpiece
 from bertjax.data import tokenizer as tokenizer_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop import convert, google_ckpt
+from bertjax.interop import sentence_transformers as st_lib
 from bertjax.runtime import fs
 from bertjax.training import checkpoint
 
@@ -55,12 +58,16 @@ class Encoder:
   bert_params: Any  # the "bert" subtree of BertForPreTraining (unscanned); None for random
   tokenizer: Tokenizer
   source: str  # what was restored, for logs and best.json
+  # what a sentence-transformers directory declares (pooling, length, prompts); None otherwise
+  sentence: st_lib.SentenceHead | None = None
 
 
 def checkpoint_kind(path: fs.PathLike) -> str | None:
   """ "bertjax", "hf" or "google" by the files at `path` (any scheme `fs` opens); None when it
   holds no checkpoint."""
   path = fs.path(path)
+  if st_lib.is_directory(path):
+    return "hf"
   # A pretrain workdir also has a config.json (the training config) beside checkpoints/.
   if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
     return "hf"
@@ -128,7 +135,8 @@ def read_encoder(
   kind = checkpoint_kind(path)
   if kind == "hf":
     cfg, params = convert.load_hf(path, fresh=fresh)
-    return cfg, params["bert"], _tokenizer_in(path), "hf"
+    tok = st_lib.tokenizer_file(path) or _tokenizer_in(st_lib.transformer_dir(path))
+    return cfg, params["bert"], tok, "hf"
   if kind == "google":
     cfg, params = google_ckpt.load_google(path)
     return cfg, params["bert"], _tokenizer_in(path if path.is_dir() else path.parent), "google"
@@ -203,4 +211,5 @@ def load_encoder(
   if "the pooler" in fresh:  # a BertForMaskedLM or a ModernBERT: a head's input starts fresh
     print(f"{n['init']} {init}: has no pooler; it starts fresh, like the task's head", flush=True)
   tok = _checkpoint_tokenizer(cfg, tokenizer or recorded, f"{n['init']} {init}", n, lower_case)
-  return Encoder(cfg, bert_params, tok, f"{kind}:{init}")
+  sentence = st_lib.read_head(init) if st_lib.is_directory(init) else None
+  return Encoder(cfg, bert_params, tok, f"{kind}:{init}", sentence)

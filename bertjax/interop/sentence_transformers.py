@@ -1,0 +1,226 @@
+"""sentence-transformers model directories, read (`read_head`) and written (`save`).
+
+A sentence-transformers directory is a list of modules (`modules.json`), each in its own
+folder: the Transformer (a Hugging Face model directory, usually the root itself), then
+`1_Pooling` (how token states become one vector), optionally `2_Dense` (a linear layer and an
+activation) and `Normalize` (unit length). Beside them, `sentence_bert_config.json` declares
+the Transformer's `max_seq_length` and `do_lower_case`, and
+`config_sentence_transformers.json` the model's `prompts`, `default_prompt_name` and
+`similarity_fn_name`.
+
+The Transformer's weights are read by `convert.load_hf` (BERT, RoBERTa/XLM-R, ModernBERT, as
+any Hugging Face directory); this module reads what comes after it, as a `SentenceHead` that
+`bertjax.tasks.embed` applies. `save` writes a bertjax encoder as such a directory: the
+encoder as a transformers `BertModel` (`RobertaModel`, `ModernBertModel`: the body only, never
+an untrained head), its tokenizer, a pooling module and a Normalize module.
+
+Both pooling config formats are read: sentence-transformers 6's (`pooling_mode`, one name or
+a list) and the older boolean keys (`pooling_mode_mean_tokens`, ...), which every release reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+from etils import epath
+import numpy as np
+
+from bertjax.interop.hf_config import ConversionError
+from bertjax.runtime import fs
+
+# bertjax's pooling names; sentence-transformers calls one of them mean_sqrt_len_tokens.
+POOLINGS = ("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken")
+_FROM_ST = {
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean": "weightedmean",
+    "lasttoken": "lasttoken",
+}
+_TO_ST = {ours: theirs for theirs, ours in _FROM_ST.items()}
+# The boolean keys of the pooling configs every sentence-transformers release reads.
+_LEGACY_KEYS = {
+    "cls": "pooling_mode_cls_token",
+    "max": "pooling_mode_max_tokens",
+    "mean": "pooling_mode_mean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+# Similarities a search can rank by (sentence-transformers' default is cosine).
+SIMILARITIES = ("cosine", "dot")
+_ACTIVATIONS = {
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.linear.Identity": "identity",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dense:
+  """A `2_Dense` module: x @ kernel + bias, then the activation."""
+
+  kernel: np.ndarray  # [in, out]
+  bias: np.ndarray | None  # [out]
+  activation: str  # tanh | identity
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceHead:
+  """What a sentence-transformers directory declares beyond its Transformer's weights."""
+
+  transformer_dir: str = ""  # the Transformer module's folder, relative ("" = the directory)
+  pooling: str = "mean"  # one of POOLINGS
+  include_prompt: bool = True  # False: a prompt's tokens are left out of the pooling
+  dense: tuple[Dense, ...] = ()
+  normalize: bool = False  # a Normalize module: unit-length embeddings
+  max_seq_length: int | None = None  # tokens per text, [CLS] and [SEP] included
+  do_lower_case: bool = False  # the text is lower-cased before it is tokenized
+  prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+  default_prompt_name: str | None = None
+  similarity: str = "cosine"
+
+
+def is_directory(path: fs.PathLike) -> bool:
+  """True when `path` is a sentence-transformers directory (it has a modules.json)."""
+  return (fs.path(path) / "modules.json").is_file()
+
+
+def transformer_dir(path: fs.PathLike) -> epath.Path:
+  """The folder of the Transformer module of the sentence-transformers directory at `path`
+  (`path` itself for any other directory): where its config.json and weights are."""
+  path = fs.path(path)
+  if not is_directory(path):
+    return path
+  folder = _modules(path)[0][1]
+  return path / folder if folder else path
+
+
+def _json(file: epath.Path) -> Any:
+  try:
+    return json.loads(file.read_text(encoding="utf-8"))
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ConversionError(f"{file}: invalid JSON ({e})") from None
+
+
+def _modules(path: epath.Path) -> list[tuple[str, str]]:
+  """(kind, folder) of each module of modules.json, in order; kind the class name
+  (Transformer, Pooling, Dense, Normalize). Others are refused, naming the file."""
+  file = path / "modules.json"
+  entries = _json(file)
+  if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
+    raise ConversionError(f"{file}: expected a list of modules, each with a type and a path")
+  out = []
+  for m in entries:
+    kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+    if kind not in ("Transformer", "Pooling", "Dense", "Normalize"):
+      raise ConversionError(
+          f"{file}: module {m.get('type')!r} is not read by bertjax — supported: Transformer, "
+          "Pooling, Dense, Normalize"
+      )
+    out.append((kind, str(m.get("path", "")).strip("/")))
+  if not out or out[0][0] != "Transformer":
+    raise ConversionError(f"{file}: the first module must be a Transformer")
+  if [k for k, _ in out].count("Pooling") != 1:
+    raise ConversionError(f"{file}: expected one Pooling module after the Transformer")
+  return out
+
+
+def _pooling(file: epath.Path) -> tuple[str, bool]:
+  """(pooling, include_prompt) of a 1_Pooling/config.json, in either format."""
+  cfg = _json(file)
+  modes = cfg.get("pooling_mode")
+  if modes is None:
+    modes = [m for m, key in _LEGACY_KEYS.items() if cfg.get(key)] or ["mean"]
+  modes = [modes] if isinstance(modes, str) else list(modes)
+  if len(modes) != 1 or modes[0] not in _FROM_ST:
+    raise ConversionError(
+        f"{file}: pooling {modes} — bertjax reads one pooling mode of "
+        f"{', '.join(_FROM_ST)}, not a concatenation"
+    )
+  return _FROM_ST[modes[0]], bool(cfg.get("include_prompt", True))
+
+
+def _dense(folder: epath.Path) -> Dense:
+  from bertjax.interop import convert  # its safetensors/.bin reader
+
+  cfg = _json(folder / "config.json")
+  act = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+  if act not in _ACTIVATIONS:
+    raise ConversionError(
+        f"{folder / 'config.json'}: activation_function {act!r} is not read by bertjax — "
+        f"supported: {', '.join(_ACTIVATIONS)}"
+    )
+  state = convert.read_hf_state(folder)
+  if "linear.weight" not in state:
+    raise ConversionError(f"{folder}: no tensor 'linear.weight'")
+  kernel = np.ascontiguousarray(np.asarray(state["linear.weight"], np.float32).T)
+  bias = np.asarray(state["linear.bias"], np.float32) if "linear.bias" in state else None
+  return Dense(kernel, bias, _ACTIVATIONS[act])
+
+
+def read_head(path: fs.PathLike) -> SentenceHead:
+  """The `SentenceHead` of the sentence-transformers directory at `path`."""
+  path = fs.path(path)
+  modules = _modules(path)
+  transformer = modules[0][1]
+  pooling, include_prompt, dense, normalize = "mean", True, [], False
+  for kind, folder in modules[1:]:
+    if kind == "Pooling":
+      pooling, include_prompt = _pooling(path / folder / "config.json")
+    elif kind == "Dense":
+      dense.append(_dense(path / folder))
+    elif kind == "Normalize":
+      normalize = True
+  tdir = path / transformer if transformer else path
+  bert_cfg = (
+      _json(tdir / "sentence_bert_config.json")
+      if (tdir / "sentence_bert_config.json").is_file()
+      else {}
+  )
+  max_len = bert_cfg.get("max_seq_length")
+  if max_len is None and (tdir / "tokenizer_config.json").is_file():
+    declared = _json(tdir / "tokenizer_config.json").get("model_max_length")
+    # transformers writes a huge number (1e30) for "no limit"
+    max_len = int(declared) if isinstance(declared, (int, float)) and declared < 1e6 else None
+  st_cfg = (
+      _json(path / "config_sentence_transformers.json")
+      if (path / "config_sentence_transformers.json").is_file()
+      else {}
+  )
+  similarity = st_cfg.get("similarity_fn_name") or "cosine"
+  if similarity not in SIMILARITIES:
+    raise ConversionError(
+        f"{path / 'config_sentence_transformers.json'}: similarity_fn_name {similarity!r} — "
+        f"bertjax ranks by {' or '.join(SIMILARITIES)}"
+    )
+  prompts = st_cfg.get("prompts") or {}
+  default = st_cfg.get("default_prompt_name")
+  if default is not None and default not in prompts:
+    raise ConversionError(
+        f"{path / 'config_sentence_transformers.json'}: default_prompt_name {default!r} is "
+        f"not one of its prompts ({', '.join(prompts) or 'none'})"
+    )
+  return SentenceHead(
+      transformer_dir=transformer,
+      pooling=pooling,
+      include_prompt=include_prompt,
+      dense=tuple(dense),
+      normalize=normalize,
+      max_seq_length=int(max_len) if max_len else None,
+      do_lower_case=bool(bert_cfg.get("do_lower_case", False)),
+      prompts={str(k): str(v) for k, v in prompts.items()},
+      default_prompt_name=default,
+      similarity=similarity,
+  )
+
+
+def tokenizer_file(path: fs.PathLike) -> str | None:
+  """The tokenizer sentence-transformers runs for the directory at `path`: its Transformer
+  folder's tokenizer.json (the fast tokenizer it loads), else None."""
+  file = transformer_dir(path) / "tokenizer.json"
+  return str(file) if file.is_file() else None
