@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "convert": "convert checkpoints between Google BERT, Hugging Face and bertjax",
     "extract": "extract per-token features (e.g. the last four layers) to .jsonl/.npy",
     "embed": "embed texts as a sentence-transformers model does (pooling, normalisation) to .npy",
+    "retrieval": "score retrieval on a BEIR-format task (nDCG@10, MRR@10, Recall@100, MAP@100)",
     "squad": "fine-tune and evaluate a checkpoint on SQuAD v1.1/v2.0 (official EM/F1)",
     "ner": "fine-tune a checkpoint for token classification (CoNLL NER, entity F1)",
     "bench": "benchmark the train step (tokens/s, MFU) or the input pipeline",
@@ -211,6 +212,8 @@ def _load(name: str):
     from bertjax.commands import extract as mod
   elif name == "embed":
     from bertjax.commands import embed as mod
+  elif name == "retrieval":
+    from bertjax.commands import retrieval as mod
   elif name == "squad":
     from bertjax.commands import squad as mod
   elif name == "ner":

@@ -60,9 +60,7 @@ def save_st(body, out, pooling, include_prompt=True, dense=False, normalize=Fals
     modules.append(Dense(HF_CONFIG["hidden_size"], 8))
   if normalize:
     modules.append(Normalize())
-  model = SentenceTransformer(
-      modules=modules, prompts={"query": "the query : "}, device="cpu"
-  )
+  model = SentenceTransformer(modules=modules, prompts={"query": "the query : "}, device="cpu")
   model.save(str(out))
   return model
 
@@ -166,6 +164,4 @@ def test_load_hf_reads_the_transformer_of_a_legacy_directory(body, tmp_path):
   cfg, params = convert.load_hf(tmp_path / "st")
   assert cfg.hidden_size == HF_CONFIG["hidden_size"]
   want = convert.load_hf(body)[1]["bert"]["embeddings"]["word_embeddings"]["embedding"]
-  np.testing.assert_array_equal(
-      params["bert"]["embeddings"]["word_embeddings"]["embedding"], want
-  )
+  np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"], want)
