@@ -43,6 +43,40 @@ def body(tmp_path_factory):
   return out
 
 
+@pytest.fixture(scope="module")
+def modern_body(tmp_path_factory):
+  """A Hugging Face ModernBertModel directory (local and global attention layers) with the
+  same WordPiece tokenizer: what a ModernBERT sentence-transformers model holds."""
+  import torch
+  import transformers
+
+  out = tmp_path_factory.mktemp("modern_body")
+  vocab = write_vocab(out / "vocab.txt", HF_CONFIG["vocab_size"])
+  torch.manual_seed(0)
+  cfg = transformers.ModernBertConfig(
+      vocab_size=HF_CONFIG["vocab_size"],
+      hidden_size=32,
+      num_hidden_layers=3,
+      num_attention_heads=4,
+      intermediate_size=64,
+      max_position_embeddings=64,
+      global_attn_every_n_layers=2,
+      local_attention=8,  # shorter than the texts: the window matters
+      pad_token_id=0,
+      cls_token_id=2,
+      sep_token_id=3,
+      bos_token_id=2,
+      eos_token_id=3,
+  )
+  m = transformers.ModernBertModel(cfg).eval()
+  with torch.no_grad():
+    for p in m.parameters():
+      p.add_(torch.randn_like(p) * 0.05)
+  m.save_pretrained(out)
+  transformers.BertTokenizerFast(str(vocab), do_lower_case=True).save_pretrained(out)
+  return out
+
+
 def save_st(body, out, pooling, include_prompt=True, dense=False, normalize=False):
   """A SentenceTransformer over `body` saved at `out`; returns the model."""
   import torch
@@ -125,6 +159,18 @@ def test_embeddings_equal_sentence_transformers(body, tmp_path, case):
   )
   assert counts.cut == 2  # the two long texts
   assert got.shape == want.shape
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_modernbert_body_equals_sentence_transformers(modern_body, tmp_path):
+  """A bare ModernBertModel (no "model." prefix, no MLM head) read through modules.json."""
+  from bertjax.tasks import embed as embed_lib
+  from bertjax.tasks import encoder as encoder_lib
+
+  model = save_st(modern_body, tmp_path / "st", "mean", normalize=True)
+  want = model.encode(TEXTS, convert_to_numpy=True)
+  enc = encoder_lib.load_encoder(str(tmp_path / "st"))
+  got = embed_lib.embed(enc, TEXTS, embed_lib.spec_for(enc), batch_rows=8)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 

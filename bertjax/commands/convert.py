@@ -4,6 +4,7 @@
   bertjax convert --from google uncased_L-12_H-768_A-12 --to hf hf/bert_base
   bertjax convert --from bertjax runs/demo/pretrained --to hf hf/demo
   bertjax convert --from hf hf/bert_base --to bertjax ckpt/bert_base
+  bertjax convert --from bertjax runs/demo/pretrained --to sentence-transformers st/demo
 
 Pretraining heads (MLM, NSP) travel with the encoder, so a converted model can continue
 pretraining. A ModernBERT-shaped model (norm_placement "pre", GLU, RoPE, no token types) goes to
@@ -35,7 +36,7 @@ from bertjax.commands import args as args_lib
 # Every path is an `etils.epath.Path` (`bertjax.runtime.fs`): local or any scheme.
 
 SOURCES = ("google", "hf", "bertjax")
-TARGETS = ("hf", "bertjax", "google")
+TARGETS = ("hf", "bertjax", "google", "sentence-transformers")
 _SPECIAL = {
     "unk_token": "[UNK]",
     "sep_token": "[SEP]",
@@ -59,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--to", dest="dst_kind", required=True, choices=TARGETS, help="format to write")
   p.add_argument("dst", metavar="DST", help="output directory")
   p.add_argument("--overwrite", action="store_true", help="replace an existing DST")
+  p.add_argument(
+      "--pooling",
+      choices=("cls", "mean", "max", "mean_sqrt_len", "weightedmean", "lasttoken"),
+      help="--to sentence-transformers: the pooling it declares (default: a "
+      "sentence-transformers SRC's own, else mean; docs/retrieval.md)",
+  )
   p.add_argument(
       "--bert-config",
       help="bert_config.json for --from google (default: the one beside the checkpoint)",
@@ -128,6 +135,7 @@ def _load(args):
   """(config, params, tokenizer path or None, ELECTRA's generator config or None) from SRC."""
   from bertjax.interop import convert as convert_lib
   from bertjax.interop import electra as electra_interop
+  from bertjax.interop import sentence_transformers as st_lib
   from bertjax.runtime import fs
 
   src = fs.path(args.src)
@@ -149,6 +157,8 @@ def _load(args):
       cfg, params, generator = electra_interop.load(src, fresh=fresh)
     else:
       cfg, params = convert_lib.load_hf(src, fresh=fresh)
+    if st_lib.is_directory(src):  # sentence-transformers saves only its tokenizer.json
+      recorded = st_lib.tokenizer_file(src)
     if fresh:
       are = "is" if len(fresh) == 1 else "are"
       print(f"{src}: {' and '.join(fresh)} {are} not in the checkpoint: initialised fresh")
@@ -172,6 +182,8 @@ def _check_target(args, cfg, generator=None, params=None) -> None:
   if generator is not None or "discriminator_predictions" in (params or {}):
     if args.dst_kind == "google":
       raise errors.ConfigError("--to google: ELECTRA has no Google BERT checkpoint; use --to hf")
+    if args.dst_kind == "sentence-transformers":
+      raise errors.ConfigError("--to sentence-transformers: not for ELECTRA yet; use --to hf")
     try:
       electra_interop.check_exportable(cfg)
     except convert_lib.ConversionError as e:
@@ -188,9 +200,9 @@ def _check_target(args, cfg, generator=None, params=None) -> None:
 
 
 def _check_tokenizer(vocab: epath.Path, cfg, lower_case):
-  from bertjax.data import wordpiece
+  from bertjax.tasks import encoder as encoder_lib
 
-  tok = wordpiece.load_tokenizer(vocab, lower_case)
+  tok = encoder_lib.load_tokenizer(vocab, lower_case)  # also a tokenizer.json
   if tok.vocab_size > cfg.vocab_size:
     raise errors.ConfigError(
         f"{vocab}: {tok.vocab_size} pieces but the model's vocab_size is "
@@ -294,6 +306,13 @@ def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, gen
             f"{electra_interop.GENERATOR_DIR}/{name}"
             for name in write_hf_tokenizer(tok, gen_dir, cfg.max_position_embeddings)
         ]
+    return ", ".join(written)
+  if args.dst_kind == "sentence-transformers":  # the encoder only, never a head
+    from bertjax.interop import sentence_transformers as st_lib
+
+    written = st_lib.save(out, cfg, params, st_lib.export_head(args.src, args.pooling))
+    if tok is not None:
+      written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
     return ", ".join(written)
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib

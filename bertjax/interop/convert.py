@@ -226,7 +226,8 @@ def _fresh_heads(cfg: BertConfig) -> Params:
       "pooler": to_numpy(pooler.init(pooler_key, x_1xH)),
       "nsp": to_numpy(nsp.init(nsp_key, x_1xH)),
       "mlm_transform": to_numpy(transform.init(mlm_key, x_1xH)),
-      "mlm_layer_norm": {"scale": np.ones(h, np.float32), "bias": np.zeros(h, np.float32)},
+      "mlm_layer_norm": {"scale": np.ones(h, np.float32)}
+      | ({"bias": np.zeros(h, np.float32)} if cfg.use_bias else {}),
       "mlm_bias": np.zeros(cfg.vocab_size, np.float32),
   }
 
@@ -317,12 +318,19 @@ def hf_to_params(
       state = _rename(
           state, lambda k: f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k
       )
+  if modern and "model.embeddings.tok_embeddings.weight" not in state:
+    # a bare ModernBertModel (a sentence-transformers model's body) saves no "model." prefix
+    state = _rename(state, lambda k: "model." + k if not k.startswith(("head.", "decoder.")) else k)
   defaults = {}
   if modern and "decoder.bias" not in state:  # decoder_bias=False: a zero bias is the same
     defaults["decoder.bias"] = np.zeros(cfg.vocab_size, np.float32)
   params: Params = {}
   used = set()
   absent = set()  # parameter paths of the heads the checkpoint has none of
+  if modern and "head.dense.weight" not in state:  # ModernBertModel: no MLM head
+    absent.update((("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)))
+    if fresh is not None:
+      fresh.append("the MLM head")
   if not modern:
     decoder_name = _NAMES[arch]["decoder"] + ".weight"
     for what, prefix, paths in _optional_heads(arch):
@@ -353,7 +361,7 @@ def hf_to_params(
     del value
     used.update(names)
   if modern:
-    absent = {("bert", "pooler"), ("nsp",)}
+    absent |= {("bert", "pooler"), ("nsp",)}
     if fresh is not None:
       fresh.extend(("the pooler", "the NSP head"))
   if absent:

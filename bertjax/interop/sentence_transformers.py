@@ -23,13 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from typing import Any
 
 from etils import epath
 import numpy as np
 
-from bertjax.interop.hf_config import ConversionError
+from bertjax import errors
 from bertjax.runtime import fs
 
 # bertjax's pooling names; sentence-transformers calls one of them mean_sqrt_len_tokens.
@@ -104,7 +103,7 @@ def _json(file: epath.Path) -> Any:
   try:
     return json.loads(file.read_text(encoding="utf-8"))
   except (ValueError, UnicodeDecodeError) as e:
-    raise ConversionError(f"{file}: invalid JSON ({e})") from None
+    raise errors.BadInputError(f"{file}: invalid JSON ({e})") from None
 
 
 def _modules(path: epath.Path) -> list[tuple[str, str]]:
@@ -113,20 +112,20 @@ def _modules(path: epath.Path) -> list[tuple[str, str]]:
   file = path / "modules.json"
   entries = _json(file)
   if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
-    raise ConversionError(f"{file}: expected a list of modules, each with a type and a path")
+    raise errors.BadInputError(f"{file}: expected a list of modules, each with a type and a path")
   out = []
   for m in entries:
     kind = str(m.get("type", "")).rsplit(".", 1)[-1]
     if kind not in ("Transformer", "Pooling", "Dense", "Normalize"):
-      raise ConversionError(
+      raise errors.BadInputError(
           f"{file}: module {m.get('type')!r} is not read by bertjax — supported: Transformer, "
           "Pooling, Dense, Normalize"
       )
     out.append((kind, str(m.get("path", "")).strip("/")))
   if not out or out[0][0] != "Transformer":
-    raise ConversionError(f"{file}: the first module must be a Transformer")
+    raise errors.BadInputError(f"{file}: the first module must be a Transformer")
   if [k for k, _ in out].count("Pooling") != 1:
-    raise ConversionError(f"{file}: expected one Pooling module after the Transformer")
+    raise errors.BadInputError(f"{file}: expected one Pooling module after the Transformer")
   return out
 
 
@@ -138,7 +137,7 @@ def _pooling(file: epath.Path) -> tuple[str, bool]:
     modes = [m for m, key in _LEGACY_KEYS.items() if cfg.get(key)] or ["mean"]
   modes = [modes] if isinstance(modes, str) else list(modes)
   if len(modes) != 1 or modes[0] not in _FROM_ST:
-    raise ConversionError(
+    raise errors.BadInputError(
         f"{file}: pooling {modes} — bertjax reads one pooling mode of "
         f"{', '.join(_FROM_ST)}, not a concatenation"
     )
@@ -151,13 +150,13 @@ def _dense(folder: epath.Path) -> Dense:
   cfg = _json(folder / "config.json")
   act = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
   if act not in _ACTIVATIONS:
-    raise ConversionError(
+    raise errors.BadInputError(
         f"{folder / 'config.json'}: activation_function {act!r} is not read by bertjax — "
         f"supported: {', '.join(_ACTIVATIONS)}"
     )
   state = convert.read_hf_state(folder)
   if "linear.weight" not in state:
-    raise ConversionError(f"{folder}: no tensor 'linear.weight'")
+    raise errors.BadInputError(f"{folder}: no tensor 'linear.weight'")
   kernel = np.ascontiguousarray(np.asarray(state["linear.weight"], np.float32).T)
   bias = np.asarray(state["linear.bias"], np.float32) if "linear.bias" in state else None
   return Dense(kernel, bias, _ACTIVATIONS[act])
@@ -194,14 +193,14 @@ def read_head(path: fs.PathLike) -> SentenceHead:
   )
   similarity = st_cfg.get("similarity_fn_name") or "cosine"
   if similarity not in SIMILARITIES:
-    raise ConversionError(
+    raise errors.BadInputError(
         f"{path / 'config_sentence_transformers.json'}: similarity_fn_name {similarity!r} — "
         f"bertjax ranks by {' or '.join(SIMILARITIES)}"
     )
   prompts = st_cfg.get("prompts") or {}
   default = st_cfg.get("default_prompt_name")
   if default is not None and default not in prompts:
-    raise ConversionError(
+    raise errors.BadInputError(
         f"{path / 'config_sentence_transformers.json'}: default_prompt_name {default!r} is "
         f"not one of its prompts ({', '.join(prompts) or 'none'})"
     )
@@ -224,3 +223,128 @@ def tokenizer_file(path: fs.PathLike) -> str | None:
   folder's tokenizer.json (the fast tokenizer it loads), else None."""
   file = transformer_dir(path) / "tokenizer.json"
   return str(file) if file.is_file() else None
+
+
+# ------------------------------------------------------------------------------------ writing
+
+_MODULE_TYPES = {  # the names every sentence-transformers release since 2.0 imports
+    "Transformer": "sentence_transformers.models.Transformer",
+    "Pooling": "sentence_transformers.models.Pooling",
+    "Dense": "sentence_transformers.models.Dense",
+    "Normalize": "sentence_transformers.models.Normalize",
+}
+_BODY = {  # per hf_architecture: the body's class, and the prefix its tensors drop
+    "bert": ("BertModel", "bert."),
+    "roberta": ("RobertaModel", "roberta."),
+    "modernbert": ("ModernBertModel", "model."),
+}
+
+
+def body_state(params, cfg) -> tuple[dict[str, np.ndarray], str]:
+  """(the tensors of the encoder alone as transformers' bare model names them, its class):
+  `BertModel`/`RobertaModel` (with the pooler, which they hold, though pooling never reads it)
+  or `ModernBertModel`; never an MLM or NSP head."""
+  from bertjax.interop import convert
+
+  arch = convert.hf_architecture(cfg)
+  cls, prefix = _BODY[arch]
+  state = {
+      k[len(prefix) :]: v
+      for k, v in convert.params_to_hf(params, cfg).items()
+      if k.startswith(prefix)
+  }
+  if arch == "roberta":  # RobertaForMaskedLM drops the pooler; RobertaModel holds one
+    pooler = params["bert"]["pooler"]
+    state["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(pooler["kernel"], np.float32).T)
+    state["pooler.dense.bias"] = np.asarray(pooler["bias"], np.float32)
+  return state, cls
+
+
+def _write_json(path: epath.Path, value) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def _save_tensors(state: dict[str, np.ndarray], file: epath.Path) -> None:
+  from safetensors.numpy import save_file  # the `interop` extra
+
+  file.parent.mkdir(parents=True, exist_ok=True)
+  save_file(
+      {k: np.ascontiguousarray(v) for k, v in state.items()},
+      os.fspath(file),
+      metadata={"format": "pt"},
+  )
+
+
+def save(out: epath.Path, cfg, params, head: SentenceHead) -> list[str]:
+  """Writes the encoder of `params` and `head` (pooling, Dense, Normalize, length, prompts,
+  similarity) as a sentence-transformers directory at `out` (local); the tokenizer is the
+  caller's to add. Returns the names written."""
+  from bertjax.interop import convert
+
+  if head.pooling not in POOLINGS:
+    raise errors.BadInputError(f"pooling {head.pooling!r}; valid: {', '.join(POOLINGS)}")
+  state, cls = body_state(params, cfg)
+  _save_tensors(state, out / "model.safetensors")
+  arch = convert.hf_architecture(cfg)
+  to_hf = {"modernbert": convert.config_to_modernbert, "roberta": convert.config_to_roberta}
+  hf_cfg = dict(to_hf.get(arch, convert.config_to_hf)(cfg), architectures=[cls])
+  _write_json(out / "config.json", hf_cfg)
+  max_len = head.max_seq_length or cfg.max_seq_len
+  _write_json(
+      out / "sentence_bert_config.json",
+      {"max_seq_length": max_len, "do_lower_case": head.do_lower_case},
+  )
+  modules = [("Transformer", "")]
+  pooling = {"word_embedding_dimension": cfg.hidden_size}
+  pooling.update({key: _FROM_ST[m] == head.pooling for m, key in _LEGACY_KEYS.items()})
+  pooling["include_prompt"] = head.include_prompt
+  _write_json(out / "1_Pooling" / "config.json", pooling)
+  modules.append(("Pooling", "1_Pooling"))
+  dim = cfg.hidden_size
+  for d in head.dense:
+    folder = f"{len(modules)}_Dense"
+    tensors = {"linear.weight": np.ascontiguousarray(d.kernel.T)}
+    if d.bias is not None:
+      tensors["linear.bias"] = d.bias
+    _save_tensors(tensors, out / folder / "model.safetensors")
+    activation = {v: k for k, v in _ACTIVATIONS.items()}[d.activation]
+    _write_json(
+        out / folder / "config.json",
+        {
+            "in_features": dim,
+            "out_features": d.kernel.shape[1],
+            "bias": d.bias is not None,
+            "activation_function": activation,
+        },
+    )
+    modules.append(("Dense", folder))
+    dim = d.kernel.shape[1]
+  if head.normalize:
+    modules.append(("Normalize", f"{len(modules)}_Normalize"))
+    (out / modules[-1][1]).mkdir(parents=True, exist_ok=True)
+  _write_json(
+      out / "modules.json",
+      [
+          {"idx": i, "name": str(i), "path": path, "type": _MODULE_TYPES[kind]}
+          for i, (kind, path) in enumerate(modules)
+      ],
+  )
+  _write_json(
+      out / "config_sentence_transformers.json",
+      {
+          "prompts": head.prompts,
+          "default_prompt_name": head.default_prompt_name,
+          "similarity_fn_name": head.similarity,
+      },
+  )
+  return ["model.safetensors", "config.json", "modules.json"] + [p for _, p in modules[1:]]
+
+
+def export_head(src: str, pooling: str | None) -> SentenceHead:
+  """The head `convert --to sentence-transformers` writes: a sentence-transformers SRC's own
+  (`pooling` overriding its pooling), else `pooling` (default mean) and nothing more."""
+  if is_directory(src):
+    head = read_head(src)
+    return dataclasses.replace(head, pooling=pooling or head.pooling)
+  return SentenceHead(pooling=pooling or "mean")
