@@ -88,3 +88,30 @@ def test_sentence_transformers_round_trip_keeps_its_head(body, tmp_path, capfd):
   got = model.encode(TEXTS, prompt_name="query", convert_to_numpy=True)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   assert pathlib.Path(out / "2_Dense" / "model.safetensors").is_file()
+
+
+def test_unread_modules_are_refused_naming_the_file(tmp_path):
+  import json
+
+  import pytest
+
+  from bertjax import errors
+  from bertjax.interop import sentence_transformers as st_lib
+
+  modules = [
+      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+  ]
+  (tmp_path / "1_Pooling").mkdir()
+  (tmp_path / "modules.json").write_text(json.dumps(modules))
+  (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": ["cls", "max"]}))
+  with pytest.raises(errors.UserError, match=r"1_Pooling/config.json: pooling \['cls', 'max'\]"):
+    st_lib.read_head(tmp_path)
+  (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+  assert st_lib.read_head(tmp_path).pooling == "max"
+  modules.append(
+      {"idx": 2, "name": "2", "path": "2_LSTM", "type": "sentence_transformers.models.LSTM"}
+  )
+  (tmp_path / "modules.json").write_text(json.dumps(modules))
+  with pytest.raises(errors.UserError, match="modules.json: module .*LSTM.* is not read"):
+    st_lib.read_head(tmp_path)
