@@ -211,3 +211,21 @@ def test_load_hf_reads_the_transformer_of_a_legacy_directory(body, tmp_path):
   assert cfg.hidden_size == HF_CONFIG["hidden_size"]
   want = convert.load_hf(body)[1]["bert"]["embeddings"]["word_embeddings"]["embedding"]
   np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"], want)
+
+
+def test_extract_pools_as_embed_does(body, tmp_path, capsys):
+  """`extract --pooling` takes the directory's length and Normalize by default and pools with
+  embed's code: its last layer equals sentence-transformers' embeddings; the cut lines are
+  counted."""
+  from bertjax import cli
+
+  model = save_st(body, tmp_path / "st", "max", normalize=True)
+  want = model.encode(TEXTS, convert_to_numpy=True)
+  (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+  out = tmp_path / "f.npy"
+  argv = ["extract", "--init", str(tmp_path / "st"), "--input", str(tmp_path / "texts.txt")]
+  assert cli.main(argv + ["--layers", "-1", "--pooling", "max", "--output", str(out)]) == 0
+  assert "2 cut at 24 tokens" in capsys.readouterr().err
+  got = np.load(out)
+  assert got.shape == (len(TEXTS), 1, HF_CONFIG["hidden_size"])
+  np.testing.assert_allclose(got[:, 0], want, atol=1e-4, rtol=0)

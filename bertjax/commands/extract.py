@@ -17,7 +17,8 @@ google-research/bert's extract_features.py: one object per line,
   ...]}, ...]}
 "index" is the layer as given to --layers (an integer, or "embeddings"). With --concat, each
 token has one entry {"index": [-1, -2, -3, -4], "values": [4H floats]}.
-With --pooling cls|mean, "features" is replaced by "layers" (one pooled vector per layer).
+With --pooling (cls, mean, max, ... as `bertjax embed` pools), "features" is replaced by "layers"
+(one pooled vector per layer).
 
 The .npy output is float32: [N, K, H] pooled ([N, K*H] with --concat); per token
 [N, max_seq_len, K, H] ([N, max_seq_len, K*H]), zero past each line's tokens, which are listed
@@ -40,9 +41,10 @@ import tempfile
 from bertjax import errors
 from bertjax.commands import args as args_lib
 from bertjax.commands import finetune_args
+from bertjax.interop import sentence_transformers as st_lib
 
 # --packing's default, by measurement (docs/tasks.md, "Packing").
-PACKING_DEFAULT = False
+PACKING_DEFAULT = True
 
 # The library is imported inside the functions below, not at the top: `--help` and flag
 # errors answer before JAX and TensorFlow load (a fraction of a second instead of seconds).
@@ -75,10 +77,17 @@ def _parser() -> argparse.ArgumentParser:
   )
   p.add_argument(
       "--pooling",
-      choices=("none", "cls", "mean"),
+      choices=("none",) + st_lib.POOLINGS,
       default="none",
-      help="one vector per example: [CLS] or the mean over its tokens "
-      "(default: none, per token)",
+      help="one vector per example, pooled over its tokens as `bertjax embed` pools "
+      "(cls: [CLS]; default: none, per token)",
+  )
+  p.add_argument(
+      "--normalize",
+      action=argparse.BooleanOptionalAction,
+      default=None,
+      help="with --pooling: unit-length vectors, per layer (default: if --init is a "
+      "sentence-transformers directory with a Normalize module)",
   )
   p.add_argument(
       "--batch-size",
@@ -91,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
       "--max-seq-len",
       type=args_lib.int_at_least(4, "[CLS] a [SEP] b [SEP]"),
       default=None,
-      help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated "
-      "(default: 128, or the model's max_position_embeddings if smaller)",
+      help="tokens per example incl. [CLS]/[SEP]; longer ones are truncated and counted "
+      "(default: a sentence-transformers directory's max_seq_length, else the model's "
+      "max_position_embeddings)",
   )
   p.add_argument(
       "--tokenizer",
@@ -190,8 +200,11 @@ def main(argv: list[str]) -> int:
   lower = {"auto": None, "true": True, "false": False}[args.lower_case]
   enc = finetune_args.load_encoder(args, lower_case=lower)
   cfg = enc.config
-  if args.max_seq_len is None:
-    args.max_seq_len = min(128, cfg.max_seq_len)
+  if args.max_seq_len is None:  # what the directory declares, as `bertjax embed` takes it
+    declared = enc.sentence.max_seq_length if enc.sentence else None
+    args.max_seq_len = min(declared or cfg.max_seq_len, cfg.max_seq_len)
+  if args.normalize is None:
+    args.normalize = bool(enc.sentence and enc.sentence.normalize)
   layers = (
       features.default_layers(cfg.num_layers)
       if args.layers is None
@@ -242,7 +255,8 @@ def _write(args, enc, lines: list[str], layers, paths: list) -> None:
   k, h = len(layers), cfg.hidden_size
   print(
       f"extract: {len(examples)} examples, {enc.source} model with {cfg.num_layers} layers, "
-      f"layers {layers}, pooling {args.pooling}{', concat' if args.concat else ''}",
+      f"layers {layers}, pooling {args.pooling}{', concat' if args.concat else ''}; "
+      f"{sum(e.cut for e in examples)} cut at {args.max_seq_len} tokens",
       file=sys.stderr,
       flush=True,
   )
@@ -250,7 +264,15 @@ def _write(args, enc, lines: list[str], layers, paths: list) -> None:
       finetune_args.packed_examples(args.max_seq_len) if finetune_args.resolve_packing(args) else 0
   )
   stream = features.extract(
-      enc, examples, layers, args.pooling, args.batch_size, args.max_seq_len, mesh, packing
+      enc,
+      examples,
+      layers,
+      args.pooling,
+      args.batch_size,
+      args.max_seq_len,
+      mesh,
+      packing,
+      normalize=args.normalize and args.pooling != "none",
   )
   out = paths[0]
   out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,11 @@ from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.data.tokenizer import Tokenizer
 from bertjax.tasks import batching, inputs
+from bertjax.tasks import embed as embed_lib
 from bertjax.tasks.encoder import Encoder
 from bertjax.training import sharding
 
-POOLINGS = ("none", "cls", "mean")
+POOLINGS = ("none",) + embed_lib.POOLINGS  # pooled as `bertjax embed` pools (embed.pool_slots)
 
 
 @dataclasses.dataclass
@@ -39,6 +40,7 @@ class Example:
   tokens: list[str]  # pieces, [CLS] and [SEP] included
   input_ids: list[int]
   token_type_ids: list[int]
+  cut: bool = False  # longer than max_seq_len: truncated
 
 
 EMBEDDINGS = "embeddings"  # the --layers name of the embedding output
@@ -87,10 +89,10 @@ def default_layers(num_layers: int) -> list[int]:
 def make_example(index: int, line: str, tok: Tokenizer, max_seq_len: int) -> Example:
   """[CLS] a [SEP] (b [SEP]) for "a" or "a ||| b"; the longer side is truncated first."""
   a, _, b = line.partition(" ||| ")
-  ids, types = inputs.segments(
-      tok.encode(a.strip()), tok.encode(b.strip()) if b else None, max_seq_len, tok
-  )
-  return Example(index, [tok.id_to_piece(i) for i in ids], ids, types)
+  a_ids, b_ids = tok.encode(a.strip()), tok.encode(b.strip()) if b else None
+  ids, types = inputs.segments(a_ids, b_ids, max_seq_len, tok)
+  whole = len(a_ids) + len(b_ids or ()) + (3 if b else 2)
+  return Example(index, [tok.id_to_piece(i) for i in ids], ids, types, cut=whole > len(ids))
 
 
 def _padded_len(n: int, max_seq_len: int) -> int:
@@ -104,11 +106,14 @@ def make_extract_fn(
     pooling: str,
     mesh: jax.sharding.Mesh | None = None,
     packed: bool = False,
+    normalize: bool = False,
 ):
   """jit(fn(bert_params, ids, types, mask)) -> float32 [B, L, K, H] (pooling none) or [B, K, H]
   for `layers` as `parse_layers` returns them. `packed`: fn(bert_params, ids, types,
   segment_ids, cls_positions) on packed rows (`batching.packed_batch`) -> [B, L, K, H] or,
-  pooled, one vector per slot [B, E, K, H], each example pooled over its own tokens."""
+  pooled, one vector per slot [B, E, K, H], each example pooled over its own tokens. Pooling
+  is `embed.pool_slots` (an unpacked row is one slot); `normalize` scales each pooled
+  layer's vector to unit length."""
   if pooling not in POOLINGS:
     raise errors.ConfigError(f"pooling {pooling!r}; valid: {', '.join(POOLINGS)}")
   model = model_lib.BertModel(cfg.replace(scan_layers=False))
@@ -124,12 +129,10 @@ def make_extract_fn(
         output_hidden_states=True,
     )
     x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
-    if pooling == "cls":
-      return x_BxLxKxH[:, 0]
-    if pooling == "mean":
-      m_BxLx1x1 = mask_BxL[:, :, None, None].astype(jnp.float32)
-      return (x_BxLxKxH * m_BxLx1x1).sum(1) / jnp.maximum(m_BxLx1x1.sum(1), 1.0)
-    return x_BxLxKxH
+    if pooling == "none":
+      return x_BxLxKxH
+    cls_Bx1 = jnp.zeros((x_BxLxKxH.shape[0], 1), jnp.int32)
+    return pool(x_BxLxKxH, (mask_BxL > 0).astype(jnp.int32), cls_Bx1)[:, 0]
 
   def packed_fn(params, ids_BxL, types_BxL, segment_ids_BxL, cls_BxE):
     out = model.apply(
@@ -141,15 +144,18 @@ def make_extract_fn(
         output_hidden_states=True,
     )
     x_BxLxKxH = jnp.stack([out.hidden_states[i] for i in layers], axis=2).astype(jnp.float32)
-    if pooling == "cls":
-      at_BxE = jnp.maximum(cls_BxE, 0)[:, :, None, None]
-      return jnp.take_along_axis(x_BxLxKxH, at_BxE, axis=1)
-    if pooling == "mean":
-      slots_E = jnp.arange(1, cls_BxE.shape[1] + 1)
-      m_BxLxE = (segment_ids_BxL[:, :, None] == slots_E).astype(jnp.float32)
-      sums_BxExKxH = jnp.einsum("ble,blkh->bekh", m_BxLxE, x_BxLxKxH)
-      return sums_BxExKxH / jnp.maximum(m_BxLxE.sum(1), 1.0)[:, :, None, None]
-    return x_BxLxKxH
+    return x_BxLxKxH if pooling == "none" else pool(x_BxLxKxH, segment_ids_BxL, cls_BxE)
+
+  def pool(x_BxLxKxH, segment_ids_BxL, cls_BxE):
+    b, length, k, h = x_BxLxKxH.shape
+    x_BxLxF = x_BxLxKxH.reshape(b, length, k * h)
+    y_BxExKxH = embed_lib.pool_slots(x_BxLxF, segment_ids_BxL, cls_BxE, pooling).reshape(
+        b, -1, k, h
+    )
+    if normalize:
+      norm_BxExKx1 = jnp.linalg.norm(y_BxExKxH, axis=-1, keepdims=True)
+      y_BxExKxH = y_BxExKxH / jnp.maximum(norm_BxExKx1, 1e-12)
+    return y_BxExKxH
 
   step = packed_fn if packed else fn
   if mesh is None:
@@ -168,6 +174,7 @@ def extract(
     max_seq_len: int = 128,
     mesh: jax.sharding.Mesh | None = None,
     packing: int = 0,
+    normalize: bool = False,
 ) -> Iterator[tuple[Example, np.ndarray]]:
   """Yields (example, features) in input order; features [len, K, H] or [K, H] (pooled).
 
@@ -182,7 +189,9 @@ def extract(
     params = jax.device_put(encoder.bert_params, sharding.replicated(mesh))
   else:
     params = encoder.bert_params
-  fn = make_extract_fn(encoder.config, layers, pooling, mesh, packed=packing > 0)
+  fn = make_extract_fn(
+      encoder.config, layers, pooling, mesh, packed=packing > 0, normalize=normalize
+  )
   if packing:
     yield from _extract_packed(fn, params, examples, pooling, batch_size, max_seq_len, packing)
     return
