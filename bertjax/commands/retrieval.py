@@ -37,8 +37,16 @@ def _parser():
   p.add_argument("--data", required=True, help="BEIR dataset directory (corpus.jsonl, ...)")
   p.add_argument("--split", default="test", help="qrels/SPLIT.tsv to score (default: test)")
   p.add_argument("--workdir", required=True, help="where results and embeddings go")
-  p.add_argument("--query-prompt", default=None, help="prompt NAME or TEXT for the queries")
-  p.add_argument("--document-prompt", default=None, help="prompt NAME or TEXT for documents")
+  p.add_argument(
+      "--query-prompt",
+      default=None,
+      help="prompt NAME or TEXT for the queries (default: the directory's prompt named query, if any)",
+  )
+  p.add_argument(
+      "--document-prompt",
+      default=None,
+      help="prompt NAME or TEXT for documents (default: its prompt named document or passage, if any)",
+  )
   p.add_argument(
       "--bm25",
       action="store_true",
