@@ -229,3 +229,26 @@ def test_extract_pools_as_embed_does(body, tmp_path, capsys):
   got = np.load(out)
   assert got.shape == (len(TEXTS), 1, HF_CONFIG["hidden_size"])
   np.testing.assert_allclose(got[:, 0], want, atol=1e-4, rtol=0)
+
+
+def test_random_init_embeds_with_seeded_fresh_weights(body, tmp_path):
+  """`--init random --preset DIR`: DIR's architecture, fresh weights (seed 0), the same on
+  every load: the no-pretraining row of a retrieval table."""
+  from bertjax.tasks import embed as embed_lib
+  from bertjax.tasks import encoder as encoder_lib
+
+  save_st(body, tmp_path / "st", "mean")
+  load = lambda: embed_lib.with_weights(
+      encoder_lib.load_encoder("random", str(body / "vocab.txt"), str(tmp_path / "st"))
+  )
+  enc = load()
+  trained = encoder_lib.load_encoder(str(tmp_path / "st")).bert_params
+  table = ("embeddings", "word_embeddings", "embedding")
+  fresh = enc.bert_params
+  for key in table:
+    fresh, trained = fresh[key], trained[key]
+  assert fresh.shape == trained.shape and not np.allclose(fresh, trained)
+  got = embed_lib.embed(enc, TEXTS[:3], embed_lib.spec_for(enc), batch_rows=8)
+  again = embed_lib.embed(load(), TEXTS[:3], embed_lib.spec_for(enc), batch_rows=8)
+  assert np.isfinite(got).all() and got.std() > 0
+  np.testing.assert_array_equal(got, again)

@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
       "--init",
       required=True,
       help="sentence-transformers directory, bertjax checkpoint (workdir, step dir or "
-      "pretrained dir), Hugging Face model directory, or Google BERT directory",
+      "pretrained dir), Hugging Face model directory, Google BERT directory, or random",
   )
   p.add_argument(
       "--pooling",
@@ -65,6 +65,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
   p.add_argument(
       "--tokenizer",
       help="tokenizer (tokenizer.json, vocab.txt or .model) if the checkpoint has none",
+  )
+  p.add_argument(
+      "--preset",
+      default="tiny",
+      help="with --init random (fresh weights, seed 0: the no-pretraining baseline): a model "
+      "preset, or a checkpoint whose architecture to take",
   )
 
 
@@ -114,7 +120,7 @@ def load(args) -> tuple:
   from bertjax.tasks import embed as embed_lib
   from bertjax.training import sharding
 
-  enc = finetune_args.load_encoder(args)
+  enc = embed_lib.with_weights(finetune_args.load_encoder(args))
   spec = embed_lib.spec_for(
       enc,
       pooling=args.pooling,

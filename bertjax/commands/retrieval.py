@@ -139,7 +139,7 @@ def _dense_run(task, args, out) -> tuple[dict, str]:
   from bertjax.tasks.retrieval import search
   from bertjax.training import sharding
 
-  enc = finetune_args.load_encoder(args)
+  enc = embed_lib.with_weights(finetune_args.load_encoder(args))
   head = enc.sentence
   flags = dict(pooling=args.pooling, normalize=args.normalize, max_seq_len=args.max_seq_len)
   q_spec = embed_lib.spec_for(enc, prompt=_prompt(head, args.query_prompt, ("query",)), **flags)
@@ -171,7 +171,7 @@ def _dense_run(task, args, out) -> tuple[dict, str]:
       qid: {task.corpus_ids[j]: float(s) for s, j in zip(scores[r], idx[r]) if j >= 0}
       for r, qid in enumerate(qids)
   }
-  return run, f"{enc.source}, {embed_cmd.describe(enc, d_spec)}, {similarity}"
+  return run, f"{embed_cmd.describe(enc, d_spec)}, {similarity} similarity"
 
 
 def _bm25_run(task) -> dict:
@@ -252,6 +252,9 @@ def main(argv: list[str]) -> int:
     _write_json(out / "run_bm25.json", bm25)
   _write_json(out / "results.json", results)
   (out / "results.md").write_text(_markdown(results))
+  if args.bm25:
+    row = ", ".join(f"{k} {results['bm25'][k]:.4f}" for k in metrics.KEYS)
+    print(f"retrieval: BM25 {row}", file=sys.stderr)
   print(
       "retrieval: "
       + ", ".join(f"{k} {results[k]:.4f}" for k in metrics.KEYS)

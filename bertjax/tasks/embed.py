@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Iterator, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,6 +83,17 @@ def spec_for(
       dense=head.dense,
       prompt=resolve_prompt(head, prompt),
   )
+
+
+def with_weights(enc: Encoder, seed: int = 0) -> Encoder:
+  """`enc` itself, or, for `--init random` (no weights), fresh ones as the model initialises
+  them (seeded): the no-pretraining baseline."""
+  if enc.bert_params is not None:
+    return enc
+  model = model_lib.BertModel(enc.config.replace(scan_layers=False))
+  ids_1xL = jnp.zeros((1, 8), jnp.int32)
+  params = jax.jit(model.init)(jax.random.key(seed), ids_1xL, ids_1xL)["params"]
+  return dataclasses.replace(enc, bert_params=jax.tree.map(np.asarray, nn.unbox(params)))
 
 
 def resolve_prompt(head: st_lib.SentenceHead, prompt: str | None) -> str:
