@@ -136,3 +136,24 @@ def test_retrieval_command(body, tmp_path, monkeypatch, capsys):  # noqa: F811
     f.write("q2\tnowhere\t1\n")
   assert cli.main(argv) == 2
   assert "task/qrels/test.tsv:" in capsys.readouterr().err
+
+
+def test_bundled_task_reads_whole_and_rebuilds_byte_for_byte(tmp_path):
+  import importlib.util
+
+  from bertjax.tasks.retrieval import beir
+  from conftest import REPO
+
+  task = beir.load(str(REPO / "data" / "austen_retrieval"), "test")
+  assert (len(task.corpus_ids), len(task.queries)) == (2141, 280)
+  assert not task.skipped.counts
+  spec = importlib.util.spec_from_file_location("make", REPO / "data" / "make_austen_retrieval.py")
+  make = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(make)
+  corpus, queries, _ = make.build((REPO / "data" / "austen.txt").read_text(encoding="utf-8"))
+  lines = (REPO / "data" / "austen_retrieval" / "corpus.jsonl").read_text().splitlines()
+  assert [json.loads(l) for l in lines] == corpus
+  passages = {c["_id"]: c["text"] for c in corpus}
+  for q, d in ((q["_id"], q["_id"][1:]) for q in queries):
+    assert task.qrels[q] == {d: 1}
+    assert task.queries[q] not in passages[d]  # the query's sentence was taken out
