@@ -7,6 +7,8 @@ keras-hub.
   bertjax bench input ...      the input pipeline's throughput (prepare, readers, stream)
   bertjax bench finetune ...   one fine-tuning epoch + dev eval beside Hugging Face PyTorch
                                (and keras-hub on Keras's JAX backend: --compare keras-hub)
+  bertjax bench encode ...     `bertjax embed`'s documents/s beside sentence-transformers'
+                               encode (--compare sentence-transformers; bertjax/bench/encode.py)
 
 See docs/performance.md for the numbers on reference machines and how to read them. The work is
 `bertjax.bench` (pretraining, input, finetuning); this module reads the flags.
@@ -204,7 +206,7 @@ def _finetune_flags(p: argparse.ArgumentParser) -> None:
 def _parser() -> ArgumentParser:
   p = ArgumentParser(prog="bertjax bench", description=__doc__)
   _pretraining_flags(p)
-  sub = p.add_subparsers(dest="bench", title="other benchmarks", metavar="{input,finetune}")
+  sub = p.add_subparsers(dest="bench", title="other benchmarks", metavar="{input,finetune,encode}")
   _input_flags(
       sub.add_parser(
           "input",
@@ -226,7 +228,36 @@ def _parser() -> ArgumentParser:
           "--compare keras-hub, keras-hub's BertTextClassifier on Keras's JAX backend.",
       )
   )
+  e = sub.add_parser(
+      "encode",
+      help="embedding documents/s beside sentence-transformers' encode",
+      description="bertjax/bench/encode.py's docstring: the bundled retrieval corpus, a "
+      "random model of each --shape, packed rows against sentence-transformers' padded "
+      "batches, float32 on the CPU, in the same run.",
+  )
+  e.add_argument("--compare", default="", help="sentence-transformers, or nothing")
+  e.add_argument("--shape", default="bert-mini,minilm-l6-h384", help="comma-separated model shapes")
+  e.add_argument("--max-docs", type=positive_int, default=None, help="the first N documents")
+  e.add_argument("--batch-size", type=positive_int, default=32, help="packed rows per pass")
+  e.add_argument("--json", action="store_true", help="print one JSON object per shape")
   return p
+
+
+def _bench_encode(args) -> int:
+  from bertjax.bench import encode
+
+  shapes = [s for s in args.shape.split(",") if s]
+  bad = [s for s in shapes if s not in encode.SHAPES]
+  if bad or not shapes:
+    raise errors.ConfigError(f"--shape {args.shape!r}; valid: {', '.join(encode.SHAPES)}")
+  compare = _peers(args.compare)
+  if set(compare) - {"sentence-transformers"}:
+    raise errors.ConfigError(f"--compare {args.compare!r}; valid: sentence-transformers")
+  rows = []
+  for shape in shapes:
+    rows.append(encode.run_encode(shape, compare, args.max_docs, args.batch_size))
+    print(json.dumps(rows[-1]) if args.json else encode.format_report(rows[-1:]), flush=True)
+  return 0
 
 
 def _subparser(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -417,4 +448,6 @@ def main(argv: list[str]) -> int:
     return _bench_input(args, _subparser(p, "input"))
   if args.bench == "finetune":
     return _bench_finetune(args, _subparser(p, "finetune"))
+  if args.bench == "encode":
+    return _bench_encode(args)
   return _bench_pretraining(args, p)
