@@ -6,8 +6,10 @@ import json
 import pytest
 
 
-@pytest.mark.slow  # a model built in torch and compiled in JAX: ~15 s on an idle machine
+@pytest.mark.slow  # builds a model in torch and compiles it in JAX at the bench's shape
 def test_bench_encode_report(capsys):
+  """What no other test shows: the benchmark's two sides embed its documents alike at its own
+  shape and length, and its report has the keys tools read."""
   from bertjax import cli
 
   argv = ["bench", "encode", "--compare", "sentence-transformers", "--shape", "bert-mini"]

@@ -174,6 +174,7 @@ def test_modernbert_body_equals_sentence_transformers(modern_body, tmp_path):
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # the command end to end
 def test_embed_command(body, tmp_path, monkeypatch, capsys):
   """The README's command with relative paths: default flags take the directory's
   declarations; an empty line stops it naming the file and line, --skip-bad-lines writes a NaN
@@ -213,6 +214,7 @@ def test_load_hf_reads_the_transformer_of_a_legacy_directory(body, tmp_path):
   np.testing.assert_array_equal(params["bert"]["embeddings"]["word_embeddings"]["embedding"], want)
 
 
+@pytest.mark.slow  # the command end to end
 def test_extract_pools_as_embed_does(body, tmp_path, capsys):
   """`extract --pooling` takes the directory's length and Normalize by default and pools with
   embed's code: its last layer equals sentence-transformers' embeddings; the cut lines are

@@ -96,6 +96,7 @@ def write_task(root: pathlib.Path, seed: int = 0) -> None:
   (root / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n")
 
 
+@pytest.mark.slow  # the command end to end, twice, with BM25
 def test_retrieval_command(body, tmp_path, monkeypatch, capsys):  # noqa: F811
   from bertjax import cli
 

@@ -4,6 +4,7 @@ no missing or unexpected weights, and its `encode` equals `bertjax embed` of the
 import pathlib
 
 import numpy as np
+import pytest
 
 from conftest import REPO
 from test_embed import TEXTS, body, save_st  # noqa: F401  (the tiny sentence-transformers model)
@@ -22,6 +23,7 @@ def load_quietly(path, capfd):
   return model
 
 
+@pytest.mark.slow  # convert end to end, then both sides embed
 def test_bertjax_run_with_sentencepiece_to_sentence_transformers(tmp_path, monkeypatch, capfd):
   """A bertjax checkpoint with the bundled SentencePiece tokenizer, converted with the
   defaults (mean pooling, the model's length), from another working directory."""
@@ -63,6 +65,7 @@ def test_bertjax_run_with_sentencepiece_to_sentence_transformers(tmp_path, monke
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # convert end to end
 def test_sentence_transformers_round_trip_keeps_its_head(body, tmp_path, capfd):  # noqa: F811
   """cls pooling without the prompt, a Dense layer, Normalize and prompts come back out."""
   from bertjax import cli
@@ -92,8 +95,6 @@ def test_sentence_transformers_round_trip_keeps_its_head(body, tmp_path, capfd):
 
 def test_unread_modules_are_refused_naming_the_file(tmp_path):
   import json
-
-  import pytest
 
   from bertjax import errors
   from bertjax.interop import sentence_transformers as st_lib
