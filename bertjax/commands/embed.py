@@ -151,6 +151,8 @@ def main(argv: list[str]) -> int:
   if not fs.path(args.input).is_file():
     raise errors.InputNotFoundError(f"--input {args.input}: no such file")
   outputs.refuse_existing(args.output, args.overwrite, "--output")
+  if args.init != "random" and not fs.path(args.init).exists():  # before reading --input
+    raise errors.InputNotFoundError(f"--init {args.init}: no such checkpoint or directory")
   n, bad = scan(args.input, args.text_field, args.skip_bad_lines)
   for _, b in bad[:SHOW_BAD]:
     print(f"embed: {b}: skipped (a NaN row)", file=sys.stderr)
