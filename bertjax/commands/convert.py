@@ -177,6 +177,8 @@ def _check_target(args, cfg, generator=None, params=None) -> None:
   from bertjax.interop import convert as convert_lib
   from bertjax.interop import electra as electra_interop
 
+  if args.pooling and args.dst_kind != "sentence-transformers":
+    raise errors.ConfigError("--pooling: only --to sentence-transformers declares a pooling")
   if args.dst_kind == "bertjax":
     return
   if generator is not None or "discriminator_predictions" in (params or {}):
