@@ -270,7 +270,19 @@ def _parsers(p: argparse.ArgumentParser, name: str):
 
 
 @pytest.mark.parametrize(
-    "command", ["tokenizer", "prepare", "data", "convert", "extract", "bench", "squad", "ner"]
+    "command",
+    [
+        "tokenizer",
+        "prepare",
+        "data",
+        "convert",
+        "extract",
+        "embed",
+        "retrieval",
+        "bench",
+        "squad",
+        "ner",
+    ],
 )
 def test_argparse_help_shows_defaults(command):
   mod = importlib.import_module(f"bertjax.commands.{command}")

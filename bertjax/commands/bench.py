@@ -236,7 +236,11 @@ def _parser() -> ArgumentParser:
       "batches, float32 on the CPU, in the same run.",
   )
   e.add_argument("--compare", default="", help="sentence-transformers, or nothing")
-  e.add_argument("--shape", default="bert-mini,minilm-l6-h384", help="comma-separated model shapes")
+  e.add_argument(
+      "--shape",
+      default="bert-mini,minilm-l6-h384",
+      help="comma-separated model shapes: bert-mini, minilm-l6-h384 (default: both)",
+  )
   e.add_argument("--max-docs", type=positive_int, default=None, help="the first N documents")
   e.add_argument("--batch-size", type=positive_int, default=32, help="packed rows per pass")
   e.add_argument("--json", action="store_true", help="print one JSON object per shape")
