@@ -14,7 +14,7 @@ def test_mteb_evaluate_runs_and_matches_sentence_transformers(body, tmp_path):  
   from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
   from mteb.types import PromptType
 
-  from bertjax.interop.mteb_encoder import MTEBEncoder
+  from bertjax.tasks.mteb_encoder import MTEBEncoder
 
   st = save_st(body, tmp_path / "st", "mean", normalize=True)
   ours = MTEBEncoder(str(tmp_path / "st"), batch_rows=8)

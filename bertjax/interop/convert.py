@@ -36,6 +36,7 @@ import numpy as np
 
 from bertjax import model as model_lib
 from bertjax.model import bert as bert_lib
+from bertjax.interop import st_modules
 from bertjax.model.config import BertConfig
 from bertjax.runtime import fs
 
@@ -500,9 +501,7 @@ def load_hf(
   `fresh` when a list is given. `place`: as `hf_to_params`' (each parameter placed as it is
   read; with model.safetensors, the checkpoint is read a tensor at a time).
   """
-  from bertjax.interop import sentence_transformers  # its Transformer module's folder
-
-  path = sentence_transformers.transformer_dir(path)
+  path = st_modules.transformer_dir(path)  # a sentence-transformers directory's Transformer
   cfg_file = path / "config.json"
   if not cfg_file.exists():
     raise ConversionError(f"{cfg_file}: not found (expected a Hugging Face model directory)")

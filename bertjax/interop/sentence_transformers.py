@@ -29,6 +29,8 @@ from etils import epath
 import numpy as np
 
 from bertjax import errors
+from bertjax.interop import st_modules
+from bertjax.interop.st_modules import is_directory, transformer_dir
 from bertjax.runtime import fs
 
 # bertjax's pooling names; sentence-transformers calls one of them mean_sqrt_len_tokens.
@@ -84,54 +86,9 @@ class SentenceHead:
   similarity: str = "cosine"
 
 
-def is_directory(path: fs.PathLike) -> bool:
-  """True when `path` is a sentence-transformers directory (it has a modules.json)."""
-  return (fs.path(path) / "modules.json").is_file()
-
-
-def transformer_dir(path: fs.PathLike) -> epath.Path:
-  """The folder of the Transformer module of the sentence-transformers directory at `path`
-  (`path` itself for any other directory): where its config.json and weights are."""
-  path = fs.path(path)
-  if not is_directory(path):
-    return path
-  folder = _modules(path)[0][1]
-  return path / folder if folder else path
-
-
-def _json(file: epath.Path) -> Any:
-  try:
-    return json.loads(file.read_text(encoding="utf-8"))
-  except (ValueError, UnicodeDecodeError) as e:
-    raise errors.BadInputError(f"{file}: invalid JSON ({e})") from None
-
-
-def _modules(path: epath.Path) -> list[tuple[str, str]]:
-  """(kind, folder) of each module of modules.json, in order; kind the class name
-  (Transformer, Pooling, Dense, Normalize). Others are refused, naming the file."""
-  file = path / "modules.json"
-  entries = _json(file)
-  if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
-    raise errors.BadInputError(f"{file}: expected a list of modules, each with a type and a path")
-  out = []
-  for m in entries:
-    kind = str(m.get("type", "")).rsplit(".", 1)[-1]
-    if kind not in ("Transformer", "Pooling", "Dense", "Normalize"):
-      raise errors.BadInputError(
-          f"{file}: module {m.get('type')!r} is not read by bertjax — supported: Transformer, "
-          "Pooling, Dense, Normalize"
-      )
-    out.append((kind, str(m.get("path", "")).strip("/")))
-  if not out or out[0][0] != "Transformer":
-    raise errors.BadInputError(f"{file}: the first module must be a Transformer")
-  if [k for k, _ in out].count("Pooling") != 1:
-    raise errors.BadInputError(f"{file}: expected one Pooling module after the Transformer")
-  return out
-
-
 def _pooling(file: epath.Path) -> tuple[str, bool]:
   """(pooling, include_prompt) of a 1_Pooling/config.json, in either format."""
-  cfg = _json(file)
+  cfg = st_modules.read_json(file)
   modes = cfg.get("pooling_mode")
   if modes is None:
     modes = [m for m, key in _LEGACY_KEYS.items() if cfg.get(key)] or ["mean"]
@@ -147,7 +104,7 @@ def _pooling(file: epath.Path) -> tuple[str, bool]:
 def _dense(folder: epath.Path) -> Dense:
   from bertjax.interop import convert  # its safetensors/.bin reader
 
-  cfg = _json(folder / "config.json")
+  cfg = st_modules.read_json(folder / "config.json")
   act = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
   if act not in _ACTIVATIONS:
     raise errors.BadInputError(
@@ -165,7 +122,7 @@ def _dense(folder: epath.Path) -> Dense:
 def read_head(path: fs.PathLike) -> SentenceHead:
   """The `SentenceHead` of the sentence-transformers directory at `path`."""
   path = fs.path(path)
-  modules = _modules(path)
+  modules = st_modules.modules(path)
   transformer = modules[0][1]
   pooling, include_prompt, dense, normalize = "mean", True, [], False
   for kind, folder in modules[1:]:
@@ -177,17 +134,17 @@ def read_head(path: fs.PathLike) -> SentenceHead:
       normalize = True
   tdir = path / transformer if transformer else path
   bert_cfg = (
-      _json(tdir / "sentence_bert_config.json")
+      st_modules.read_json(tdir / "sentence_bert_config.json")
       if (tdir / "sentence_bert_config.json").is_file()
       else {}
   )
   max_len = bert_cfg.get("max_seq_length")
   if max_len is None and (tdir / "tokenizer_config.json").is_file():
-    declared = _json(tdir / "tokenizer_config.json").get("model_max_length")
+    declared = st_modules.read_json(tdir / "tokenizer_config.json").get("model_max_length")
     # transformers writes a huge number (1e30) for "no limit"
     max_len = int(declared) if isinstance(declared, (int, float)) and declared < 1e6 else None
   st_cfg = (
-      _json(path / "config_sentence_transformers.json")
+      st_modules.read_json(path / "config_sentence_transformers.json")
       if (path / "config_sentence_transformers.json").is_file()
       else {}
   )

@@ -1,7 +1,7 @@
 """A bertjax encoder as MTEB runs one: `mteb.evaluate(MTEBEncoder(INIT), tasks)`.
 
     import mteb
-    from bertjax.interop.mteb_encoder import MTEBEncoder
+    from bertjax.tasks.mteb_encoder import MTEBEncoder
 
     model = MTEBEncoder("runs/base")            # or a sentence-transformers directory
     mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
