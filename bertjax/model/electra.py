@@ -167,20 +167,18 @@ class ElectraForPreTraining(nn.Module):
   """
 
   cfg: BertConfig  # the discriminator's
-  generator_cfg: BertConfig
+  # None: the discriminator alone (a released `ElectraForPreTraining` directory holds no
+  # generator): `discriminate` runs, `generate` and `__call__` refuse.
+  generator_cfg: BertConfig | None
 
   def setup(self):
     self.bert = bert_lib.BertModel(self.cfg)  # the discriminator, and the shared embeddings
     self.discriminator_predictions = DiscriminatorPredictions(self.cfg)
-    self.generator = bert_lib.BertModel(self.generator_cfg)  # no tables of its own
-    self.generator_predictions = GeneratorPredictions(self.generator_cfg)
-    self.generator_bias = self.param(
-        "generator_bias",
-        bert_lib._zeros(("vocab",)),
-        (self.cfg.vocab_size,),
-        self.cfg.params_dtype,
-    )
+    if self.generator_cfg is not None:
+      self.generator = bert_lib.BertModel(self.generator_cfg)  # no tables of its own
+      self.generator_predictions = GeneratorPredictions(self.generator_cfg)
 
+  @nn.compact  # generator_bias is created here, so `discriminate` needs no generator params
   def generate(
       self,
       input_ids_BxL: Array,
@@ -193,6 +191,14 @@ class ElectraForPreTraining(nn.Module):
       deterministic: bool = True,
   ) -> GeneratorOutput:
     """The generator on the masked input: its head at the masked positions."""
+    if self.generator_cfg is None:
+      raise ValueError(
+          "ElectraForPreTraining(cfg, generator_cfg=None) is the discriminator alone: "
+          "`generate` and training need the generator's config (electra.generator_config)"
+      )
+    generator_bias = self.param(
+        "generator_bias", bert_lib._zeros(("vocab",)), (self.cfg.vocab_size,), self.cfg.params_dtype
+    )
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
     _, position_ids_BxL = bert_lib.encoder_inputs(
@@ -215,7 +221,7 @@ class ElectraForPreTraining(nn.Module):
     h_BxPxE = self.generator_predictions(x_BxPxG)
     h_BxPxE = bert_lib._constrain(h_BxPxE, ("batch", "masked", "act_embed"))
     table_VxE = self.bert.embeddings.word_embeddings.embedding.astype(h_BxPxE.dtype)
-    return GeneratorOutput(mlm_hidden=h_BxPxE, mlm_table=table_VxE, mlm_bias=self.generator_bias)
+    return GeneratorOutput(mlm_hidden=h_BxPxE, mlm_table=table_VxE, mlm_bias=generator_bias)
 
   def discriminate(
       self,
