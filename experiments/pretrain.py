@@ -201,6 +201,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       None, field_type=str
   )  # save_pretrained dir / workdir to continue from
   c.train.inject_nan_at_step = -1  # testing only: poison this step's loss to exercise the guard
+  # Continued pretraining from a checkpoint without a head this objective trains (a BertModel:
+  # no MLM head): that head trains alone for these first steps, then the whole network.
+  # -1: 10% of train.steps when a head starts untrained (0: off).
+  c.train.head_warmup_steps = -1
 
   # Second phase (BERT: last 10% of steps at seq 512). fraction 0 = one phase.
   c.phase2 = ml_collections.ConfigDict()

@@ -57,9 +57,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument(
       "--tokenizer",
       required=True,
-      metavar="PREFIX.model|vocab.txt",
-      help="SentencePiece model or WordPiece vocab.txt (uncased if a "
-      "tokenizer_config.json beside it says so, else guessed from the vocab)",
+      metavar="PREFIX.model|vocab.txt|tokenizer.json|DIR",
+      help="SentencePiece model, WordPiece vocab.txt (uncased if a tokenizer_config.json beside "
+      "it says so, else guessed from the vocab), a transformers tokenizer.json, or a checkpoint "
+      "directory holding one of them",
   )
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument(

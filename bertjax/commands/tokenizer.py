@@ -36,8 +36,9 @@ def _add_tokenizer(p: argparse.ArgumentParser) -> None:
       "--model",
       dest="tokenizer",
       required=True,
-      metavar="PREFIX.model|vocab.txt",
-      help="SentencePiece model or WordPiece vocab.txt (--model is the older spelling)",
+      metavar="PREFIX.model|vocab.txt|tokenizer.json",
+      help="SentencePiece model, WordPiece vocab.txt or transformers tokenizer.json (--model is "
+      "the older spelling)",
   )
 
 

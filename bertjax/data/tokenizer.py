@@ -241,6 +241,8 @@ class HFTokenizer:
           f"beside it ({', '.join(_HF_SPECIAL_FIELDS)}), or pass another tokenizer"
       )
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = ids
+    # RoBERTa's template puts two separators between a pair's segments (`tasks.inputs`)
+    self.pair_separators = 2 if self._tok.num_special_tokens_to_add(True) == 4 else 1
     special = set(ids) | set(self._tok.get_added_tokens_decoder())
     if model_type == "WordPiece":
       starts = lambda p: not p.startswith(wordpiece.SUFFIX)

@@ -246,6 +246,55 @@ def _optional_heads(family: str) -> tuple:
   )
 
 
+# The heads a `BertForPreTraining` tree holds beside its encoder. One that never trained (it
+# started fresh and no step has updated it) is not exported: `hf_class` picks the transformers
+# class that holds only what was trained, and transformers reports the rest as missing.
+HEADS = ("mlm", "nsp", "pooler")
+_HEAD_IDS = {
+    "the MLM head": "mlm",
+    "the NSP head": "nsp",
+    "the pooler": "pooler",
+    "the discriminator head": "discriminator",
+}
+
+
+def head_ids(fresh: list[str]) -> list[str]:
+  """The head ids (`HEADS`, "discriminator") of `fresh`'s names ("the MLM head", ...)."""
+  return sorted({_HEAD_IDS[name] for name in fresh if name in _HEAD_IDS})
+
+
+def hf_class(cfg: BertConfig, untrained=()) -> str:
+  """The transformers class an export of `cfg` is written as: the one that holds every trained
+  head and no untrained one (`BertForPreTraining`, `BertForMaskedLM`, `BertModel`; RoBERTa's
+  and ModernBERT's `...ForMaskedLM` or `...Model`)."""
+  arch, u = hf_architecture(cfg), set(untrained)
+  if arch == "modernbert":
+    return "ModernBertModel" if "mlm" in u else "ModernBertForMaskedLM"
+  if arch == "roberta":
+    return "RobertaModel" if "mlm" in u else "RobertaForMaskedLM"
+  if "mlm" in u:
+    return "BertModel"
+  return "BertForMaskedLM" if "nsp" in u else "BertForPreTraining"
+
+
+def _trained_only(state: dict, cfg: BertConfig, cls: str, untrained) -> dict:
+  """`params_to_hf`'s tensors as `cls` names them, without an untrained head's."""
+  arch, u = hf_architecture(cfg), set(untrained)
+  if arch == "modernbert":
+    enc, mlm, nsp = "model.", ("head.", "decoder."), ()
+  else:
+    names = _NAMES[arch]
+    enc, mlm = names["encoder"] + ".", (names["mlm"],)
+    nsp = (names["nsp"] + ".",) if names["nsp"] else ()
+  drop = (f"{enc}pooler.",) if "pooler" in u else ()
+  if cls == "BertForMaskedLM":  # transformers' BertForMaskedLM has no pooler
+    drop = nsp + (f"{enc}pooler.",)
+  elif cls.endswith("Model"):  # the encoder alone, its tensors without the prefix
+    drop += mlm + nsp
+    return {k.removeprefix(enc): v for k, v in state.items() if not k.startswith(drop)}
+  return {k: v for k, v in state.items() if not k.startswith(drop)} if drop else state
+
+
 def hf_tensor_names(cfg: BertConfig) -> set[str]:
   """Every HF tensor name `hf_to_params` reads for this config."""
   return {n for _, names, _, _ in _entries(cfg) for n in names}
@@ -293,6 +342,39 @@ def _legacy_names(state: Mapping) -> Mapping:
   return _rename(state, _legacy_name)
 
 
+def _normalised(state: Mapping, arch: str) -> Mapping:
+  """A BERT or RoBERTa state under the names `_hf_entries` reads: old LayerNorm names, and a bare
+  encoder's (`BertModel`, `RobertaModel`) tensors under the family's prefix."""
+  if arch == "modernbert":
+    return state
+  state = _legacy_names(state)
+  enc = _NAMES[arch]["encoder"]
+  if f"{enc}.embeddings.word_embeddings.weight" not in state and any(
+      k.startswith("embeddings.") for k in state
+  ):  # a bare encoder (BertModel, RobertaModel) saves its tensors without the prefix
+    state = _rename(state, lambda k: f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k)
+  return state
+
+
+def _absent_heads(state: Mapping, arch: str) -> list[tuple[str, tuple]]:
+  """(name, parameter paths) of each optional head a normalised BERT/RoBERTa state lacks."""
+  decoder_name = _NAMES[arch]["decoder"] + ".weight"
+  return [
+      (what, paths)
+      for what, prefix, paths in _optional_heads(arch)
+      if prefix is None or not any(k.startswith(prefix) and k != decoder_name for k in state)
+  ]
+
+
+def missing_heads(names, cfg: BertConfig) -> list[str]:
+  """The heads ("the MLM head", ...) a checkpoint whose tensors are `names` lacks, which
+  `hf_to_params` starts fresh; reads no tensor."""
+  arch = hf_architecture(cfg)
+  if arch == "modernbert":
+    return ["the pooler", "the NSP head"]
+  return [what for what, _ in _absent_heads(_normalised(dict.fromkeys(names), arch), arch)]
+
+
 def hf_to_params(
     state: Mapping[str, np.ndarray],
     cfg: BertConfig,
@@ -308,15 +390,7 @@ def hf_to_params(
   (`_fresh_heads`); their names are appended to `fresh` when given."""
   arch = hf_architecture(cfg)
   modern = arch == "modernbert"
-  if not modern:
-    state = _legacy_names(state)
-    enc = _NAMES[arch]["encoder"]
-    if f"{enc}.embeddings.word_embeddings.weight" not in state and any(
-        k.startswith("embeddings.") for k in state
-    ):  # a bare encoder (BertModel, RobertaModel) saves its tensors without the prefix
-      state = _rename(
-          state, lambda k: f"{enc}." + k if not k.startswith(("cls.", "lm_head.")) else k
-      )
+  state = _normalised(state, arch)
   defaults = {}
   if modern and "decoder.bias" not in state:  # decoder_bias=False: a zero bias is the same
     defaults["decoder.bias"] = np.zeros(cfg.vocab_size, np.float32)
@@ -324,12 +398,10 @@ def hf_to_params(
   used = set()
   absent = set()  # parameter paths of the heads the checkpoint has none of
   if not modern:
-    decoder_name = _NAMES[arch]["decoder"] + ".weight"
-    for what, prefix, paths in _optional_heads(arch):
-      if prefix is None or not any(k.startswith(prefix) and k != decoder_name for k in state):
-        absent.update(paths)
-        if fresh is not None:
-          fresh.append(what)
+    for what, paths in _absent_heads(state, arch):
+      absent.update(paths)
+      if fresh is not None:
+        fresh.append(what)
   for path, names, to_ours, _ in _entries(cfg):
     if any(path[: len(p)] == p for p in absent):
       continue
@@ -375,16 +447,17 @@ def hf_to_params(
   return params
 
 
-def params_to_hf(params: Params, cfg: BertConfig) -> dict[str, np.ndarray]:
+def params_to_hf(params: Params, cfg: BertConfig, pooler: bool = False) -> dict[str, np.ndarray]:
   """HF tensors (numpy float32) from a bertjax parameter tree: `BertForPreTraining`'s, or
-  `RobertaForMaskedLM`'s (the pooler and NSP head dropped) for a RoBERTa-shaped config, or
-  `ModernBertForMaskedLM`'s for a ModernBERT-shaped one (the pooler and NSP head dropped)."""
+  `RobertaForMaskedLM`'s (the pooler and NSP head dropped; `pooler`: the pooler kept, as
+  `RobertaModel` has it) for a RoBERTa-shaped config, or `ModernBertForMaskedLM`'s for a
+  ModernBERT-shaped one (the pooler and NSP head dropped)."""
   if "layers" in params.get("bert", {}).get("encoder", {}):
     params = model_lib.unstack_layer_params(params)
   state: dict[str, np.ndarray] = {}
   arch = hf_architecture(cfg)
   for path, names, _, to_theirs in _entries(cfg):
-    if arch == "roberta" and path[:2] == ("bert", "pooler"):
+    if arch == "roberta" and path[:2] == ("bert", "pooler") and not pooler:
       continue  # RobertaForMaskedLM has no pooler
     node = params
     for key in path:
@@ -516,21 +589,26 @@ def load_hf(
   return cfg, hf_to_params(state, cfg, source=str(path), fresh=fresh, place=place)
 
 
-def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:
+def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path, untrained=()) -> str:
   """Write config.json + model.safetensors loadable by `BertForPreTraining.from_pretrained`, by
   `RobertaForMaskedLM.from_pretrained` for a RoBERTa-shaped config (XLM-R's too: the same
   network), or by `ModernBertForMaskedLM.from_pretrained` for a ModernBERT-shaped one; a config
-  that is none of them is refused (`hf_architecture`) before anything is written."""
+  that is none of them is refused (`hf_architecture`) before anything is written.
+
+  `untrained`: the heads (`HEADS`) that never trained; the class written is then the one
+  without them (`hf_class`: `BertForMaskedLM`, `BertModel`, ...). Returns the class's name."""
   from safetensors.numpy import save_file  # the `interop` extra, only for HF files
 
   arch = hf_architecture(cfg)
-  state = params_to_hf(params, cfg)
+  cls = hf_class(cfg, untrained)
+  state = params_to_hf(params, cfg, pooler=cls == "RobertaModel" and "pooler" not in untrained)
   # safetensors refuses aliased tensors; HF re-ties the decoder to the embeddings on load.
   if arch == "modernbert":
     state.pop("decoder.weight")
   else:
     state.pop(_NAMES[arch]["decoder"] + ".weight")
     state.pop(_NAMES[arch]["decoder"] + ".bias")
+  state = _trained_only(state, cfg, cls, untrained)
   path = fs.path(path)
   path.mkdir(parents=True, exist_ok=True)
   if fs.is_local(path):
@@ -541,5 +619,6 @@ def save_hf(params: Params, cfg: BertConfig, path: str | epath.Path) -> None:
       save_file(state, local, metadata={"format": "pt"})
       epath.Path(local).copy(path / "model.safetensors", overwrite=True)
   to_hf = {"modernbert": config_to_modernbert, "roberta": config_to_roberta}.get(arch, config_to_hf)
-  hf_cfg = to_hf(cfg)
+  hf_cfg = dict(to_hf(cfg), architectures=[cls])
   (path / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+  return cls

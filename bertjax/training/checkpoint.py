@@ -408,6 +408,20 @@ class Pretrained:
   step: int
   generator_config: model_lib.BertConfig | None = None  # ELECTRA's generator (unscanned); None:
   #                                                       an MLM model
+  # The heads ("mlm", "nsp", "pooler") that never trained: started fresh, updated by no step.
+  # `bertjax convert` exports none of them.
+  untrained_heads: tuple[str, ...] = ()
+
+
+def untrained_heads(meta: dict) -> tuple[str, ...]:
+  """A step's untrained heads: recorded by the loop, or (a checkpoint written before they were
+  recorded) what its objective never trains: an MLM run without a pair task, NSP and pooler."""
+  if "untrained_heads" in meta:
+    return tuple(meta["untrained_heads"] or ())
+  pair_mode = ((meta.get("config") or {}).get("data") or {}).get("pair_mode", "nsp")
+  if (meta.get("objective") or "mlm") == "mlm" and pair_mode == "none":
+    return ("nsp", "pooler")
+  return ()
 
 
 def save_pretrained(
@@ -417,9 +431,11 @@ def save_pretrained(
     tokenizer_path: str | None = None,
     step: int = 0,
     generator_config: model_lib.BertConfig | None = None,
+    untrained_heads=(),
 ) -> None:
   """Write a self-contained params-only checkpoint that `load_pretrained` reads; with
-  `generator_config`, ELECTRA's (generator_config.json beside bert_config.json).
+  `generator_config`, ELECTRA's (generator_config.json beside bert_config.json);
+  `untrained_heads` recorded in pretrained.json (`Pretrained.untrained_heads`).
 
   `params` may be scanned or not, sharded or not; they are stored unscanned. The tokenizer
   file (SentencePiece .model or WordPiece vocab .txt) is copied next to them. Every process
@@ -439,7 +455,13 @@ def save_pretrained(
       fs.path(tokenizer_path).copy(out / tok_name, overwrite=True)
     (out / "pretrained.json").write_text(
         json.dumps(
-            {"format": PRETRAINED_FORMAT, "step": int(step), "tokenizer": tok_name}, indent=2
+            {
+                "format": PRETRAINED_FORMAT,
+                "step": int(step),
+                "tokenizer": tok_name,
+                "untrained_heads": sorted(untrained_heads),
+            },
+            indent=2,
         )
     )
   ckptr = ocp.StandardCheckpointer()
@@ -531,6 +553,14 @@ def read_generator_config(path: str) -> model_lib.BertConfig | None:
   return model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
 
 
+def read_untrained_heads(path: str) -> tuple[str, ...]:
+  """`Pretrained.untrained_heads` of what `load_pretrained(path)` would load, without its params."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    return tuple(json.loads((d / "pretrained.json").read_text()).get("untrained_heads") or ())
+  return untrained_heads(json.loads((d / "meta" / "metadata").read_text()))
+
+
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   """Read a workdir (latest complete step), one step dir, or a `save_pretrained` dir.
 
@@ -550,7 +580,8 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
         if gen_file.exists()
         else None
     )
-    return Pretrained(cfg, params, tok, int(info.get("step", 0)), gen)
+    untrained = tuple(info.get("untrained_heads") or ())
+    return Pretrained(cfg, params, tok, int(info.get("step", 0)), gen, untrained)
   meta = json.loads((d / "meta" / "metadata").read_text())
   cfg = model_lib.BertConfig.from_dict(meta["bert_config"])
   if cfg.scan_layers:  # stored stacked: restore on the host, unstack, then place
@@ -563,4 +594,11 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   tok_path = str(d.parent.parent / tok) if tok else None
   gen = meta.get("generator_config")
   gen = model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
-  return Pretrained(cfg.replace(scan_layers=False), params, tok_path, int(meta["step"]), gen)
+  return Pretrained(
+      cfg.replace(scan_layers=False),
+      params,
+      tok_path,
+      int(meta["step"]),
+      gen,
+      untrained_heads(meta),
+  )

@@ -126,6 +126,7 @@ RANGES: dict[str, Range] = {
     "train.microbatches": _at_least(1, "1 = no gradient accumulation"),
     "train.max_bad_steps": _at_least(0, "0 = stop at the first non-finite step"),
     "train.inject_nan_at_step": _at_least(-1, "testing only; -1 = never"),
+    "train.head_warmup_steps": _at_least(-1, "-1 = 10% of the steps when a head starts untrained"),
     "train.decay_fraction": Range(float, 0.0, 1.0, why="wsd: share of the steps in the decay"),
     "train.final_lr_fraction": Range(float, 0.0, 1.0, why="wsd: last lr / peak; 0 = to zero"),
     "train.peak_fraction": Range(float, 0.0, 1.0, why="one_cycle: share of the steps rising"),
@@ -244,6 +245,17 @@ def validate(config) -> None:
       check_range(config, path, rule)
     check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
     seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
+  for path, n in seq_lens:  # the masked arrays are P wide in a row of L tokens
+    budget_path = path.replace("seq_len", "max_predictions_per_seq")
+    budget = _get(config, budget_path)
+    if isinstance(n, int) and isinstance(budget, int) and budget > n:
+      rate = _get(config, "data.mask_prob")
+      fit = math.ceil(rate * n) if isinstance(rate, (int, float)) else n
+      raise errors.ConfigError(
+          f"config.{budget_path}={budget} exceeds config.{path}={n}: a row has no more "
+          f"positions to predict — set config.{budget_path}={fit} (the masking rate x {n}, "
+          "rounded up) or leave it unset when you change the length"
+      )
   positions = _get(config, "model.max_position_embeddings")
   offset = _get(config, "model.position_offset")  # RoBERTa's table starts at row 2
   if isinstance(positions, int) and isinstance(offset, int):
@@ -270,6 +282,9 @@ class Plan:
   meta: dict | None = None  # the prepared data's metadata.json; None: synthetic, or not yet
   # prepared (the bundled corpus, which the run prepares into the workdir: `with_data`)
   notes: tuple[str, ...] = ()  # what the run was given besides the recipe (`--init`'s network)
+  # (steps, heads): heads that start untrained from `--init`, trained alone first
+  # (`loop.head_warmup`); set by the loop
+  head_warmup: tuple[int, tuple[str, ...]] = (0, ())
 
 
 def preflight(config, workdir: str | None = None, explicit: frozenset[str] = frozenset()) -> Plan:

@@ -142,10 +142,52 @@ def load(source: Source, place=None) -> tuple[dict, list[str]]:
   if source.kind == "transformers":
     _, params = convert.load_hf(source.path, fresh=fresh, place=place)
   elif source.kind == "google":
-    _, params = google_ckpt.load_google(source.path)
+    _, params = google_ckpt.load_google(source.path, fresh=fresh)
   else:
-    params = checkpoint.load_pretrained(source.path).params
+    loaded = checkpoint.load_pretrained(source.path)
+    params = loaded.params
+    fresh = [f"the {_HEAD_NAMES[h]}" for h in loaded.untrained_heads if h in _HEAD_NAMES]
   return params, fresh
+
+
+_HEAD_NAMES = {"mlm": "MLM head", "nsp": "NSP head", "pooler": "pooler"}
+
+
+def head_ids(fresh: list[str]) -> list[str]:
+  """`load`'s names of fresh heads ("the MLM head", ...) as head ids ("mlm", ...)."""
+  from bertjax.interop import convert
+
+  return convert.head_ids(fresh)
+
+
+def untrained_heads(source: Source) -> tuple[str, ...]:
+  """The heads (`convert.HEADS`) `source` holds untrained: absent from a transformers or Google
+  checkpoint (they start fresh), or recorded so by a bertjax run. Reads names, not weights."""
+  from bertjax.interop import convert, google_ckpt
+  from bertjax.training import checkpoint
+
+  if source.objective != "mlm":
+    return ()
+  if source.kind == "bertjax":
+    return checkpoint.read_untrained_heads(source.path)
+  if source.kind == "transformers":
+    if convert.hf_architecture(source.config) == "modernbert":
+      names = ()  # `missing_heads` knows ModernBERT's: no pooler, no NSP head
+    else:
+      names = list(convert.read_hf_state(source.path).keys())
+  else:
+    import tensorflow as tf  # a Google checkpoint's variable names
+
+    prefix = google_ckpt.find_checkpoint(source.path)
+    names = [
+        m[0]
+        for m in map(
+            google_ckpt.google_to_hf_name,
+            tf.train.load_checkpoint(prefix).get_variable_to_shape_map(),
+        )
+        if m
+    ]
+  return tuple(convert.head_ids(convert.missing_heads(names, source.config)))
 
 
 def adopt(config, source: Source, explicit: frozenset[str] = frozenset()) -> list[str]:

@@ -13,6 +13,7 @@ phase's stream where the checkpoint left it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import os
@@ -118,9 +119,11 @@ def _meta(
     tokenizer_rel: str | None,
     metrics_partial: dict,
     progress: dict | None = None,
+    untrained_heads=(),
 ) -> dict:
   gen = setup.generator_config
   return dict(
+      untrained_heads=sorted(untrained_heads),  # never exported as trained (`bertjax convert`)
       bert_config=setup.bert_config.to_dict(),
       objective=train.objective(config),
       generator_config=gen.to_dict() if gen is not None else None,  # ELECTRA's generator
@@ -158,6 +161,20 @@ def _electra_note(setup: train.Setup) -> str:
       f" (ELECTRA: discriminator {setup.bert_config.hidden_size} wide, generator "
       f"{gen.hidden_size} wide, embeddings {setup.bert_config.embedding_width})"
   )
+
+
+def head_warmup(config) -> tuple[int, tuple[str, ...]]:
+  """(steps, heads): the heads this objective trains that start untrained from
+  config.train.init_from (a `BertModel` has no MLM head), warmed alone for the first `steps`
+  steps (config.train.head_warmup_steps; -1: 10% of train.steps); (0, ()) when none."""
+  path, steps = config.train.init_from, config.train.head_warmup_steps
+  if not path or steps == 0:
+    return 0, ()
+  untrained = init_from_lib.untrained_heads(init_from_lib.describe(path))
+  heads = tuple(h for h in train.trained_heads(config) if h in untrained)
+  if not heads:
+    return 0, ()
+  return (max(1, config.train.steps // 10) if steps < 0 else steps), heads
 
 
 def _init_from(
@@ -299,19 +316,28 @@ class _Run:
     self.plan, self.phases, self.setups = plan, plan.phases, setups
     self.mngr, self.writer, self.tokenizer_rel = mngr, writer, tokenizer_rel
     data_state = None
+    self.untrained = set(train.HEAD_PARAMS)  # a fresh network: no head trained yet
     if restored:
       self.state = restored.state
       data_state = _data_state(config, restored.data_states, writer)
+      self.untrained = set(checkpoint.untrained_heads(restored.meta))
       writer.log(f"resumed from {mngr.directory / str(restored.step)}")
     else:
       self.state = setups[0].init_state(config.seed)
       if config.train.init_from:
         self.state, fresh = _init_from(setups[0], self.state, config.train.init_from)
+        self.untrained = set(init_from_lib.head_ids(fresh))
         writer.log(
             f"initialised params from {config.train.init_from}"
             + (f" ({', '.join(fresh)} start fresh)" if fresh else "")
             + "; the optimizer and the step start fresh"
         )
+    warm_steps, warm_heads = plan.head_warmup
+    if warm_heads and int(jax.device_get(self.state.step)) < warm_steps:
+      writer.log(
+          f"head warm-up: {', '.join(warm_heads)} start untrained and train alone until step "
+          f"{warm_steps}, then the whole network (config.train.head_warmup_steps; 0: off)"
+      )
     self.at = self.start = self.last_saved = int(jax.device_get(self.state.step))
     self.phase = next((ph for ph in self.phases if ph.start <= self.at < ph.end), self.phases[-1])
     self.batches = self._open(self.phase, data_state)
@@ -445,6 +471,7 @@ class _Run:
         self.tokenizer_rel,
         self.meter.partial(),
         self.clock.state(),
+        self.untrained - set(train.trained_heads(self.config)),  # this run has trained a step
     )
     self.mngr.save(self.at, self.state, data, meta, force=True)
 
@@ -460,7 +487,11 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   if plan.config.data.source == "prepared" and plan.meta is None:
     plan = config_checks.with_data(plan, bundled.prepared_dir(plan.workdir))
   config, workdir, is_main = plan.config, plan.workdir, jax.process_index() == 0
-  setups = {ph.index: train.setup(phase_config(config, ph), plan.mesh) for ph in plan.phases}
+  plan = dataclasses.replace(plan, head_warmup=head_warmup(config))
+  setups = {
+      ph.index: train.setup(phase_config(config, ph), plan.mesh, plan.head_warmup)
+      for ph in plan.phases
+  }
 
   # --- a resume must match the checkpoint before anything of this run is written ------------
   ck = config.checkpoint
@@ -499,6 +530,8 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   eval_every = config.eval.every_steps if config.eval.steps else 0
   eval_every = eval_every if eval_every > 0 and _has_eval_data(config, plan.meta, writer) else 0
   watcher = distributed.PreemptionWatcher()
+  if eval_every and config.train.init_from and not restored:
+    run.evaluate()  # continued pretraining: the checkpoint's own held-out loss, to compare with
 
   # --- the loop ---------------------------------------------------------------------------
   writer.log(

@@ -80,6 +80,33 @@ def objective(config) -> str:
   return config.get("objective", "mlm") or "mlm"
 
 
+# The parameters of each head a `BertForPreTraining` tree holds beside its encoder.
+HEAD_PARAMS = {
+    "mlm": (("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)),
+    "nsp": (("nsp",),),
+    "pooler": (("bert", "pooler"),),
+}
+
+
+def trained_heads(config) -> tuple[str, ...]:
+  """The heads (`HEAD_PARAMS`) a step of this objective trains: MLM's head, and with a pair
+  task (NSP or SOP) its head and the pooler it reads."""
+  if objective(config) != "mlm":
+    return ()
+  return ("mlm",) + (("nsp", "pooler") if config.data.pair_mode != "none" else ())
+
+
+def head_mask(params, heads) -> Any:
+  """A tree of bools like `params`: True for the parameters of `heads`."""
+  paths = [p for h in heads for p in HEAD_PARAMS[h]]
+
+  def of_head(path, _):
+    keys = tuple(getattr(k, "key", k) for k in path)
+    return any(keys[: len(p)] == p for p in paths)
+
+  return jax.tree_util.tree_map_with_path(of_head, params)
+
+
 def electra_generator_config(config, bert_config: model_lib.BertConfig):
   """The ELECTRA generator's `BertConfig` under `config.objective == "electra"`, else None."""
   if objective(config) != "electra":
@@ -140,8 +167,11 @@ def _init_fn(model, tx, seed_or_key):
   )
 
 
-def setup(config, mesh: jax.sharding.Mesh) -> Setup:
-  """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps."""
+def setup(config, mesh: jax.sharding.Mesh, head_warmup=(0, ())) -> Setup:
+  """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps.
+
+  `head_warmup` (steps, heads): for the first `steps` steps only the parameters of `heads`
+  (`HEAD_PARAMS`) change; every other gradient and update is zero (`loop.head_warmup`)."""
   bert_config = model_config(config)
   generator_config = electra_generator_config(config, bert_config)
   model = make_model(bert_config, generator_config)
@@ -170,6 +200,11 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       pair_mode=config.data.pair_mode,
       inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
       disc_weight=disc_weight,
+      head_warmup=(
+          (head_warmup[0], head_mask(built.abstract.params, head_warmup[1]))
+          if head_warmup[0] > 0 and head_warmup[1]
+          else None
+      ),
   )
   train_step = train_state.jit_step(
       step_fn,
@@ -263,6 +298,7 @@ def _train_step(
     pair_mode: str,
     inject_nan_at_step: int,
     disc_weight: float = 0.0,
+    head_warmup: tuple[int, Any] | None = None,
 ):
   batch = {k: v for k, v in batch.items() if k in STEP_INPUTS}
   electra = isinstance(model, electra_lib.ElectraForPreTraining)
@@ -328,6 +364,14 @@ def _train_step(
     poison = jnp.where(state.step == inject_nan_at_step, jnp.nan, 1.0)
     loss = loss * poison
     grads = jax.tree.map(lambda g: g * poison, grads)
+  freeze = lambda tree: tree
+  if head_warmup is not None:  # fresh heads first: the rest of the network holds still
+    warm_steps, mask = head_warmup
+    heads_only = state.step < warm_steps
+    freeze = lambda tree: jax.tree.map(
+        lambda x, m: x if m else jnp.where(heads_only, jnp.zeros_like(x), x), tree, mask
+    )
+    grads = freeze(grads)
   grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -337,7 +381,7 @@ def _train_step(
   def apply(params_and_opt):
     params, opt_state = params_and_opt
     updates, new_opt = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_opt
+    return optax.apply_updates(params, freeze(updates)), new_opt  # (weight decay held too)
 
   new_params, new_opt = jax.lax.cond(ok, apply, lambda po: po, (state.params, state.opt_state))
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt)
