@@ -519,8 +519,13 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
     (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   for note in plan.notes:
     writer.log(note)
+  bc = setups[0].bert_config  # the network built: a preset's, or with --init the checkpoint's
+  built = (
+      f"the network of {config.train.init_from}" if config.train.init_from else config.model.preset
+  )
   writer.log(
-      f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
+      f"model: {built}: {bc.num_layers} layers x {bc.hidden_size}, {bc.num_heads} heads, "
+      f"{model_lib.count_params(setups[0].abstract_state.params):,} "
       f"params{_electra_note(setups[0])} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
