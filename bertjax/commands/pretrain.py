@@ -418,8 +418,11 @@ def parse(
   except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
     # ml_collections applying an override the checks above let through (`--config.a[0]=1`)
     raise errors.ConfigError(f"a --config.KEY override does not apply: {e}") from e
+  budget = budget_follows_length(fv.config, argv)  # before the rule that budget <= length
   config_checks.validate(fv.config)
   print(recipe.source_line(fv.config.get("variant")), flush=True)
+  for line in budget:
+    print(f"{prog}: {line}", flush=True)
   return fv
 
 
@@ -473,8 +476,6 @@ def main(argv: list[str]) -> int:
     )
   _check_multihost(fv)
   apply_init(fv)
-  for line in budget_follows_length(fv.config, argv):
-    print(f"pretrain: {line}", flush=True)
   from bertjax.runtime import distributed
 
   distributed.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)

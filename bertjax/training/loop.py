@@ -335,7 +335,7 @@ class _Run:
     warm_steps, warm_heads = plan.head_warmup
     if warm_heads and int(jax.device_get(self.state.step)) < warm_steps:
       writer.log(
-          f"head warm-up: {', '.join(warm_heads)} start untrained and train alone until step "
+          f"head warm-up: untrained head(s) {', '.join(warm_heads)} train alone until step "
           f"{warm_steps}, then the whole network (config.train.head_warmup_steps; 0: off)"
       )
     self.at = self.start = self.last_saved = int(jax.device_get(self.state.step))
