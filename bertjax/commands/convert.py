@@ -313,10 +313,10 @@ def _save(
     from bertjax.interop import convert as convert_lib
 
     cls = convert_lib.save_hf(params, cfg, out, untrained)
-    written = [f"config.json ({cls})", "model.safetensors"]
+    written = ["config.json", "model.safetensors"]
     if tok is not None:
       written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
-    return ", ".join(written)
+    return ", ".join(written) + f" ({cls})"
   if args.dst_kind == "bertjax":
     from bertjax.training import checkpoint
 
