@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from bertjax import errors
+from bertjax.training import objective  # jax-free: the valid objective names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +176,7 @@ PHASE2_RANGES: dict[str, Range] = {
     "phase2.peak_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
-    "objective": ("mlm", "electra"),
+    "objective": objective.NAMES,  # one per branch of `objective.make`
     "data.source": ("prepared", "synthetic"),
     "data.pair_mode": ("nsp", "sop", "none"),
     "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
@@ -301,7 +302,7 @@ def preflight(config, workdir: str | None = None, explicit: frozenset[str] = fro
   with c.unlocked():
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
   try:
-    train.electra_generator_config(c, train.model_config(c))  # and ELECTRA's generator
+    objective.make(c, train.model_config(c))  # the objective's own networks (ELECTRA's generator)
   except errors.UserError:
     raise
   except ValueError as e:  # BertConfig's own checks (hidden_size % num_heads, ...)

@@ -121,12 +121,10 @@ def _meta(
     progress: dict | None = None,
     untrained_heads=(),
 ) -> dict:
-  gen = setup.generator_config
   return dict(
       untrained_heads=sorted(untrained_heads),  # never exported as trained (`bertjax convert`)
       bert_config=setup.bert_config.to_dict(),
-      objective=train.objective(config),
-      generator_config=gen.to_dict() if gen is not None else None,  # ELECTRA's generator
+      **setup.objective.record(),  # `objective`, and ELECTRA's `generator_config`
       step=int(step),
       tokenizer=tokenizer_rel,
       optimizer=config.train.optimizer,
@@ -152,17 +150,6 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   return rel
 
 
-def _electra_note(setup: train.Setup) -> str:
-  """ ", ELECTRA: discriminator H wide, generator G wide" for an ELECTRA run, else ""."""
-  gen = setup.generator_config
-  if gen is None:
-    return ""
-  return (
-      f" (ELECTRA: discriminator {setup.bert_config.hidden_size} wide, generator "
-      f"{gen.hidden_size} wide, embeddings {setup.bert_config.embedding_width})"
-  )
-
-
 def head_warmup(config) -> tuple[int, tuple[str, ...]]:
   """(steps, heads): the heads this objective trains that start untrained from
   config.train.init_from (a `BertModel` has no MLM head), warmed alone for the first `steps`
@@ -184,7 +171,7 @@ def _init_from(
   run, a transformers or a Google BERT directory, `init_from.py`); also the heads it lacked,
   which keep their fresh values."""
   source = init_from_lib.describe(path)
-  want = "electra" if setup.generator_config is not None else "mlm"
+  want = setup.objective.name
   if want != source.objective:
     raise errors.ConfigError(
         f"config.train.init_from={path}: an {source.objective} checkpoint, but "
@@ -254,10 +241,7 @@ def evaluate(
     sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
   totals = jax.device_get(totals)
-  if setup.generator_config is not None:  # ELECTRA: the generator's MLM, the discriminator's
-    means = losses.electra_finalize(totals, config.electra.disc_weight)
-  else:
-    means = losses.finalize(totals)
+  means = setup.objective.finalize(totals)  # ELECTRA: the generator's MLM, the discriminator's
   out = {f"eval_{k}": float(v) for k, v in means.items()}
   # The best constant guess at the same positions: the most frequent target there. A model
   # that has not learned to use context (the unigram plateau) scores about this.
@@ -343,11 +327,7 @@ class _Run:
     self.batches = self._open(self.phase, data_state)
     meta = restored.meta if restored else {}
     self.meter = progress.Meter(
-        config,
-        setups[self.phase.index].bert_config,
-        self.phase,
-        meta.get("metrics_partial"),
-        generator_config=setups[self.phase.index].generator_config,
+        config, setups[self.phase.index].objective, self.phase, meta.get("metrics_partial")
     )
     self.clock = progress.TimeToTarget(
         config, list(self.phases), meta.get("progress"), source_names(config)
@@ -385,7 +365,7 @@ class _Run:
       self.batches.close()
       self.phase = ph = self.phases[self.phase.index + 1]
       self.batches = self._open(ph, None)
-      self.meter.set_phase(self.setups[ph.index].bert_config, ph)
+      self.meter.set_phase(self.setups[ph.index].objective, ph)
       self.writer.log(
           f"phase {ph.index}: seq {ph.seq_len}, batch {ph.batch_size}, "
           f"{ph.max_predictions} predictions, from step {self.at}"
@@ -471,7 +451,7 @@ class _Run:
         self.tokenizer_rel,
         self.meter.partial(),
         self.clock.state(),
-        self.untrained - set(train.trained_heads(self.config)),  # this run has trained a step
+        self.untrained - set(self.setups[0].objective.trained_heads()),  # it trained a step
     )
     self.mngr.save(self.at, self.state, data, meta, force=True)
 
@@ -503,7 +483,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
       meta.get("optimizer"),
       config.train.optimizer,
       meta.get("objective"),
-      train.objective(config),
+      setups[0].objective.name,
   )
   restored = mngr.restore_newest_good(
       setups[0].abstract_state, check, log=print if is_main else lambda _: None
@@ -526,7 +506,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   writer.log(
       f"model: {built}: {bc.num_layers} layers x {bc.hidden_size}, {bc.num_heads} heads, "
       f"{model_lib.count_params(setups[0].abstract_state.params):,} "
-      f"params{_electra_note(setups[0])} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
+      f"params{setups[0].objective.note()} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
 
