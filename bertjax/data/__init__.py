@@ -1,8 +1,9 @@
 """Data layer: corpus preparation, the MLM/NSP example stream, and inspection.
 
-    tokenizer.py    SentencePiece with BERT's special ids: loading, training (`tokenizer train`)
-    coverage.py     which characters of a corpus get their own piece
+    tokenizer.py    the `Tokenizer` interface, BERT's special ids, SentencePiece and tokenizer.json
     wordpiece.py    WordPiece from a BERT vocab.txt; `load_tokenizer` picks either kind
+    tokenizer_train.py  training SentencePiece and WordPiece vocabularies (`tokenizer train`)
+    coverage.py     which characters of a corpus get their own piece
     text.py         cleaning raw lines and rule-based sentence splitting
     records.py      the shard format (TFRecord of tokenized documents), metadata.json, and the
                     plain-Python reader
