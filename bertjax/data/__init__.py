@@ -17,7 +17,11 @@
     masking.py      counter-based RNG and vectorised MLM masking
     synthetic.py    TensorFlow-free random batches, independent of the number of hosts
     packing.py      several whole examples per row: the packer, the packed layout, real_token_fraction
-    pretraining.py  `make_stream`, `InputConfig`: the endless, resumable MLM/NSP stream
+    input_config.py `InputConfig`, the features, the rules of packed rows, the saved state's check
+    blocks.py       block t of a prepared stream -> its rows (`BlockBuilder`); `examples_per_row`
+    mixture.py      several prepared datasets mixed by weight
+    hosts.py        which blocks each host takes, and the stream cutting them into batches
+    pretraining.py  `make_stream`: the endless, resumable MLM/NSP stream (from the rows above)
     prefetch.py     host batches -> global device arrays, built ahead in a thread
     inspect.py      `bertjax data preview` / `bertjax data stats`
 
