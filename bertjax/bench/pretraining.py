@@ -34,7 +34,7 @@ import numpy as np
 
 from bertjax import errors, locations
 from bertjax import model as model_lib
-from bertjax.bench import peers as bench_peers, profile
+from bertjax.bench import peer_runs, peers as bench_peers, profile
 from bertjax.model import ops
 from bertjax.training import flops as flops_lib, sharding, train
 
@@ -516,18 +516,18 @@ def _run_peer(name: str, spec: BenchSpec, cfg: model_lib.BertConfig, repo_root: 
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
   if name == "hf-torch":
-    return bench_peers.run_torch(pspec, compiled=False)
+    return peer_runs.run_torch(pspec, compiled=False)
   if name == "hf-torch-compile":
-    return bench_peers.run_torch(pspec, compiled=True)
+    return peer_runs.run_torch(pspec, compiled=True)
   if name == "hf-flax":
     root = repo_root or str(locations.REPO_ROOT)
-    return bench_peers.run_flax_subprocess(pspec, root)
+    return peer_runs.run_flax_subprocess(pspec, root)
   if name == "keras-hub":
     t = train_config(spec).train  # bertjax's optimizer, which keras AdamW is given
     pspec.update(
         learning_rate=t.learning_rate, weight_decay=t.weight_decay, eps=t.eps, clip_norm=t.clip_norm
     )
-    return bench_peers.run_keras_subprocess(pspec)
+    return peer_runs.run_keras_subprocess(pspec)
   check_peers((name,))  # an unknown name is the caller's mistake
   raise AssertionError(f"peer {name} is in bench_peers.PEERS but has no runner here")
 
