@@ -17,6 +17,7 @@ import flax.linen as nn
 from bertjax import cli, errors
 from bertjax import model as model_lib
 from bertjax.bench import finetuning, peer_runs, peers as bench_peers, pretraining as bench
+from bertjax.bench import spec as bench_spec
 from bertjax.commands import bench as bench_cmd
 from bertjax.training import flops
 
@@ -235,7 +236,7 @@ def test_keras_hub_peer_trains_the_same_model_without_nsp(capsys):
   hidden = spec.model_config().hidden_size
   assert r["params"] == peer["params"] + hidden * 2 + 2
   assert any(d.startswith("NSP: bertjax also trains") for d in peer["differences"])
-  report = bench.format_report(r)
+  report = bench_spec.format_report(r)
   assert "keras-hub vs bertjax" in report and "NSP" in report and "clipped at 1.0" in report
 
 
@@ -523,7 +524,7 @@ def test_compare_packing_times_both_steps_in_one_run(austen_shards, capsys):
       for tu, tp in zip(r["round_ms"], p["round_ms"])
   ]
   assert r["packing_ratio_rounds"] == pytest.approx(float(np.median(rounds)))
-  table = bench.format_report(r)
+  table = bench_spec.format_report(r)
   assert "bertjax packed" in table and "packing: real tokens/s packed / unpacked" in table
 
 
