@@ -59,9 +59,9 @@ from bertjax.data.hosts import PreparedStream
 from bertjax.data.input_config import AUTO, check_state, FEATURES, InputConfig, masked_width
 from bertjax.runtime import fs
 
-# The stream's config and rules (input_config.py), building its blocks (blocks.py), moving its
-# batches to the devices (prefetch.py), and which blocks each host takes (hosts.py): importable
-# from here, where the stream's callers have always found them.
+# The rest of the stream's config (input_config.py), moving its batches to the devices
+# (prefetch.py) and which blocks each host takes (hosts.py): importable from here, where the
+# stream's callers have always found them, as InputConfig and BlockBuilder above.
 from bertjax.data.input_config import auto_examples_cap, PACKED_FEATURES  # noqa: F401
 from bertjax.data.hosts import HostPlan, resume_states  # noqa: F401
 from bertjax.data.prefetch import Prefetcher, global_batch, prefetch_to_device  # noqa: F401
