@@ -14,7 +14,7 @@ import json
 from bertjax import errors
 from bertjax.commands.args import ArgumentParser, fraction, positive_int
 from bertjax.commands.args import reword
-from bertjax.data import tokenizer_train, wordpiece
+from bertjax.data import tokenizer_train, wordpiece, wordpiece_train
 from bertjax.runtime import fs
 
 # The library's words for what this command's flags set (`reword`).
@@ -120,7 +120,7 @@ def _train_wordpiece(args: argparse.Namespace) -> None:
           f"drop {flag}, or leave out --kind wordpiece"
       )
   try:
-    tok = tokenizer_train.train_wordpiece(
+    tok = wordpiece_train.train_wordpiece(
         args.input, args.output, args.vocab_size, not args.cased, args.overwrite
     )
   except errors.UserError as e:

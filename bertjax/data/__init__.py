@@ -2,7 +2,8 @@
 
     tokenizer.py    the `Tokenizer` interface, BERT's special ids, SentencePiece and tokenizer.json
     wordpiece.py    WordPiece from a BERT vocab.txt; `load_tokenizer` picks either kind
-    tokenizer_train.py  training SentencePiece and WordPiece vocabularies (`tokenizer train`)
+    tokenizer_train.py  training a SentencePiece tokenizer (`tokenizer train`)
+    wordpiece_train.py  training a WordPiece vocab.txt (`tokenizer train --kind wordpiece`)
     coverage.py     which characters of a corpus get their own piece
     text.py         cleaning raw lines and rule-based sentence splitting
     records.py      the shard format (TFRecord of tokenized documents), metadata.json, and the
