@@ -1,7 +1,8 @@
 # bertjax: the two Quick start commands.
 #   make demo   -- create .venv, install bertjax, run the main job on the bundled corpus
 #   make test   -- create .venv, install bertjax with its test extras (and libtpu, for the TPU
-#                  compiler tests of `bertjax compile`), check the formatting, run the test suite
+#                  compiler tests of `bertjax compile`), check the formatting and the import
+#                  contracts, run the test suite
 #   make test-fast -- the unit tests only (no subprocess, multi-host or end-to-end test)
 #   make test-gpu  -- the GPU compiler tests of `bertjax compile --accelerator h100-8`, in a venv
 #                     with the `gpu` extra
@@ -42,8 +43,11 @@ test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost and not process" tests
 
 FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py data/make_chinese.py
+# The import contracts (.importlinter) are read from this tree (PYTHONPATH), not from
+# whichever checkout the venv's editable install points at.
 lint: $(VENV)/.installed-test
 	$(BIN)/pyink --check $(FORMATTED)
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports --no-cache .importlinter
 
 format: $(VENV)/.installed-test
 	$(BIN)/pyink $(FORMATTED)
