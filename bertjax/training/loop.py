@@ -150,54 +150,6 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
   return rel
 
 
-def head_warmup(config) -> tuple[int, tuple[str, ...]]:
-  """(steps, heads): the heads this objective trains that start untrained from
-  config.train.init_from (a `BertModel` has no MLM head), warmed alone for the first `steps`
-  steps (config.train.head_warmup_steps; -1: 10% of train.steps); (0, ()) when none."""
-  path, steps = config.train.init_from, config.train.head_warmup_steps
-  if not path or steps == 0:
-    return 0, ()
-  untrained = init_from_lib.untrained_heads(init_from_lib.describe(path))
-  heads = tuple(h for h in train.trained_heads(config) if h in untrained)
-  if not heads:
-    return 0, ()
-  return (max(1, config.train.steps // 10) if steps < 0 else steps), heads
-
-
-def _init_from(
-    setup: train.Setup, state: train.TrainState, path: str
-) -> tuple[train.TrainState, list[str]]:
-  """Replace freshly initialised params with a checkpoint's (continued pretraining: a bertjax
-  run, a transformers or a Google BERT directory, `init_from.py`); also the heads it lacked,
-  which keep their fresh values."""
-  source = init_from_lib.describe(path)
-  want = setup.objective.name
-  if want != source.objective:
-    raise errors.ConfigError(
-        f"config.train.init_from={path}: an {source.objective} checkpoint, but "
-        f"config.objective={want!r} — start from a checkpoint of the same objective, or set "
-        f"config.objective={source.objective!r}"
-    )
-  checkpoint.check_compatible(
-      dict(source.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
-      setup.bert_config,
-      path,
-  )
-  place = None
-  if not setup.bert_config.scan_layers:  # each tensor onto its shards as soon as it is read
-    where = {
-        tuple(k.key for k in path): sharding
-        for path, sharding in jax.tree_util.tree_leaves_with_path(setup.state_shardings.params)
-    }
-    place = lambda path, x: jax.device_put(x, where[path])
-  params, fresh = init_from_lib.load(source, place)
-  if setup.bert_config.scan_layers:
-    params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
-  host = lambda x: x if isinstance(x, jax.Array) else np.asarray(x)  # placed ones stay placed
-  params = jax.device_put(jax.tree.map(host, params), setup.state_shardings.params)
-  return state.replace(params=params), fresh
-
-
 def _data_state(config, saved: list | None, writer) -> dict | None:
   """This process's saved input position; adapted when the number of processes changed."""
   if not saved:
@@ -309,7 +261,7 @@ class _Run:
     else:
       self.state = setups[0].init_state(config.seed)
       if config.train.init_from:
-        self.state, fresh = _init_from(setups[0], self.state, config.train.init_from)
+        self.state, fresh = init_from_lib.start(setups[0], self.state, config.train.init_from)
         self.untrained = set(init_from_lib.head_ids(fresh))
         writer.log(
             f"initialised params from {config.train.init_from}"
@@ -467,7 +419,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   if plan.config.data.source == "prepared" and plan.meta is None:
     plan = config_checks.with_data(plan, bundled.prepared_dir(plan.workdir))
   config, workdir, is_main = plan.config, plan.workdir, jax.process_index() == 0
-  plan = dataclasses.replace(plan, head_warmup=head_warmup(config))
+  plan = dataclasses.replace(plan, head_warmup=init_from_lib.head_warmup(config))
   setups = {
       ph.index: train.setup(phase_config(config, ph), plan.mesh, plan.head_warmup)
       for ph in plan.phases
