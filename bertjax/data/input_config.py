@@ -35,7 +35,9 @@ class InputConfig:
   seq_len: int = 128  # L: tokens per example, [CLS] and [SEP]s included
   max_predictions_per_seq: int = 20  # P: BERT used 20 at L=128, 80 at L=512
   pair_mode: str = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (no second objective)
-  mask_prob: float = 0.15  # predictions per token ([CLS]/[SEP] counted, as google's)
+  mask_prob: float = (
+      masking.MaskSpec.mask_prob
+  )  # predictions per token ([CLS]/[SEP] counted, as google's)
   short_seq_prob: float = 0.1  # share of examples with a random shorter target length
   # Mask all pieces of a word together ("▁x" / not "##x"), or all tokens of a segmenter's word
   # in data prepared with `--word-segmenter` (segment.py).
@@ -43,8 +45,10 @@ class InputConfig:
   seed: int = 0  # the same seed gives the same stream
   vocab_size: int | None = None  # synthetic: required; prepared: must be >= the tokenizer's
   shuffle_buffer: int = 1024  # documents whose instances are shuffled together
-  mask_token_prob: float = 0.8  # of the predicted tokens: [MASK]
-  random_token_prob: float = 0.1  # of the predicted tokens: a random token; rest unchanged
+  mask_token_prob: float = masking.MaskSpec.mask_token_prob  # of the predicted tokens: [MASK]
+  random_token_prob: float = (
+      masking.MaskSpec.random_token_prob
+  )  # of the predicted tokens: a random token; rest unchanged
   # Prepared shards' reader: "tf.data" (TensorFlow's threads; falls back to "python" with a
   # warning when TensorFlow is not installed) | "python" (records.py). Same batches either way.
   reader: str = "tf.data"

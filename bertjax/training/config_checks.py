@@ -172,8 +172,6 @@ PHASE2_RANGES: dict[str, Range] = {
     "phase2.rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
     "phase2.local_rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
     "phase2.decay_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
-    "phase2.final_lr_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
-    "phase2.peak_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
     "objective": objective.NAMES,  # one per branch of `objective.make`

@@ -76,13 +76,13 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       max_predictions_per_seq=phase.max_predictions,
       pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
       mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
-      whole_word_mask=_held_out(config, split, "whole_word_mask", d.get("whole_word_mask", False)),
-      mask_token_prob=d.get("mask_token_prob", 0.8),
-      random_token_prob=d.get("random_token_prob", 0.1),
+      whole_word_mask=_held_out(config, split, "whole_word_mask", d.whole_word_mask),
+      mask_token_prob=d.mask_token_prob,
+      random_token_prob=d.random_token_prob,
       seed=seed,
       vocab_size=config.model.vocab_size,
-      packing=_held_out(config, split, "packing", d.get("packing", False)),
-      max_examples_per_row=d.get("max_examples_per_row", pretraining.AUTO),
+      packing=_held_out(config, split, "packing", d.packing),
+      max_examples_per_row=d.max_examples_per_row,
       # Evaluation streams are short: worker processes would cost more to start than they save.
       workers=input_workers(d.get("workers")) if split == "train" else 0,
       sources=mixture.phase_weights(mixture.parse_sources(d.get("sources")), phase.index),
@@ -444,7 +444,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   writer = metrics_writer.MetricsWriter(
       workdir,
       enabled=is_main,
-      tensorboard=config.get("tensorboard", True),
+      tensorboard=config.tensorboard,
       keep_through=restored.step if restored else 0,
   )
   if is_main:

@@ -82,7 +82,7 @@ class TimeToTarget:
 
   def __init__(self, config, plan: list[Phase], saved: dict | None, sources=("data",)):
     self.target = config.eval.get("target_mlm_accuracy")
-    self.stop = bool(config.eval.get("stop_at_target", False)) and self.target is not None
+    self.stop = bool(config.eval.stop_at_target) and self.target is not None
     self.plan = plan
     saved = saved or {}
     self.tokens = float(saved.get("tokens", 0.0))

@@ -166,10 +166,10 @@ def setup(config, mesh: jax.sharding.Mesh, head_warmup=(0, ())) -> Setup:
       mesh=mesh,
       microbatches=config.train.microbatches,
       batch_warmup=(
-          config.train.get("batch_warmup_steps", 0) or 0,
-          config.train.get("batch_warmup_start", 1) or 1,
+          config.train.batch_warmup_steps,
+          config.train.batch_warmup_start,
       ),
-      inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
+      inject_nan_at_step=config.train.inject_nan_at_step,
       head_warmup=(
           (head_warmup[0], head_mask(built.abstract.params, head_warmup[1]))
           if head_warmup[0] > 0 and head_warmup[1]
