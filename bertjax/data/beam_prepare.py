@@ -172,7 +172,10 @@ def _tfds_parts(cfg: PrepareConfig) -> int:
   import tensorflow_datasets as tfds
 
   name, _, split = cfg.tfds.partition(":")
-  info = tfds.builder(name, data_dir=cfg.tfds_data_dir).info.splits[split or "train"]
+  try:
+    info = tfds.builder(name, data_dir=cfg.tfds_data_dir).info.splits[split or "train"]
+  except (KeyError, ValueError):  # a split expression, or no file list (mock data): one part
+    return 1
   return max(1, min(MAX_TFDS_PARTS, info.num_shards or 1, info.num_examples or 1))
 
 

@@ -246,11 +246,11 @@ def document_start(f: IO[bytes], at: int, max_doc: int) -> tuple[int, bool]:
     return 0, False
   f.seek(at - 1)
   buf = f.read(max_doc + 2)
-  if len(buf) <= 1:
-    return at - 1 + len(buf), False
   blank = [i for i in (buf.find(b"\n\n"), buf.find(b"\n\r\n")) if i >= 0]
   if blank:
     return at + min(blank), False
+  if len(buf) < max_doc + 2:  # the last document: it runs to the end of the file
+    return at - 1 + len(buf), False
   line = buf.find(b"\n")
   if line >= 0:
     return at + line, False

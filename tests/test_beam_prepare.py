@@ -1,0 +1,176 @@
+"""`bertjax prepare --runner beam`: the same data as the local path, through Apache Beam.
+
+Needs the `beam` extra, which `make test` does not install (apache-beam pins protobuf and
+pyarrow below the test environment's); `make test-beam` runs this file in a venv of its own.
+"""
+
+import collections
+import gzip
+import json
+import pathlib
+
+import pytest
+
+pytest.importorskip(
+    "apache_beam", reason="needs the beam extra (apache-beam), in its own venv: make test-beam"
+)
+
+from bertjax import cli, errors  # noqa: E402
+from bertjax.commands import prepare as prepare_cmd  # noqa: E402
+from bertjax.data import beam_prepare, prepare, records  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOKENIZER = str(REPO / "data" / "tokenizer.model")
+
+
+def _corpus(root: pathlib.Path) -> list[str]:
+  """Every input kind with bad records mixed in: text (CRLF, invalid UTF-8, NUL, long lines, a
+  single-document file, an empty and a blank one), JSON lines plain and gzip, Parquet."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  chapters = [d for d in (REPO / "data" / "austen.txt").read_text().split("\n\n") if d.strip()]
+  good = "\n\n".join(chapters[:12]) + "\n"
+  (root / "good.txt").write_text(good)
+  bad = "\r\n\r\n".join(c.replace("\n", "\r\n") for c in chapters[12:16])
+  bad = bad.encode().replace(b"Elinor", b"Eli\xffnor", 3).replace(b"the ", b"th\x00e ", 2)
+  (root / "crlf.txt").write_bytes(bad + b"\r\n" + b"word " * 100 + b"\r\n")
+  (root / "single.txt").write_text(chapters[16] + "\n")
+  (root / "empty.txt").write_bytes(b"")
+  (root / "blank.txt").write_text("\n \n\t\n")
+  texts = [c.replace("\n", " ") for c in chapters[17:40]]
+  lines = []
+  for i, t in enumerate(texts):
+    lines.append(json.dumps({"text": t, "id": i}))
+    bad_line = ["{not json", '{"id": 1}', '{"text": null}', '{"text": 7}', '{"text": "  "}'][i % 5]
+    lines.append(bad_line)
+  (root / "r.jsonl").write_text("\n".join(lines) + "\n")
+  (root / "r.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines[:9]) + "\n").encode()))
+  column = [c.replace("\n", " ") for c in chapters[40:52]] + [None, "   "]
+  pq.write_table(pa.table({"text": column}), str(root / "t.parquet"), row_group_size=4)
+  return [str(root / "*.txt"), str(root / "r.jsonl"), str(root / "r.jsonl.gz")] + [
+      str(root / "t.parquet")
+  ]
+
+
+def _documents(out: str, split: str) -> collections.Counter:
+  meta = records.load_metadata(out)
+  return collections.Counter(
+      tuple(tuple(int(t) for t in sentence) for sentence in doc)
+      for shard in records.split_shards(meta, out, split)
+      for doc in records.read_documents(shard["path"])
+  )
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+  """The corpus prepared by the local path and by Beam's DirectRunner (2 worker processes),
+  every text and JSON-lines file read in spans of 3 kB."""
+  root = tmp_path_factory.mktemp("beam")
+  inputs = _corpus(root)
+  cfg = dict(
+      tokenizer=TOKENIZER,
+      inputs=tuple(inputs),
+      num_shards=3,
+      eval_fraction=0.1,
+      max_line_chars=300,
+      processes=2,
+      chunk_bytes=2048,
+      progress=False,
+  )
+  local = prepare.prepare(prepare.PrepareConfig(output=str(root / "local"), **cfg))
+  beam = beam_prepare.prepare(
+      prepare.PrepareConfig(output=str(root / "beam"), **cfg), split_bytes=3000
+  )
+  return root, local, beam
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_beam_writes_the_local_paths_data(both):
+  root, local, beam = both
+  for key in ("documents", "sentences", "tokens", "input_bytes", "skipped", "repaired"):
+    assert beam[key] == local[key], key
+  assert beam["warnings"] == local["warnings"]
+  # Every kind of problem was met, so the counts compared above are not empty ones.
+  assert {"unparseable JSON line", "record whose text field is null", "empty file"} <= set(
+      beam["skipped"]
+  )
+  assert {"invalid UTF-8 (replaced)", "CRLF line endings (normalised)"} <= set(beam["repaired"])
+  assert beam["warnings"] == {"single-document file": 1}
+  for split in records.SPLITS:
+    docs = _documents(str(root / "beam"), split)
+    assert docs and docs == _documents(str(root / "local"), split), split
+  # The file of the bad text split in spans: its problems are reported at their lines in it.
+  lines = (root / "crlf.txt").read_bytes().split(b"\n")
+  bad = next(i for i, line in enumerate(lines, 1) if b"\xff" in line)
+  assert f"{root / 'crlf.txt'}:{bad}: invalid UTF-8 (replaced)" in beam["examples_of_problems"]
+  meta = records.load_metadata(str(root / "beam"))
+  records.check_shards(meta, str(root / "beam"))
+  assert [s["file"] for s in meta["shards"]] == [
+      "train-00000-of-00003.tfrecord",
+      "train-00001-of-00003.tfrecord",
+      "train-00002-of-00003.tfrecord",
+      "eval-00000-of-00001.tfrecord",
+  ]
+  assert not list((root / "beam").glob(".prepare*"))
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_pretrain_and_data_stats_read_the_beam_output(both, tmp_path, capsys):
+  from bertjax.training import loop
+  from experiments import pretrain
+
+  root = both[0]
+  c = pretrain.get_config("tiny")
+  c.data.path = str(root / "beam")
+  c.data.seq_len, c.data.max_predictions_per_seq, c.data.workers = 32, 5, 1
+  c.train.batch_size, c.train.steps, c.train.warmup_steps = 8, 2, 1
+  c.eval.every_steps, c.eval.steps, c.eval.batch_size = 2, 1, 8
+  c.checkpoint.every_steps, c.log_every_steps, c.tensorboard = 2, 1, False
+  assert loop.train_and_evaluate(c, str(tmp_path / "run")) == 0
+  rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert any("eval_loss" in r for r in rows)  # the held-out split Beam wrote was read
+  capsys.readouterr()
+  assert (
+      cli.main(["data", "stats", "--data", str(root / "beam"), "--seq-len", "32", "-n", "20"]) == 0
+  )
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["examples"] >= 20
+
+
+def test_beam_flags_are_checked_before_anything_runs(tmp_path):
+  (tmp_path / "a.txt").write_text("One sentence.\nAnother one.\n\nA second document.\n")
+  base = ["--input", str(tmp_path / "a.txt"), "--tokenizer", TOKENIZER, "--no-progress"]
+  out = ["--output", str(tmp_path / "out")]
+  with pytest.raises(errors.UsageError, match="--beam-option goes with --runner beam"):
+    prepare_cmd.main(base + out + ["--beam-option", "runner=DirectRunner"])
+  with pytest.raises(errors.ConfigError, match="--beam-option bogus=1: bogus is not a Beam"):
+    prepare_cmd.main(base + out + ["--runner", "beam", "--beam-option", "bogus=1"])
+  with pytest.raises(errors.ConfigError, match="drop --worker-index and --num-workers"):
+    prepare_cmd.main(base + out + ["--runner", "beam", "--num-workers", "2"])
+  assert not (tmp_path / "out").exists()
+
+
+def test_tfds_on_the_in_process_runner(tmp_path):
+  """A TFDS split on Beam's in-process runner, where TFDS's mock data reaches the workers."""
+  import tensorflow_datasets as tfds
+
+  with tfds.testing.mock_data(num_examples=12):
+    cfg = prepare.PrepareConfig(
+        output=str(tmp_path / "out"),
+        tokenizer=TOKENIZER,
+        tfds="wikipedia/20230601.en:train",
+        num_shards=2,
+        eval_fraction=0,
+        processes=1,
+        progress=False,
+    )
+    local = prepare.prepare(cfg)
+    beam = beam_prepare.prepare(
+        cfg.__class__(**{**cfg.__dict__, "output": str(tmp_path / "beam")}),
+        ["direct_running_mode=in_memory"],
+    )
+  assert beam["documents"] == local["documents"] > 0
+  assert beam["tokens"] == local["tokens"]
+  assert _documents(str(tmp_path / "beam"), "train") == _documents(str(tmp_path / "out"), "train")
