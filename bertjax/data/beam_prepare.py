@@ -87,6 +87,7 @@ def pipeline_options(flags: Sequence[str], processes: int):
       "runner": "DirectRunner",
       "direct_running_mode": "multi_processing",
       "direct_num_workers": str(processes),
+      "default_sdk_harness_log_level": "WARNING",  # the workers' INFO lines: a few per bundle
   }
   given = []
   for flag in flags:
