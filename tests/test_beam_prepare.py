@@ -150,6 +150,11 @@ def test_beam_flags_are_checked_before_anything_runs(tmp_path):
   with pytest.raises(errors.ConfigError, match="drop --worker-index and --num-workers"):
     prepare_cmd.main(base + out + ["--runner", "beam", "--num-workers", "2"])
   assert not (tmp_path / "out").exists()
+  # Beam's own flag names (extra_package, whose destination is extra_packages) and switches.
+  argv = ["runner=DataflowRunner", "extra_package=dist/b.tar.gz", "save_main_session"]
+  options = beam_prepare.pipeline_options(argv, 2).get_all_options()
+  assert options["runner"] == "DataflowRunner" and options["extra_packages"] == ["dist/b.tar.gz"]
+  assert options["save_main_session"] and options["direct_num_workers"] == 2
 
 
 def test_tfds_on_the_in_process_runner(tmp_path):

@@ -82,7 +82,14 @@ def pipeline_options(flags: Sequence[str], processes: int):
   not know is an error naming it (Beam itself would drop it with a warning)."""
   from apache_beam.options.pipeline_options import PipelineOptions
 
-  known = PipelineOptions([]).get_all_options()
+  known = set()  # Beam's flag names (`extra_package`) and their destinations (`extra_packages`)
+
+  def grab(parser) -> None:
+    for action in parser._actions:
+      known.update(s.lstrip("-") for s in action.option_strings)
+      known.add(action.dest)
+
+  PipelineOptions([]).get_all_options(add_extra_args_fn=grab)
   args = {
       "runner": "DirectRunner",
       "direct_running_mode": "multi_processing",
