@@ -8,6 +8,8 @@ import collections
 import gzip
 import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -179,3 +181,54 @@ def test_tfds_on_the_in_process_runner(tmp_path):
   assert beam["documents"] == local["documents"] > 0
   assert beam["tokens"] == local["tokens"]
   assert _documents(str(tmp_path / "beam"), "train") == _documents(str(tmp_path / "out"), "train")
+
+
+UPLOAD = r"""
+import sys
+from etils import epath
+epath.Path(sys.argv[2]).write_bytes(open(sys.argv[1], "rb").read())
+"""
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
+  """Input and output on a (fake) bucket, as on Dataflow: the shards are written in place, the
+  old metadata and shards of an earlier preparation go, nothing is left beside them, and the
+  data is the local path's."""
+  chapters = (REPO / "data" / "austen.txt").read_text().split("\n\n")
+  (tmp_path / "a.txt").write_text("\n\n".join(chapters[:30]) + "\n")
+  env = gcs.environ()
+  upload = [sys.executable, "-c", UPLOAD, str(tmp_path / "a.txt"), f"{gcs.url}/in/a.txt"]
+  subprocess.run(upload, env=env, check=True, timeout=120)
+  flags = ["--tokenizer", TOKENIZER, "--eval-fraction", "0.1", "--no-progress", "--overwrite"]
+  for shards in ("3", "2"):  # the second run replaces the first's three shards with two
+    argv = [sys.executable, "-m", "bertjax.cli", "prepare", "--input", f"{gcs.url}/in/a.txt"]
+    argv += ["--output", f"{gcs.url}/out", "--num-shards", shards, "--runner", "beam"]
+    r = subprocess.run(
+        argv + flags, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+  names = sorted(n.removeprefix("out/") for n in gcs.objects("out/"))
+  assert names == [
+      "eval-00000-of-00001.tfrecord",
+      "metadata.json",
+      "tokenizer.model",
+      "train-00000-of-00002.tfrecord",
+      "train-00001-of-00002.tfrecord",
+  ]
+  meta = json.loads(gcs.read("out/metadata.json"))
+  local = prepare.prepare(
+      prepare.PrepareConfig(
+          output=str(tmp_path / "local"),
+          tokenizer=TOKENIZER,
+          inputs=(str(tmp_path / "a.txt"),),
+          eval_fraction=0.1,
+          processes=1,
+          progress=False,
+      )
+  )
+  for key in ("documents", "sentences", "tokens", "input_bytes"):
+    assert meta[key] == local[key]
+  held_out = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
+  assert held_out == sum(s["documents"] for s in local["shards"] if s["split"] == "eval") > 0

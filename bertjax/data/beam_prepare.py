@@ -59,6 +59,8 @@ from bertjax.runtime import fs
 SPLIT_BYTES = 64 << 20
 # A TFDS split is read in at most this many parts (at most one per file of the dataset).
 MAX_TFDS_PARTS = 256
+# The totals counted as the pipeline runs (Beam metrics).
+_COUNTED = ("documents", "tokens", "input_bytes")
 # The file the pipeline leaves for the launcher in the scratch directory.
 _SUMMARY = "summary.json"
 # Reasons counted once per file (problems.py), kept once per file here too.
@@ -166,8 +168,7 @@ def plan(cfg: PrepareConfig, tasks: corpus.Tasks, split_bytes: int) -> list[Unit
       for start in range(0, size, split_bytes):
         units.append(Unit(path, order, fmt, span=(start, min(size, start + split_bytes))))
     elif fmt == "parquet":
-      with formats._open(path) as f:
-        groups = formats.open_parquet(f, path).num_row_groups
+      groups = formats.parquet_row_groups(path)
       units += [Unit(path, order, fmt, row_group=g) for g in range(groups)]
     else:
       units.append(Unit(path, order, fmt))
@@ -194,7 +195,7 @@ def read_unit(unit: Unit, cfg: PrepareConfig) -> Iterator[tuple[Unit, corpus.Tas
   problem = lambda record, reason, count: summary.problem(unit, unit.source, record, reason, count)
   lines = 0
   if unit.fmt == "text":
-    max_doc = max(corpus.MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+    max_doc = corpus.max_doc_bytes(cfg)
     for first, data, continued in corpus.file_chunks(
         unit.source, cfg.chunk_bytes, max_doc, span=unit.span
     ):
@@ -284,13 +285,13 @@ class Summary:
     """Keeps the first `max_reports` examples, a reason of _ONCE_PER_FILE once per file."""
     kept, seen = [], set()
     for example in sorted(self.examples):
+      if len(kept) >= self.max_reports:
+        break
       if example[4] in _ONCE_PER_FILE:
         if (example[3], example[4]) in seen:
           continue
         seen.add((example[3], example[4]))
       kept.append(example)
-      if len(kept) == self.max_reports:
-        break
     self.examples = kept
 
   def to_json(self) -> str:
@@ -432,6 +433,9 @@ def _build(p, beam, cfg: PrepareConfig, units: list[Unit], shard_dir: str, scrat
     for item in items:
       yield beam.pvalue.TaggedOutput("summary", item) if isinstance(item, Summary) else item
 
+  # Progress, in the runner's own monitoring (the Dataflow console's job counters).
+  counters = {k: beam.metrics.Metrics.counter("prepare", k) for k in _COUNTED}
+
   class Encode(beam.DoFn):
 
     def setup(self):
@@ -439,6 +443,9 @@ def _build(p, beam, cfg: PrepareConfig, units: list[Unit], shard_dir: str, scrat
 
     def process(self, item):
       for out in tag(encode_task(item, cfg)):
+        if isinstance(out, beam.pvalue.TaggedOutput):
+          for k in _COUNTED:
+            counters[k].inc(out.value.totals[k])
         yield out
 
   read = (

@@ -174,6 +174,13 @@ def is_binary(path: str) -> bool:
 MAX_DOC_BYTES = 1 << 20
 
 
+def max_doc_bytes(cfg: PrepareConfig) -> int:
+  """The longest document `file_chunks` keeps whole. A line of max_line_chars characters (<= 4
+  bytes each) is never cut, and the part of a cut line before the cut is longer than that, so
+  the line is counted."""
+  return max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+
+
 def _after_blank(buf: bytes, start: int, end: int) -> int:
   """The position after the first newline of the last blank line in buf[start:end], or start."""
   return max(buf.rfind(b"\n\n", start, end), buf.rfind(b"\n\r\n", start, end), start - 1) + 1
@@ -357,9 +364,7 @@ class Tasks:
       if self.formats[path] != "text":
         yield from self._record_tasks(path, mine)
         continue
-      # A line of max_line_chars characters (<= 4 bytes each) is never cut, and the part
-      # of a cut line before the cut is longer than that, so the line is counted.
-      max_doc = max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+      max_doc = max_doc_bytes(cfg)
       for first_line, data, continued in file_chunks(path, cfg.chunk_bytes, max_doc):
         if mine():
           yield Task(
