@@ -186,7 +186,8 @@ def test_tfds_on_the_in_process_runner(tmp_path):
 UPLOAD = r"""
 import sys
 from etils import epath
-epath.Path(sys.argv[2]).write_bytes(open(sys.argv[1], "rb").read())
+for src, dst in zip(sys.argv[1::2], sys.argv[2::2]):
+  epath.Path(dst).write_bytes(open(src, "rb").read())
 """
 
 
@@ -194,23 +195,36 @@ epath.Path(sys.argv[2]).write_bytes(open(sys.argv[1], "rb").read())
 @pytest.mark.slow
 def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
   """Input and output on a (fake) bucket, as on Dataflow: the shards are written in place, the
-  old metadata and shards of an earlier preparation go, nothing is left beside them, and the
-  data is the local path's."""
+  metadata and shards of an earlier preparation go, nothing is left beside them, and the data
+  is the local path's."""
   chapters = (REPO / "data" / "austen.txt").read_text().split("\n\n")
   (tmp_path / "a.txt").write_text("\n\n".join(chapters[:30]) + "\n")
-  env = gcs.environ()
-  upload = [sys.executable, "-c", UPLOAD, str(tmp_path / "a.txt"), f"{gcs.url}/in/a.txt"]
-  subprocess.run(upload, env=env, check=True, timeout=120)
-  flags = ["--tokenizer", TOKENIZER, "--eval-fraction", "0.1", "--no-progress", "--overwrite"]
-  for shards in ("3", "2"):  # the second run replaces the first's three shards with two
-    argv = [sys.executable, "-m", "bertjax.cli", "prepare", "--input", f"{gcs.url}/in/a.txt"]
-    argv += ["--output", f"{gcs.url}/out", "--num-shards", shards, "--runner", "beam"]
-    r = subprocess.run(
-        argv + flags, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+  (tmp_path / "old").write_text("an earlier preparation's file")
+  pairs = [(tmp_path / "a.txt", "in/a.txt")]
+  pairs += [
+      (tmp_path / "old", f"out/{n}") for n in ("metadata.json", "train-00005-of-00008.tfrecord")
+  ]
+  upload = [
+      sys.executable,
+      "-c",
+      UPLOAD,
+      *[x for a, b in pairs for x in (str(a), f"{gcs.url}/{b}")],
+  ]
+  subprocess.run(upload, env=gcs.environ(), check=True, timeout=120)
+  argv = [sys.executable, "-m", "bertjax.cli", "prepare", "--input", f"{gcs.url}/in/a.txt"]
+  argv += ["--output", f"{gcs.url}/out", "--tokenizer", TOKENIZER, "--num-shards", "2"]
+  argv += ["--eval-fraction", "0.3", "--processes", "1", "--no-progress", "--overwrite"]
+  r = subprocess.run(
+      argv + ["--runner", "beam"],
+      env=gcs.environ(),
+      cwd=tmp_path,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
   names = sorted(n.removeprefix("out/") for n in gcs.objects("out/"))
-  assert names == [
+  assert [n for n in names if n] == [
       "eval-00000-of-00001.tfrecord",
       "metadata.json",
       "tokenizer.model",
@@ -223,7 +237,7 @@ def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
           output=str(tmp_path / "local"),
           tokenizer=TOKENIZER,
           inputs=(str(tmp_path / "a.txt"),),
-          eval_fraction=0.1,
+          eval_fraction=0.3,
           processes=1,
           progress=False,
       )
