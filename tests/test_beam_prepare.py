@@ -5,6 +5,7 @@ pyarrow below the test environment's); `make test-beam` runs this file in a venv
 """
 
 import collections
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -56,11 +57,13 @@ def _corpus(root: pathlib.Path) -> list[str]:
 
 
 def _documents(out: str, split: str) -> collections.Counter:
+  """The documents of a split as a multiset of their records (token ids, sentence lengths and,
+  with a word segmenter, word lengths)."""
   meta = records.load_metadata(out)
   return collections.Counter(
-      tuple(tuple(int(t) for t in sentence) for sentence in doc)
+      payload
       for shard in records.split_shards(meta, out, split)
-      for doc in records.read_documents(shard["path"])
+      for payload in records.read_records(shard["path"])
   )
 
 
@@ -94,6 +97,7 @@ def test_beam_writes_the_local_paths_data(both):
   for key in ("documents", "sentences", "tokens", "input_bytes", "skipped", "repaired"):
     assert beam[key] == local[key], key
   assert beam["warnings"] == local["warnings"]
+  assert set(beam) == set(local) and beam["tokenizer"] == local["tokenizer"]
   # Every kind of problem was met, so the counts compared above are not empty ones.
   assert {"unparseable JSON line", "record whose text field is null", "empty file"} <= set(
       beam["skipped"]
@@ -175,7 +179,7 @@ def test_tfds_on_the_in_process_runner(tmp_path):
     )
     local = prepare.prepare(cfg)
     beam = beam_prepare.prepare(
-        cfg.__class__(**{**cfg.__dict__, "output": str(tmp_path / "beam")}),
+        dataclasses.replace(cfg, output=str(tmp_path / "beam")),
         ["direct_running_mode=in_memory"],
     )
   assert beam["documents"] == local["documents"] > 0
@@ -246,3 +250,41 @@ def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
     assert meta[key] == local[key]
   held_out = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
   assert held_out == sum(s["documents"] for s in local["shards"] if s["split"] == "eval") > 0
+
+
+def test_wordpiece_word_segmenter_arrow_and_zstd_in_process(tmp_path):
+  """Chinese through a WordPiece vocabulary and jieba's words, from text, an Arrow file and
+  zstandard JSON lines, on the in-process runner: the same records as the local path."""
+  import pyarrow as pa
+  import zstandard
+
+  docs = (REPO / "data" / "chinese" / "corpus.txt").read_text().split("\n\n")[:40]
+  chars = sorted({c for d in docs for c in d if not c.isspace()})
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  (tmp_path / "vocab.txt").write_text("\n".join(specials + chars) + "\n")
+  (tmp_path / "zh.txt").write_text("\n\n".join(docs[:20]) + "\n")
+  with pa.ipc.new_stream(str(tmp_path / "zh.arrow"), pa.schema([("text", pa.string())])) as w:
+    w.write_table(pa.table({"text": docs[20:30]}))
+  lines = "".join(json.dumps({"text": d}) + "\n" for d in docs[30:])
+  (tmp_path / "zh.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+  cfg = prepare.PrepareConfig(
+      output=str(tmp_path / "local"),
+      tokenizer=str(tmp_path / "vocab.txt"),
+      inputs=tuple(str(tmp_path / n) for n in ("zh.txt", "zh.arrow", "zh.jsonl.zst")),
+      num_shards=2,
+      eval_fraction=0.2,
+      processes=1,
+      progress=False,
+      word_segmenter="jieba",
+  )
+  local = prepare.prepare(cfg)
+  beam = beam_prepare.prepare(
+      dataclasses.replace(cfg, output=str(tmp_path / "beam")),
+      ["direct_running_mode=in_memory"],
+      split_bytes=4000,
+  )
+  for key in ("documents", "tokens", "skipped", "repaired", "warnings", "word_segmenter"):
+    assert beam[key] == local[key], key
+  assert beam["tokenizer"] == local["tokenizer"] and beam["tokenizer"]["type"] == "wordpiece"
+  for split in records.SPLITS:
+    assert _documents(str(tmp_path / "beam"), split) == _documents(str(tmp_path / "local"), split)

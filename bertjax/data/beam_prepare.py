@@ -492,7 +492,7 @@ def _run(
   start = time.perf_counter()
   local = fs.is_local(out)
   scratch = out / f".prepare-{cfg.worker_index}.tmp"
-  prepare_lib._remove(scratch)
+  prepare_lib.remove_dir(scratch)
   scratch.mkdir()
   shard_dir = scratch if local else out
   try:
@@ -511,10 +511,10 @@ def _run(
     shards = sorted(summary.shards, key=lambda s: (s["split"] != "train", s["file"]))
     tally.finish_files(tasks)
     prepare_lib.say_missing_shards(cfg, shard_counts(cfg), shards)
-    prepare_lib._publish(cfg, shard_dir, out, shards)
+    prepare_lib.publish(cfg, shard_dir, out, shards)
   finally:
-    prepare_lib._remove(scratch)
-  tokenizer_meta = prepare_lib._copy_tokenizer(tok, out, cfg.worker_index)
+    prepare_lib.remove_dir(scratch)
+  tokenizer_meta = prepare_lib.copy_tokenizer(tok, out, cfg.worker_index)
   totals = collections.Counter(summary.totals)
   print(
       f"prepare: {totals['documents']} documents, {totals['tokens']} tokens in "

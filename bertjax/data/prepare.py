@@ -28,6 +28,9 @@ Records: JSON lines (`.jsonl`, `.json`, plain or compressed, zstandard too), Par
 Paths: inputs, tokenizer and output may be local or on an object store (`gs://...`); all go
 through `bertjax.runtime.fs` (etils.epath). A remote output is shuffled and written in a local
 temporary directory, then each finished shard is uploaded (an object appears whole or not at all).
+
+Past one host: beam_prepare.py does the same work as an Apache Beam pipeline (`prepare
+--runner beam`), through this module's checks, placing and metadata (`prepare(cfg, run=...)`).
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def _place(
   tmp.replace(out / name)
 
 
-def _copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
+def copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
   """Copies the tokenizer into the data directory (self-contained); its metadata entry.
 
   The special ids go into metadata.json, so the stream frames and masks with the right ids
@@ -180,7 +183,7 @@ def say_missing_shards(cfg: PrepareConfig, asked: dict[str, int], shards: list[d
       )
 
 
-def _publish(cfg: PrepareConfig, tmp: epath.Path, out: epath.Path, shards: list[dict]) -> None:
+def publish(cfg: PrepareConfig, tmp: epath.Path, out: epath.Path, shards: list[dict]) -> None:
   """Moves the finished shards from `tmp` into `out` (a remote `out`: uploads them); the old
   metadata goes first, so a reader never sees it beside new shards, and the new one is written
   last (by the caller). A single worker owns `out`: shards of an earlier preparation that are
@@ -259,12 +262,12 @@ def _scratch(cfg: PrepareConfig, out: epath.Path) -> epath.Path:
   if not fs.is_local(out):
     return epath.Path(tempfile.mkdtemp(prefix=f"bertjax-prepare-{cfg.worker_index}-"))
   tmp = out / f".prepare-{cfg.worker_index}.tmp"
-  _remove(tmp)  # left by an interrupted run
+  remove_dir(tmp)  # left by an interrupted run
   tmp.mkdir()
   return tmp
 
 
-def _remove(directory: epath.Path) -> None:
+def remove_dir(directory: epath.Path) -> None:
   with contextlib.suppress(OSError):
     directory.rmtree(missing_ok=True)
 
@@ -327,10 +330,10 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
       writers.close()
     tally.finish_files(tasks)
     _drop_empty_shards(cfg, tmp, writers)
-    _publish(cfg, tmp, out, writers.shards)
+    publish(cfg, tmp, out, writers.shards)
   finally:
-    _remove(tmp)
-  tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
+    remove_dir(tmp)
+  tokenizer_meta = copy_tokenizer(tok, out, cfg.worker_index)
   return finish(cfg, out, tasks, tally, totals, writers.shards, tokenizer_meta, start)
 
 
