@@ -2,8 +2,8 @@
 
 The local path (prepare.py) reads the input in one process and tokenizes in a pool; this one
 hands the same work to a data-processing engine (Beam's DirectRunner here, Dataflow, Flink or
-Spark by `--beam-option runner=...`), which schedules it over workers, retries what fails and
-rebalances stragglers. One implementation, two drivers: the checks before anything is written
+Spark by `--beam-option runner=...`), which schedules it over its workers and retries what
+fails. One implementation, two drivers: the checks before anything is written
 (`prepare.prepare`, which runs this driver in place of its own), the readers (corpus.py,
 formats.py), the per-document work (encode.process: cleaning, sentence splitting, tokenizing,
 the word segmenter, the held-out hash), the shuffle (shuffle.Shuffler), the tally of problems
@@ -15,7 +15,7 @@ The pipeline:
             at a line for JSON lines), a compressed one whole (its stream cannot be entered in
             the middle), a Parquet file by row group, an Arrow file whole, a TFDS split in
             parts of its files
-  read      each unit into corpus.Tasks of about `chunk_bytes`, as the local path reads them
+  read      each unit into corpus.Task chunks of about `chunk_bytes`, as the local path cuts them
   encode    encode.process on each task (the pool's function), after a reshuffle that spreads
             the tasks of one unit over the workers
   shards    each document to a shard of its split by a seeded hash of its record, each shard
