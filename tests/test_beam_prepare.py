@@ -252,7 +252,7 @@ def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
   assert held_out == sum(s["documents"] for s in local["shards"] if s["split"] == "eval") > 0
 
 
-def test_wordpiece_word_segmenter_arrow_and_zstd_in_process(tmp_path):
+def test_wordpiece_word_segmenter_arrow_and_zstd_in_process(tmp_path, monkeypatch, capsys):
   """Chinese through a WordPiece vocabulary and jieba's words, from text, an Arrow file and
   zstandard JSON lines, on the in-process runner: the same records as the local path."""
   import pyarrow as pa
@@ -278,11 +278,14 @@ def test_wordpiece_word_segmenter_arrow_and_zstd_in_process(tmp_path):
       word_segmenter="jieba",
   )
   local = prepare.prepare(cfg)
+  monkeypatch.setattr(beam_prepare, "PROGRESS_S", 0.0)  # every task: the progress line
+  capsys.readouterr()
   beam = beam_prepare.prepare(
       dataclasses.replace(cfg, output=str(tmp_path / "beam")),
       ["direct_running_mode=in_memory"],
       split_bytes=4000,
   )
+  assert f"a worker has done {beam['documents']} documents" in capsys.readouterr().err
   for key in ("documents", "tokens", "skipped", "repaired", "warnings", "word_segmenter"):
     assert beam[key] == local[key], key
   assert beam["tokenizer"] == local["tokenizer"] and beam["tokenizer"]["type"] == "wordpiece"

@@ -59,6 +59,8 @@ from bertjax.runtime import fs
 SPLIT_BYTES = 64 << 20
 # A TFDS split is read in at most this many parts (at most one per file of the dataset).
 MAX_TFDS_PARTS = 256
+# Each worker prints its totals this often (seconds).
+PROGRESS_S = 30.0
 # The totals counted as the pipeline runs (Beam metrics).
 _COUNTED = ("documents", "tokens", "input_bytes")
 # The file the pipeline leaves for the launcher in the scratch directory.
@@ -440,13 +442,30 @@ def _build(p, beam, cfg: PrepareConfig, units: list[Unit], shard_dir: str, scrat
 
     def setup(self):
       encode.init_worker(cfg)  # the tokenizer and segmenter, once per worker
+      self.done, self.said = collections.Counter(), time.monotonic()
 
     def process(self, item):
       for out in tag(encode_task(item, cfg)):
         if isinstance(out, beam.pvalue.TaggedOutput):
           for k in _COUNTED:
             counters[k].inc(out.value.totals[k])
+          self.done.update(out.value.totals)
+          self.progress()
         yield out
+
+    def progress(self):
+      """Every PROGRESS_S seconds, this worker's totals on its stderr (the DirectRunner's
+      workers share the terminal; on Dataflow they go to the worker logs)."""
+      if time.monotonic() - self.said < PROGRESS_S:
+        return
+      self.said = time.monotonic()
+      d = self.done
+      print(
+          f"prepare: a worker has done {d['documents']} documents, {d['tokens'] / 1e6:.1f} M "
+          f"tokens, {d['input_bytes'] / 1e6:.0f} MB of input",
+          file=sys.stderr,
+          flush=True,
+      )
 
   read = (
       p
