@@ -27,13 +27,14 @@ TOKENIZER = str(REPO / "data" / "tokenizer.model")
 
 
 def _corpus(root: pathlib.Path) -> list[str]:
-  """Every input kind with bad records mixed in: text (CRLF, invalid UTF-8, NUL, long lines, a
-  single-document file, an empty and a blank one), JSON lines plain and gzip, Parquet."""
+  """Every input kind with bad records mixed in: text (a byte-order mark, CRLF, invalid UTF-8,
+  NUL, long lines, a single-document file, an empty and a blank one), JSON lines plain and gzip,
+  Parquet in row groups."""
   import pyarrow as pa
   import pyarrow.parquet as pq
 
   chapters = [d for d in (REPO / "data" / "austen.txt").read_text().split("\n\n") if d.strip()]
-  good = "\n\n".join(chapters[:12]) + "\n"
+  good = "\ufeff" + "\n\n".join(chapters[:12]) + "\n"  # a BOM; 33 spans of 3 kB
   (root / "good.txt").write_text(good)
   bad = "\r\n\r\n".join(c.replace("\n", "\r\n") for c in chapters[12:16])
   bad = bad.encode().replace(b"Elinor", b"Eli\xffnor", 3).replace(b"the ", b"th\x00e ", 2)
@@ -102,7 +103,8 @@ def test_beam_writes_the_local_paths_data(both):
   assert {"unparseable JSON line", "record whose text field is null", "empty file"} <= set(
       beam["skipped"]
   )
-  assert {"invalid UTF-8 (replaced)", "CRLF line endings (normalised)"} <= set(beam["repaired"])
+  repaired = {"invalid UTF-8 (replaced)", "CRLF line endings (normalised)", "NUL bytes (removed)"}
+  assert repaired | {"byte-order mark (removed)"} <= set(beam["repaired"])
   assert beam["warnings"] == {"single-document file": 1}
   for split in records.SPLITS:
     docs = _documents(str(root / "beam"), split)
