@@ -1,6 +1,6 @@
 """`bertjax prepare` on this machine against `--runner beam` (Beam's DirectRunner), 1 and 2 workers.
 
-    python experiments/bench_beam_prepare.py --copies 30 --workdir /tmp/bench_beam
+    python experiments/bench_beam_prepare.py --copies 30 --workdir runs/bench_beam
 
 writes the bundled corpus `--copies` times into one text file, prepares it with each runner and
 worker count (`--processes N`: the local path's pool, the DirectRunner's worker processes) and
