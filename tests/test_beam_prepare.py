@@ -165,6 +165,7 @@ def test_beam_flags_are_checked_before_anything_runs(tmp_path):
   assert options["save_main_session"] and options["direct_num_workers"] == 2
 
 
+@pytest.mark.slow
 def test_tfds_on_the_in_process_runner(tmp_path):
   """A TFDS split on Beam's in-process runner, where TFDS's mock data reaches the workers."""
   import tensorflow_datasets as tfds
@@ -254,6 +255,7 @@ def test_beam_writes_the_shards_in_place_on_gs(gcs, tmp_path):
   assert held_out == sum(s["documents"] for s in local["shards"] if s["split"] == "eval") > 0
 
 
+@pytest.mark.slow
 def test_wordpiece_word_segmenter_arrow_and_zstd_in_process(tmp_path, monkeypatch, capsys):
   """Chinese through a WordPiece vocabulary and jieba's words, from text, an Arrow file and
   zstandard JSON lines, on the in-process runner: the same records as the local path."""
