@@ -13,7 +13,7 @@ from bertjax import cli
 from bertjax.commands import pretrain as pretrain_cmd
 from bertjax.interop import convert, google_ckpt
 from bertjax.training import sharding, train
-from conftest import HF_CONFIG, tiny_config
+from conftest import HF_CONFIG, synthetic_batch, tiny_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -105,27 +105,6 @@ def test_an_mlm_only_run_exports_as_masked_lm_and_google_leaves_the_head_out(tmp
   assert fresh == ["the pooler", "the NSP head"]
 
 
-def _batch(c, mesh, step):
-  from bertjax.data import pretraining
-
-  cfg = pretraining.InputConfig(
-      source="synthetic",
-      seq_len=c.data.seq_len,
-      max_predictions_per_seq=c.data.max_predictions_per_seq,
-      vocab_size=c.model.vocab_size,
-      pair_mode="none",
-      seed=0,
-  )
-  stream = pretraining.make_stream(
-      cfg,
-      global_batch_size=c.train.batch_size,
-      process_index=0,
-      process_count=1,
-      state={"step": step},
-  )
-  return pretraining.global_batch(next(stream), sharding.batch_sharding(mesh))
-
-
 def test_a_fresh_head_trains_alone_first_then_the_whole_network():
   c = tiny_config(warmup_steps=0)
   c.data.pair_mode = "none"
@@ -136,7 +115,7 @@ def test_a_fresh_head_trains_alone_first_then_the_whole_network():
   before = get(state)
   for step in range(3):
     prev = get(state)
-    state, _ = s.train_step(state, _batch(c, mesh, step))
+    state, _ = s.train_step(state, synthetic_batch(c, mesh, step))
     now = get(state)
     moved = lambda path: not np.array_equal(np.asarray(path(prev)), np.asarray(path(now)))
     emb = lambda p: p["bert"]["embeddings"]["word_embeddings"]["embedding"]
