@@ -1,10 +1,12 @@
 # bertjax: the two Quick start commands.
 #   make demo   -- create .venv, install bertjax, run the main job on the bundled corpus
 #   make test   -- create .venv, install bertjax with its test extras (and libtpu, for the TPU
-#                  compiler tests of `bertjax compile`), check the formatting, run the test suite
+#                  compiler tests of `bertjax compile`), check the formatting and the import
+#                  contracts, run the test suite
 #   make test-fast -- the unit tests only (no subprocess, multi-host or end-to-end test)
 #   make test-gpu  -- the GPU compiler tests of `bertjax compile --accelerator h100-8`, in a venv
 #                     with the `gpu` extra
+#   make test-beam -- the tests of `bertjax prepare --runner beam`, in a venv with the `beam` extra
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +15,7 @@ DEMO_DIR ?= runs/demo
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test test-fast test-gpu lint format bench install install-test clean
+.PHONY: demo test test-fast test-gpu test-beam lint format bench install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +44,11 @@ test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost and not process" tests
 
 FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py data/make_chinese.py
+# The import contracts (.importlinter) are read from this tree (PYTHONPATH), not from
+# whichever checkout the venv's editable install points at.
 lint: $(VENV)/.installed-test
 	$(BIN)/pyink --check $(FORMATTED)
+	PYTHONPATH=$(CURDIR) $(BIN)/lint-imports --no-cache .importlinter
 
 format: $(VENV)/.installed-test
 	$(BIN)/pyink $(FORMATTED)
@@ -61,6 +66,19 @@ $(GPU_VENV)/.installed: setup.cfg pyproject.toml
 test-gpu: $(GPU_VENV)/.installed
 	$(GPU_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_compile_gpu.py
 
+# The tests of `bertjax prepare --runner beam` (tests/test_beam_prepare.py) need the `beam` extra,
+# in a venv of its own: apache-beam pins protobuf and pyarrow below the versions in $(VENV)
+# (docs/testing.md), and `make test` skips them, saying so.
+BEAM_VENV ?= .venv-beam
+$(BEAM_VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(BEAM_VENV)
+	$(BEAM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BEAM_VENV)/bin/python -m pip install --quiet -e ".[test,beam]"
+	touch $@
+
+test-beam: $(BEAM_VENV)/.installed
+	$(BEAM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/test_beam_prepare.py
+
 # The Flax peer of `bertjax bench --compare hf-flax` needs transformers 4.x (5.x has no Flax
 # models), in a venv of its own.
 HF4_VENV ?= .venv-hf4
@@ -73,4 +91,4 @@ bench: $(VENV)/.installed-test $(HF4_VENV)/bin/python
 	$(BIN)/bertjax bench --preset base --batch-size 16 --seq-len 128 --steps 8 --compare hf-torch,hf-flax
 
 clean:
-	rm -rf $(VENV) $(HF4_VENV) $(GPU_VENV) runs
+	rm -rf $(VENV) $(HF4_VENV) $(GPU_VENV) $(BEAM_VENV) runs

@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from bertjax.data.masking import MaskSpec
+
 # variant -> (model preset, global batch, steps, peak lr, warmup steps)
 _SCALES = {
     "demo": ("tiny", 128, 2000, 1e-3, 300),
@@ -157,12 +159,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.data.seq_len = 128  # tokens per example incl. [CLS]/[SEP]
   c.data.max_predictions_per_seq = 20  # masked positions per example (0.15 * 128, rounded)
   c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)
-  c.data.mask_prob = 0.15  # share of tokens chosen for MLM
+  # The masking rates are BERT's, written once, in `bertjax.data.masking.MaskSpec`
+  c.data.mask_prob = MaskSpec.mask_prob  # share of tokens chosen for MLM (BERT: 15%)
   # Mask every piece of a word together; on data prepared with `--word-segmenter`, every token
   # of a segmenter's word (Chinese whole-word masking: docs/data.md)
   c.data.whole_word_mask = False
-  c.data.mask_token_prob = 0.8  # of the chosen tokens: [MASK] (BERT: 80%)
-  c.data.random_token_prob = 0.1  # of the chosen tokens: a random token (BERT: 10%); rest kept
+  c.data.mask_token_prob = MaskSpec.mask_token_prob  # of the chosen: [MASK] (BERT: 80%)
+  c.data.random_token_prob = MaskSpec.random_token_prob  # a random token (BERT: 10%); rest kept
   c.data.prefetch = 2  # batches transferred ahead of the step
   c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
   # packed rows: at most this many examples (NSP labels) each; 0: measured on the corpus
@@ -201,6 +204,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
       None, field_type=str
   )  # save_pretrained dir / workdir to continue from
   c.train.inject_nan_at_step = -1  # testing only: poison this step's loss to exercise the guard
+  # Continued pretraining from a checkpoint without a head this objective trains (a BertModel:
+  # no MLM head): that head trains alone for these first steps, then the whole network.
+  # -1: 10% of train.steps when a head starts untrained (0: off).
+  c.train.head_warmup_steps = -1
 
   # Second phase (BERT: last 10% of steps at seq 512). fraction 0 = one phase.
   c.phase2 = ml_collections.ConfigDict()

@@ -24,7 +24,7 @@
 # ~/bertjax/.venv with jax[tpu]. Every worker then runs `bertjax ARGS...`; jax.distributed finds
 # the other workers from the TPU metadata (JAX_COORDINATOR_ADDRESS is set to worker 0), so ARGS
 # need no multi-host flags.
-# Workdirs and data should be on GCS (gs://...) or copied to every worker (launch/prepare_pod.sh).
+# Workdirs and data should be on GCS (gs://...; `bertjax prepare --runner beam` prepares there).
 #
 # example:
 #   launch/tpu_pod.sh --name bert-base --zone us-central2-b --accelerator v4-32 --queued -- \

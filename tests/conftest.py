@@ -247,6 +247,29 @@ def tiny_config(**train_overrides):
   return c
 
 
+def synthetic_batch(c, mesh, step=0, pair_mode=None):
+  """Step `step`'s global batch of the synthetic stream for `c` (`tiny_config`) on `mesh`."""
+  from bertjax.data import pretraining
+  from bertjax.training import sharding
+
+  cfg = pretraining.InputConfig(
+      source="synthetic",
+      seq_len=c.data.seq_len,
+      max_predictions_per_seq=c.data.max_predictions_per_seq,
+      vocab_size=c.model.vocab_size,
+      pair_mode=pair_mode or c.data.pair_mode,
+      seed=0,
+  )
+  stream = pretraining.make_stream(
+      cfg,
+      global_batch_size=c.train.batch_size,
+      process_index=0,
+      process_count=1,
+      state={"step": step},
+  )
+  return pretraining.global_batch(next(stream), sharding.batch_sharding(mesh))
+
+
 def loop_config(steps, **kw):
   """`tiny_config` for a whole loop: log every step, checkpoint/eval every 3; `kw` sets
   dotted fields ("eval.every_steps": 0)."""

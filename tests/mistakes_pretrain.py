@@ -111,6 +111,19 @@ ROWS: list[Mistake] = [
         ("config.data.seq_len=1024", "config.model.max_position_embeddings=512"),
     ),
     Mistake(
+        "pretrain_prediction_budget_beyond_row",
+        (
+            "pretrain",
+            *SYNTH,
+            "--config.data.seq_len=16",
+            "--config.data.max_predictions_per_seq=20",
+        ),
+        (
+            "config.data.max_predictions_per_seq=20 exceeds config.data.seq_len=16",
+            "config.data.max_predictions_per_seq=3",
+        ),
+    ),
+    Mistake(
         "pretrain_batch_not_divisible",
         ("pretrain", *SYNTH, "--config.train.batch_size=33"),
         ("config.train.batch_size=33", "multiple of 8"),

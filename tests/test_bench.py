@@ -16,7 +16,8 @@ import flax.linen as nn
 
 from bertjax import cli, errors
 from bertjax import model as model_lib
-from bertjax.bench import finetuning, peers as bench_peers, pretraining as bench
+from bertjax.bench import finetuning, peer_runs, peers as bench_peers, pretraining as bench
+from bertjax.bench import spec as bench_spec
 from bertjax.commands import bench as bench_cmd
 from bertjax.training import flops
 
@@ -160,7 +161,7 @@ def test_flax_peer_subprocess_reports_missing_flax_models():
   )
   os.environ["BERTJAX_HF4_PYTHON"] = sys.executable
   try:
-    r = bench_peers.run_flax_subprocess(spec, repo_root=".", timeout_s=300)
+    r = peer_runs.run_flax_subprocess(spec, repo_root=".", timeout_s=300)
   finally:
     del os.environ["BERTJAX_HF4_PYTHON"]
   try:
@@ -193,7 +194,7 @@ def test_torch_peer_runs_and_matches_the_report_keys():
       steps=2,
       threads=1,
   )
-  r = bench_peers.run_torch(spec, compiled=False)
+  r = peer_runs.run_torch(spec, compiled=False)
   assert r["status"] == "ok", r
   assert r["step_ms"] > 0 and r["steps_timed"] == 2
   np.testing.assert_allclose(r["tokens_per_sec"], 2 * 8 * 1e3 / r["step_ms"])
@@ -213,9 +214,9 @@ def test_keras_hub_peer_is_listed_and_reported_unavailable_without_its_python(ca
       bench_cmd.main(argv + ["--help"])
     assert "keras-hub" in capsys.readouterr().out
   monkeypatch.setenv("BERTJAX_KERAS_HUB_PYTHON", "/nonexistent/python")
-  r = bench_peers.run_keras_subprocess({})
+  r = peer_runs.run_keras_subprocess({})
   assert r["status"] == "unavailable" and bench_peers.KERAS_HUB_INSTALL in r["reason"], r
-  r = bench_peers.run_keras_finetune_subprocess({}, {}, {})
+  r = peer_runs.run_keras_finetune_subprocess({}, {}, {})
   assert r["status"] == "unavailable" and "BERTJAX_KERAS_HUB_PYTHON" in r["reason"], r
 
 
@@ -235,7 +236,7 @@ def test_keras_hub_peer_trains_the_same_model_without_nsp(capsys):
   hidden = spec.model_config().hidden_size
   assert r["params"] == peer["params"] + hidden * 2 + 2
   assert any(d.startswith("NSP: bertjax also trains") for d in peer["differences"])
-  report = bench.format_report(r)
+  report = bench_spec.format_report(r)
   assert "keras-hub vs bertjax" in report and "NSP" in report and "clipped at 1.0" in report
 
 
@@ -523,7 +524,7 @@ def test_compare_packing_times_both_steps_in_one_run(austen_shards, capsys):
       for tu, tp in zip(r["round_ms"], p["round_ms"])
   ]
   assert r["packing_ratio_rounds"] == pytest.approx(float(np.median(rounds)))
-  table = bench.format_report(r)
+  table = bench_spec.format_report(r)
   assert "bertjax packed" in table and "packing: real tokens/s packed / unpacked" in table
 
 
@@ -542,10 +543,10 @@ def test_transformers_padding_free_bert_is_checked_then_timed():
       max_position_embeddings=32,
       seed=0,
   )
-  r = bench_peers.run_torch_flat_finetune(spec)  # no data: the check alone
+  r = peer_runs.run_torch_flat_finetune(spec)  # no data: the check alone
   assert r["name"] == "hf-torch-flat" and r["status"] == "unavailable", r
   check = r["flattening_check"]
-  tol = bench_peers.FLAT_TOLERANCE
+  tol = peer_runs.FLAT_TOLERANCE
   # the two controls bound what the check can see, on any transformers version: padding keeps
   # the examples apart, and the row without position_ids (one sequence) lets them mix
   assert check["padded"] < tol
@@ -565,20 +566,20 @@ def test_transformers_padding_free_bert_is_checked_then_timed():
   full = dict(spec, num_labels=2, batch_size=4, eval_batch_size=5, epochs=1, learning_rate=1e-3)
   full.update(weight_decay=0.01, warmup_fraction=0.1, threads=1)
   full.update(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  timed = bench_peers.run_torch_flat_finetune(full, data, data)
+  timed = peer_runs.run_torch_flat_finetune(full, data, data)
   if not apart:
     assert timed["status"] == "unavailable" and "no attention here" in timed["reason"]
     return
   assert timed["status"] == "ok", timed
   assert 0.0 <= timed["accuracy"] <= 1.0 and timed["steps"] == 3
-  hf = bench_peers._hf_config(transformers, full)
+  hf = bench_peers.hf_config(transformers, full)
   hf.num_labels = 2
   model = transformers.BertForSequenceClassification._from_config(
       hf, attn_implementation="sdpa" if "sdpa" in apart else apart[0]
   ).eval()
   idx = np.arange(10)
   with torch.inference_mode():
-    flat = bench_peers.flat_logits(model, *bench_peers.flat_batch(torch, data, idx)).numpy()
+    flat = peer_runs.flat_logits(model, *peer_runs.flat_batch(torch, data, idx)).numpy()
     padded = model(
         input_ids=torch.tensor(ids, dtype=torch.long),
         attention_mask=torch.tensor(mask, dtype=torch.long),

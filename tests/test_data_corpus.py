@@ -77,6 +77,35 @@ def test_chunks_cut_after_blank_lines_and_add_up_to_the_file(tmp_path):
     assert len(chunks) > 1 or chunk_bytes == 1 << 20
 
 
+def test_spans_of_a_file_give_its_documents_once_each(tmp_path):
+  """The spans `prepare --runner beam` reads a file in meet at document boundaries: together
+  they hold the file's bytes once, cut where the whole file's chunks are cut (blank lines, CRLF
+  ones too), and a last document without a blank line after it stays whole."""
+  docs = [f"Document {i} line one.\nDocument {i} line two.\n" for i in range(60)]
+  bodies = {
+      "lf": "\n".join(docs).encode(),
+      "crlf": "\n".join(docs).replace("\n", "\r\n").encode(),
+      "single": "".join(docs[:20]).encode(),  # one document, under max_doc
+      "long": ("\n".join(docs[:5]) + "\n" + "".join(docs) * 4).encode(),  # over max_doc
+  }
+  for name, body in bodies.items():
+    path = tmp_path / f"{name}.txt"
+    path.write_bytes(body)
+    whole = [data for _, data, _ in corpus.file_chunks(str(path), 1 << 20, 2000)]
+    for split in (7, 97, 500, 4096):
+      spans = [(s, min(len(body), s + split)) for s in range(0, len(body), split)]
+      pieces = [
+          [data for _, data, _ in corpus.file_chunks(str(path), 64, 2000, span=span)]
+          for span in spans
+      ]
+      assert b"".join(b"".join(p) for p in pieces) == body, (name, split)
+      docs_of = lambda chunks: sorted(
+          d.strip() for c in chunks for d in c.replace(b"\r", b"").split(b"\n\n") if d.strip()
+      )
+      if name != "long":  # a document over max_doc is cut, at other places in a span
+        assert docs_of(b"".join(p) for p in pieces) == docs_of(whole), (name, split)
+
+
 def _cfg(tmp_path, *names) -> prepare.PrepareConfig:
   return prepare.PrepareConfig(
       output=str(tmp_path / "out"), tokenizer="", inputs=tuple(str(tmp_path / n) for n in names)

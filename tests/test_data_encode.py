@@ -27,7 +27,7 @@ def test_a_tfds_record_is_one_document_split_into_sentences():
 
 
 def test_process_encodes_documents_and_reports_problems_at_absolute_lines():
-  encode._init_worker(_cfg(max_doc_sentences=2))
+  encode.init_worker(_cfg(max_doc_sentences=2))
   result = encode.process(corpus.Task("a.txt", 10, b"One.\nTwo.\nThree.\n\nFour\x00.\n"))
   assert result.source == "a.txt" and result.sentences == 4
   assert [r[1] for r in result.records] == [2, 1, 1]  # 3 sentences cut at 2, then one

@@ -124,6 +124,29 @@ def test_transformers_to_bertjax_and_back(tmp_path):
   _check(_hf_logits(disc2, gen2, *batch), theirs, mask)
 
 
+def test_released_discriminator_alone_runs_through_the_documented_api(tmp_path):
+  """A released discriminator (google/electra-*-discriminator: `ElectraForPreTraining`, no
+  generator beside it) loads, and `ElectraForPreTraining(cfg, None)`'s `discriminate` gives
+  transformers' logits on a padded batch; `generate` refuses in one line."""
+  disc, _ = _hf_models()
+  disc.save_pretrained(tmp_path / "disc")
+  ids, types, mask, pos = hf_batch(DISC["vocab_size"])
+  assert not mask.all()  # padding in the batch
+  import torch
+
+  t = lambda a: torch.tensor(a, dtype=torch.long)
+  with torch.no_grad():
+    theirs = disc(input_ids=t(ids), token_type_ids=t(types), attention_mask=t(mask)).logits.numpy()
+  cfg, params, gen_cfg = electra_interop.load(tmp_path / "disc")
+  assert gen_cfg is None and "generator_bias" not in params
+  model = electra_lib.ElectraForPreTraining(cfg, gen_cfg)
+  ours = model.apply({"params": params}, ids, types, mask, method=model.discriminate)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(ours)[real], theirs[real], atol=ATOL, rtol=0)
+  with pytest.raises(ValueError, match="discriminator alone"):
+    model.apply({"params": params}, ids, types, mask, pos, method=model.generate)
+
+
 def test_bertjax_to_transformers(tmp_path):
   import transformers
 

@@ -268,62 +268,6 @@ def test_tpu_pod_errors(argv, message):
   assert p.returncode == 2 and message in p.stderr
 
 
-def test_prepare_pod_dry_run():
-  out = sh(
-      [
-          "bash",
-          "launch/prepare_pod.sh",
-          "--dry-run",
-          "--name",
-          "bert",
-          "--zone",
-          "z",
-          "--raw",
-          "gs://b/raw/",
-          "--out",
-          "gs://b/prepared",
-          "--download",
-          "~/data/wiki",
-          "--",
-          "--input",
-          "../raw/*.txt",
-          "--tokenizer",
-          "data/tokenizer.model",
-      ]
-  ).stdout
-  cmds = lines(out)
-  assert len(cmds) == 2 and all(c[4] == "ssh" and "--worker=all" in c for c in cmds)
-  steps = remote(cmds[0])
-  assert "gcloud storage cp -r 'gs://b/raw/*' ~/raw/" in steps
-  assert (
-      "bertjax prepare --input '../raw/*.txt' --tokenizer data/tokenizer.model "
-      "--output ~/prepared --worker-index $W --num-workers $N"
-  ) in steps
-  assert steps.endswith("gcloud storage cp -r ~/prepared/* gs://b/prepared/")
-  assert (
-      remote(cmds[1])
-      == "mkdir -p ~/data/wiki && gcloud storage rsync -r gs://b/prepared ~/data/wiki"
-  )
-  p = sh(
-      [
-          "bash",
-          "launch/prepare_pod.sh",
-          "--dry-run",
-          "--name",
-          "b",
-          "--zone",
-          "z",
-          "--out",
-          "/local",
-          "--",
-          "--input",
-          "x",
-      ],
-      check=False,
-  )
-  assert p.returncode == 2 and "gs://" in p.stderr
-
-
 def test_tpu_worker_env_parses_both_endpoint_formats():
   for endpoints in ("unknown:unknown:10.0.0.5,unknown:unknown:10.0.0.6", "10.0.0.5,10.0.0.6"):
     script = textwrap.dedent(f"""

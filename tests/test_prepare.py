@@ -11,6 +11,7 @@ import pytest
 from bertjax import cli, errors
 from bertjax.commands import args as args_lib, prepare as prepare_cmd
 from bertjax.data import corpus, encode, prepare, records, text, tokenizer as tok_lib
+from bertjax.data import tokenizer_train as tok_train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER = str(REPO / "data" / "tokenizer.model")
@@ -242,7 +243,9 @@ def test_eval_split_is_disjoint_and_stable(tmp_path):
 
 def test_chinese_text(tmp_path):
   chinese = REPO / "tests" / "fixtures" / "data" / "chinese.txt"
-  tok_lib.train_tokenizer([str(chinese)], str(tmp_path / "zh"), tok_lib.TrainOptions(num_threads=1))
+  tok_train.train_tokenizer(
+      [str(chinese)], str(tmp_path / "zh"), tok_train.TrainOptions(num_threads=1)
+  )
   meta = prepare.prepare(
       prepare.PrepareConfig(
           output=str(tmp_path / "out"),

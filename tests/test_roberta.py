@@ -114,3 +114,42 @@ def test_a_bare_roberta_model_loads_with_its_pooler_and_fresh_heads(tmp_path):
   )
   heads = convert._fresh_heads(cfg)
   jax.tree.map(np.testing.assert_array_equal, params["mlm_transform"], heads["mlm_transform"])
+
+
+def test_roberta_pairs_are_framed_as_transformers_frames_them(tmp_path):
+  """A RoBERTa checkpoint's tokenizer.json (RoBERTa's template: `<s> A </s></s> B </s>`):
+  the ids bertjax feeds a GLUE pair task equal the transformers tokenizer's, through the
+  encoder every fine-tuning command loads; a single sentence keeps one separator."""
+  from tokenizers import ByteLevelBPETokenizer, processors
+
+  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.tasks.glue import features
+
+  texts = ["The quick brown fox jumps over the lazy dog.", "Two sentences make a pair."] * 20
+  bpe = ByteLevelBPETokenizer()
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  bpe.train_from_iterator(texts, vocab_size=300, special_tokens=specials)
+  bpe._tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+  theirs = transformers.RobertaTokenizerFast(
+      tokenizer_object=bpe._tokenizer,
+      **dict(zip(("bos_token", "pad_token", "eos_token", "unk_token", "mask_token"), specials)),
+      cls_token="<s>",
+      sep_token="</s>",
+  )
+  d = tmp_path / "roberta"
+  theirs.save_pretrained(d)
+  config = _roberta().config
+  config.vocab_size = 300
+  transformers.RobertaModel(config).save_pretrained(d)
+
+  enc = encoder_lib.load_encoder(str(d))
+  a, b = ["The lazy fox.", "A pair"], ["Quick brown dog jumps.", "of sentences"]
+  ex = features.Examples(text_a=a, text_b=b, labels=None, index=["0", "1"])
+  ours = features.encode(enc.tokenizer, ex, 32)
+  want = theirs(a, b)["input_ids"]
+  assert want[0][len(theirs(a[0])["input_ids"]) - 1 : len(theirs(a[0])["input_ids"]) + 1] == [2, 2]
+  for row, mask, w in zip(ours.input_ids_NxL, ours.attention_mask_NxL, want):
+    assert row[mask == 1].tolist() == w
+  single = features.encode(enc.tokenizer, features.Examples(a, None, None, ["0", "1"]), 32)
+  got = single.input_ids_NxL[0][single.attention_mask_NxL[0] == 1].tolist()
+  assert got == theirs(a[0])["input_ids"]

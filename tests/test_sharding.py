@@ -85,9 +85,7 @@ def _step_and_grads(c, host, mesh_shape):
   batch = pretraining.global_batch(host, s.batch_sharding)
 
   def loss_fn(params):
-    sums = train._forward_sums(
-        params, batch, s.model, c.data.pair_mode, jax.random.PRNGKey(0), deterministic=True
-    )
+    sums, _ = s.objective.sums(params, batch, jax.random.PRNGKey(0), True)
     mlm_count = jnp.sum(batch["masked_weights"])
     return losses.total_loss(sums, mlm_count, losses.nsp_count(batch, c.data.pair_mode))
 

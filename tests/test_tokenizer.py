@@ -8,7 +8,7 @@ import pytest
 
 from bertjax import cli, errors
 from bertjax.commands import tokenizer as tokenizer_cmd
-from bertjax.data import text, tokenizer as tok_lib
+from bertjax.data import text, tokenizer as tok_lib, tokenizer_train as tok_train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "data" / "tokenizer.model"
@@ -56,10 +56,10 @@ def test_train_english(tmp_path, model_type):
   sample = tmp_path / "sample.txt"
   lines = (REPO / "data" / "austen.txt").read_text().splitlines()[:3000]
   sample.write_text("\n".join(lines))
-  tok = tok_lib.train_tokenizer(
+  tok = tok_train.train_tokenizer(
       [str(sample)],
       str(tmp_path / "en"),
-      tok_lib.TrainOptions(vocab_size=600, model_type=model_type, num_threads=1),
+      tok_train.TrainOptions(vocab_size=600, model_type=model_type, num_threads=1),
   )
   assert (tmp_path / "en.model").is_file() and (tmp_path / "en.vocab").is_file()
   assert [tok.id_to_piece(i) for i in range(5)] == list(tok_lib.SPECIAL_PIECES)
@@ -147,7 +147,7 @@ def test_model_without_bert_special_tokens_is_rejected(tmp_path):
 
   sample = tmp_path / "sample.txt"
   sample.write_text("\n".join((REPO / "data" / "austen.txt").read_text().splitlines()[:500]))
-  with tok_lib._stderr_to(tmp_path / "log"):
+  with tok_train._stderr_to(tmp_path / "log"):
     spm.SentencePieceTrainer.train(
         input=str(sample), model_prefix=str(tmp_path / "plain"), vocab_size=300
     )
@@ -184,7 +184,7 @@ def test_chinese_vocab_smaller_than_its_characters_picks_the_coverage(tmp_path, 
   assert tok_lib.UNK_ID not in ids and tok.decode(ids) == unicodedata.normalize("NFKC", text)
   rare = next(
       ch
-      for ch, n in tok_lib.count_characters([str(TANG)]).items()
+      for ch, n in tok_train.count_characters([str(TANG)]).items()
       if n == 1 and tok.piece_to_id(ch) == tok_lib.UNK_ID
   )
   assert tok.decode(tok.encode(rare)) == rare  # an uncovered character: byte pieces
@@ -192,15 +192,15 @@ def test_chinese_vocab_smaller_than_its_characters_picks_the_coverage(tmp_path, 
 
 @pytest.mark.slow
 def test_automatic_coverage_keeps_every_character_when_they_fit(tmp_path, capsys):
-  counts = tok_lib.count_characters([str(TANG)])
+  counts = tok_train.count_characters([str(TANG)])
   assert len(counts) == 2552  # after NFKC, without spaces
-  assert tok_lib.choose_character_coverage(counts, 4000) == (1.0, 2552)
-  coverage, kept = tok_lib.choose_character_coverage(counts, 3000)
-  assert coverage == tok_lib.MIN_COVERAGE and kept >= int(0.7 * (3000 - 261))
-  tok_lib.train_tokenizer(
+  assert tok_train.choose_character_coverage(counts, 4000) == (1.0, 2552)
+  coverage, kept = tok_train.choose_character_coverage(counts, 3000)
+  assert coverage == tok_train.MIN_COVERAGE and kept >= int(0.7 * (3000 - 261))
+  tok_train.train_tokenizer(
       [str(BUNDLED.parent / "austen.txt")],
       str(tmp_path / "en"),
-      tok_lib.TrainOptions(vocab_size=2000),
+      tok_train.TrainOptions(vocab_size=2000),
   )
   # English: every character fits, and the coverage is printed all the same.
   assert "tokenizer: character coverage 1.0: each of the" in capsys.readouterr().err
@@ -215,14 +215,16 @@ def test_vocab_too_small_for_the_characters_names_the_size_needed(tmp_path, caps
   with pytest.raises(
       errors.ConfigError, match=r"vocab_size=2000 is too small .* TrainOptions.vocab_size >= 4000"
   ):
-    tok_lib.train_tokenizer(
-        [str(TANG)], str(tmp_path / "zh"), tok_lib.TrainOptions(vocab_size=2000)
+    tok_train.train_tokenizer(
+        [str(TANG)], str(tmp_path / "zh"), tok_train.TrainOptions(vocab_size=2000)
     )
   assert not list(tmp_path.iterdir())
 
 
 def test_each_chinese_character_is_a_word_for_whole_word_masking(tmp_path):
-  tok_lib.train_tokenizer([str(TANG)], str(tmp_path / "zh"), tok_lib.TrainOptions(vocab_size=4000))
+  tok_train.train_tokenizer(
+      [str(TANG)], str(tmp_path / "zh"), tok_train.TrainOptions(vocab_size=4000)
+  )
   tok = tok_lib.SentencePieceTokenizer(tmp_path / "zh.model")
   ids = tok.encode("床前明月光，疑是地上霜。")
   pieces = [tok.id_to_piece(i) for i in ids]

@@ -26,6 +26,7 @@ from bertjax.data import (
     records,
     segment,
     tokenizer as tok_lib,
+    wordpiece_train,
 )
 from bertjax.data import wordpiece
 
@@ -75,7 +76,7 @@ def prepared(tmp_path_factory, corpus) -> dict[str, str]:
   """The corpus prepared with jieba, with a WordPiece vocab trained on it and with the bundled
   SentencePiece model; and with the WordPiece vocab without a segmenter."""
   base = tmp_path_factory.mktemp("prepared")
-  vocab = tok_lib.train_wordpiece([str(corpus)], str(base / "vocab"))
+  vocab = wordpiece_train.train_wordpiece([str(corpus)], str(base / "vocab"))
   return {
       "wordpiece": _prepare(base / "wp", corpus, vocab.path, word_segmenter="jieba"),
       "sentencepiece": _prepare(

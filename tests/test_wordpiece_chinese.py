@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bertjax import cli, errors
-from bertjax.data import tokenizer as tok_lib, wordpiece
+from bertjax.data import wordpiece, wordpiece_train
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -71,7 +71,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module", params=[True, False], ids=["uncased", "cased"])
 def trained(request, corpus, tmp_path_factory):
   out = tmp_path_factory.mktemp("vocab") / "zh-vocab"
-  tok = tok_lib.train_wordpiece([str(corpus)], str(out), lower_case=request.param)
+  tok = wordpiece_train.train_wordpiece([str(corpus)], str(out), lower_case=request.param)
   fast = transformers.BertTokenizer.from_pretrained(str(out))
   slow = tokenization_bert_legacy.BertTokenizerLegacy(
       str(out / "vocab.txt"), do_lower_case=request.param
@@ -154,8 +154,8 @@ def test_the_mixed_texts_exercise_every_rule(trained):
 
 
 def test_training_is_deterministic(corpus, tmp_path):
-  a = tok_lib.train_wordpiece([str(corpus)], str(tmp_path / "a"))
-  b = tok_lib.train_wordpiece([str(corpus)], str(tmp_path / "b"))
+  a = wordpiece_train.train_wordpiece([str(corpus)], str(tmp_path / "a"))
+  b = wordpiece_train.train_wordpiece([str(corpus)], str(tmp_path / "b"))
   assert a.sha256 == b.sha256
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.bench import peers as bench_peers
+from bertjax.bench import peer_runs, peers as bench_peers
 from bertjax.tasks import defaults, encoder as encoder_lib, finetuning as finetuning_lib
 from bertjax.tasks.glue import features, finetune, tasks, tsv
 
@@ -192,7 +192,7 @@ def _torch_spec(spec: FinetuneSpec, task, cfg, recipe) -> dict:
 
 def _torch_peer(spec: FinetuneSpec, task, cfg, recipe, feats) -> dict:
   _progress("hf-torch ...")
-  return bench_peers.run_torch_finetune(
+  return peer_runs.run_torch_finetune(
       _torch_spec(spec, task, cfg, recipe),
       finetune.arrays(feats["train"]),
       finetune.arrays(feats["dev"]),
@@ -246,7 +246,7 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = DEFAULT_PEERS) -
         out["warm_cpu_speedup_hf-torch"] = peer["cpu_s"] / out["warm_cpu_s"]
   if "hf-torch-flat" in compare:
     _progress("hf-torch-flat: the padding-free path (where it keeps examples apart) ...")
-    peer = peers["hf-torch-flat"] = bench_peers.run_torch_flat_finetune(
+    peer = peers["hf-torch-flat"] = peer_runs.run_torch_flat_finetune(
         _torch_spec(spec, task, enc.config, recipe),
         finetune.arrays(feats["train"]),
         finetune.arrays(feats["dev"]),
@@ -258,7 +258,7 @@ def run_finetune(spec: FinetuneSpec, compare: tuple[str, ...] = DEFAULT_PEERS) -
     _progress("keras-hub: BertTextClassifier on Keras's JAX backend, in a child process ...")
     kspec = _torch_spec(spec, task, enc.config, recipe)
     kspec.update(clip_norm=recipe.clip_norm, eps=1e-6)  # bertjax's (tasks.recipe)
-    peer = peers["keras-hub"] = bench_peers.run_keras_finetune_subprocess(
+    peer = peers["keras-hub"] = peer_runs.run_keras_finetune_subprocess(
         kspec, finetune.arrays(feats["train"]), finetune.arrays(feats["dev"])
     )
     if peer["status"] == "ok":

@@ -297,11 +297,11 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
           "--xla-flags must be set before JAX starts — run `bertjax bench` on its own"
       )
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
-  from bertjax.bench import pretraining as bench, profile
+  from bertjax.bench import pretraining as bench, profile, spec as bench_spec
 
   with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
     bench.check_peers(_peers(args.compare))
-    spec = bench.BenchSpec(
+    spec = bench_spec.BenchSpec(
         preset=args.preset,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
@@ -326,7 +326,7 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
   if args.profile:
     prof = result["profile"]
     result["profile"] = {**prof, "ops": prof["ops"][: args.profile_top]}
-  print(json.dumps(result) if args.json else bench.format_report(result))
+  print(json.dumps(result) if args.json else bench_spec.format_report(result))
   if args.profile and not args.json:
     print()
     print(profile.format_profile(prof, args.profile_top))

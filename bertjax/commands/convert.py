@@ -7,10 +7,15 @@
   bertjax convert --from bertjax runs/demo/pretrained --to sentence-transformers st/demo
 
 Pretraining heads (MLM, NSP) travel with the encoder, so a converted model can continue
-pretraining. A ModernBERT-shaped model (norm_placement "pre", GLU, RoPE, no token types) goes to
+pretraining, but only heads that were trained: a head that started fresh (SRC had none) and no
+pretraining step has updated is not written (--to hf writes the class without it:
+`BertForMaskedLM`, `BertModel`, `RobertaModel`, `ModernBertModel`; --to google leaves its
+variables out; --to bertjax records it), so no reader takes an untrained head for a trained one. A ModernBERT-shaped model (norm_placement "pre", GLU, RoPE, no token types) goes to
 and from Hugging Face as `ModernBertForMaskedLM`, which has no pooler or NSP head: they are
-dropped on the way out and start fresh on the way in. Google's format is BERT's only. The tokenizer goes along: `vocab.txt` (WordPiece) or `tokenizer.model`
-(SentencePiece).
+dropped on the way out and start fresh on the way in. Google's format is BERT's only. The
+tokenizer goes along: `vocab.txt` (WordPiece), `tokenizer.model` (SentencePiece) or
+transformers' `tokenizer.json`, with the `tokenizer_config.json` beside it (which of its tokens
+are [CLS], [SEP], ...).
 
 An existing DST is refused unless --overwrite. The output is written beside DST under a
 temporary name and renamed when complete, so a failed conversion leaves no partial model. SRC,
@@ -74,8 +79,8 @@ def _parser() -> argparse.ArgumentParser:
       "--tokenizer",
       "--vocab",
       dest="tokenizer",
-      help="tokenizer to record: vocab.txt or a SentencePiece .model "
-      "(default: the one found in SRC)",
+      help="tokenizer to record: vocab.txt, a SentencePiece .model or a transformers "
+      "tokenizer.json (default: the one found in SRC)",
   )
   p.add_argument(
       "--lower-case",
@@ -125,21 +130,25 @@ def _find_vocab(src: epath.Path, explicit: str | None, recorded: str | None) -> 
   if recorded:
     return epath.Path(recorded)
   base = src if src.is_dir() else src.parent
-  for name in ("vocab.txt", "tokenizer.model"):
+  # As the tasks look for them (`encoder._TOKENIZER_FILES`): a converted bertjax model carries
+  # its .model and a tokenizer.json made from it; a released one may ship tokenizer.json only.
+  for name in ("vocab.txt", "tokenizer.model", "tokenizer.json"):
     if (base / name).is_file():
       return base / name
   return None
 
 
 def _load(args):
-  """(config, params, tokenizer path or None, ELECTRA's generator config or None) from SRC."""
+  """(config, params, tokenizer path or None, ELECTRA's generator config or None, the heads that
+  never trained) from SRC."""
   from bertjax.interop import convert as convert_lib
   from bertjax.interop import electra as electra_interop
   from bertjax.interop import sentence_transformers as st_lib
   from bertjax.runtime import fs
 
   src = fs.path(args.src)
-  recorded, generator = None, None
+  recorded, generator, fresh = None, None, []
+  untrained: list[str] = []
   if args.src_kind == "google":
     from bertjax.interop import google_ckpt
 
@@ -150,25 +159,26 @@ def _load(args):
         raise errors.InputNotFoundError(
             f"{config}: not found — pass --bert-config, the bert_config.json of this checkpoint"
         )
-    cfg, params = google_ckpt.load_google(src, config)
+    cfg, params = google_ckpt.load_google(src, config, fresh=fresh)
   elif args.src_kind == "hf":
-    fresh: list[str] = []
     if electra_interop.is_electra_dir(src):  # the discriminator, and DIR/generator if there
       cfg, params, generator = electra_interop.load(src, fresh=fresh)
     else:
       cfg, params = convert_lib.load_hf(src, fresh=fresh)
     if st_lib.is_directory(src):  # sentence-transformers saves only its tokenizer.json
       recorded = st_lib.tokenizer_file(src)
-    if fresh:
-      are = "is" if len(fresh) == 1 else "are"
-      print(f"{src}: {' and '.join(fresh)} {are} not in the checkpoint: initialised fresh")
   else:
     from bertjax.tasks import encoder as encoder_lib
 
     loaded = encoder_lib.load_bertjax(src)
     cfg, params, recorded = loaded.config, loaded.params, loaded.tokenizer_path
     generator = loaded.generator_config
-  return cfg, params, _find_vocab(src, args.tokenizer, recorded), generator
+    untrained = list(loaded.untrained_heads)
+  if fresh:
+    are = "is" if len(fresh) == 1 else "are"
+    print(f"{src}: {' and '.join(fresh)} {are} not in the checkpoint: initialised fresh")
+    untrained = convert_lib.head_ids(fresh)
+  return cfg, params, _find_vocab(src, args.tokenizer, recorded), generator, untrained
 
 
 def _check_target(args, cfg, generator=None, params=None) -> None:
@@ -202,9 +212,9 @@ def _check_target(args, cfg, generator=None, params=None) -> None:
 
 
 def _check_tokenizer(vocab: epath.Path, cfg, lower_case):
-  from bertjax.tasks import encoder as encoder_lib
+  from bertjax.data import wordpiece
 
-  tok = encoder_lib.load_tokenizer(vocab, lower_case)  # also a tokenizer.json
+  tok = wordpiece.load_tokenizer(vocab, lower_case)
   if tok.vocab_size > cfg.vocab_size:
     raise errors.ConfigError(
         f"{vocab}: {tok.vocab_size} pieces but the model's vocab_size is "
@@ -291,8 +301,12 @@ def _write_hf_sentencepiece(tok, dst: epath.Path, max_len: int) -> list[str]:
   return ["tokenizer.model", "tokenizer.json", "tokenizer_config.json"]
 
 
-def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, generator=None) -> str:
-  """Write the model in --to's format into `out`; returns what was written."""
+def _save(
+    args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, generator=None, untrained=()
+) -> str:
+  """Write the model in --to's format into `out`; returns what was written. A head in
+  `untrained` is never written as if trained: --to hf writes the class without it, --to google
+  leaves its variables out, --to bertjax records it."""
   from bertjax.runtime import fs
 
   electra = "discriminator_predictions" in params or generator is not None
@@ -319,11 +333,11 @@ def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, gen
   if args.dst_kind == "hf":
     from bertjax.interop import convert as convert_lib
 
-    convert_lib.save_hf(params, cfg, out)
+    cls = convert_lib.save_hf(params, cfg, out, untrained)
     written = ["config.json", "model.safetensors"]
     if tok is not None:
       written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
-    return ", ".join(written)
+    return ", ".join(written) + f" ({cls})"
   if args.dst_kind == "bertjax":
     from bertjax.training import checkpoint
 
@@ -334,18 +348,23 @@ def _save(args, out: epath.Path, cfg, params, vocab: epath.Path | None, tok, gen
         tokenizer_path=str(vocab) if vocab else None,
         step=0,
         generator_config=generator,
+        untrained_heads=untrained,
     )
+    beside = fs.path(vocab).parent / "tokenizer_config.json" if vocab is not None else None
     if tok is not None and hasattr(tok, "lower_case"):
       # vocab.txt does not say whether the model is uncased; this file beside it does, and
       # `wordpiece.load_tokenizer` reads it (as transformers does).
       (out / "tokenizer_config.json").write_text(
           json.dumps({"do_lower_case": tok.lower_case}) + "\n"
       )
+    elif vocab is not None and vocab.suffix == ".json" and beside.exists():
+      # which of a tokenizer.json's tokens are [CLS], [SEP], ...: read by `HFTokenizer`
+      beside.copy(out / beside.name, overwrite=True)
     return "a bertjax checkpoint"
   from bertjax.interop import google_ckpt
 
   is_wordpiece = vocab is not None and vocab.suffix == ".txt"
-  google_ckpt.save_google(params, cfg, out, vocab if is_wordpiece else None)
+  google_ckpt.save_google(params, cfg, out, vocab if is_wordpiece else None, untrained)
   if vocab is not None and not is_wordpiece:
     fs.path(vocab).copy(out / "tokenizer.model", overwrite=True)
   return f"{google_ckpt.CKPT_NAME}.*, {google_ckpt.CONFIG_NAME}"
@@ -413,13 +432,26 @@ def main(argv: list[str]) -> int:
   _check_args(args)
   lower_case = {"auto": None, "true": True, "false": False}[args.lower_case]
   print(f"convert: reading {args.src_kind} checkpoint {args.src}", flush=True)
-  cfg, params, vocab, generator = _load(args)
+  cfg, params, vocab, generator, untrained = _load(args)
   _check_target(args, cfg, generator, params)
   print(
       f"convert: {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
       f"vocab {cfg.vocab_size}",
       flush=True,
   )
+  electra = generator is not None or "discriminator_predictions" in params
+  if args.dst_kind != "bertjax" and not electra:
+    from bertjax.interop import convert as convert_lib
+
+    full = args.dst_kind == "google" or convert_lib.hf_class(
+        cfg, untrained
+    ) != convert_lib.hf_class(cfg)
+    if untrained and full:
+      print(
+          f"convert: never trained, so not exported: {', '.join(untrained)} (a reader reports "
+          "them missing; pretrain to train them)",
+          flush=True,
+      )
   tok = None
   if vocab is not None:
     tok = _check_tokenizer(vocab, cfg, lower_case)
@@ -431,7 +463,8 @@ def main(argv: list[str]) -> int:
     )
   dst = epath.Path(args.dst)  # as typed
   what = publish(
-      fs.path(args.dst), lambda out: _save(args, out, cfg, params, vocab, tok, generator)
+      fs.path(args.dst),
+      lambda out: _save(args, out, cfg, params, vocab, tok, generator, untrained),
   )
   print(f"convert: wrote {what} to {dst}")
   return 0

@@ -188,12 +188,12 @@ def main(argv: list[str]) -> int:
   workdir.mkdir(parents=True, exist_ok=True)
   tokenizer = corpus.tokenizer
   if args.train_tokenizer:
-    from bertjax.data import tokenizer as tokenizer_lib
+    from bertjax.data import tokenizer_train
 
     prefix = workdir / "tokenizer" / "austen"
     if not prefix.with_suffix(".model").exists():
       print(f"demo: training a tokenizer on {corpus.text.name} -> {prefix}.model", flush=True)
-      tokenizer_lib.train_tokenizer([str(corpus.text)], str(prefix))
+      tokenizer_train.train_tokenizer([str(corpus.text)], str(prefix))
     tokenizer = prefix.with_suffix(".model")
   if not (data_dir / "metadata.json").exists():
     print(f"demo: preparing {corpus.text.name} with {tokenizer} -> {data_dir}", flush=True)

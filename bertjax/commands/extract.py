@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
       "--tokenizer",
       "--vocab",
       dest="tokenizer",
-      help="tokenizer (vocab.txt or .model) if the checkpoint has none, or to override it",
+      help="tokenizer (vocab.txt, a SentencePiece .model or a transformers tokenizer.json) if "
+      "the checkpoint has none, or to override it",
   )
   p.add_argument(
       "--lower-case",

@@ -13,6 +13,9 @@
         --output runs/wiki-wp                  # a WordPiece vocab.txt works as well
     bertjax prepare --input 'zh/*.txt' --tokenizer zh-vocab/vocab.txt --output runs/zh \
         --word-segmenter jieba                 # whole-word masking of Chinese words
+    bertjax prepare --input 'c4/*.json.gz' --tokenizer c4.model --output gs://.../c4 \
+        --runner beam --beam-option runner=DataflowRunner --beam-option region=us-central1 \
+        ...                                    # the same work on Dataflow (docs/data.md)
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument(
       "--tokenizer",
       required=True,
-      metavar="PREFIX.model|vocab.txt",
-      help="SentencePiece model or WordPiece vocab.txt (uncased if a "
-      "tokenizer_config.json beside it says so, else guessed from the vocab)",
+      metavar="PREFIX.model|vocab.txt|tokenizer.json|DIR",
+      help="SentencePiece model, WordPiece vocab.txt (uncased if a tokenizer_config.json beside "
+      "it says so, else guessed from the vocab), a transformers tokenizer.json, or a checkpoint "
+      "directory holding one of them",
   )
   p.add_argument("--output", required=True, metavar="DIR")
   p.add_argument(
@@ -103,6 +107,22 @@ def _parser() -> argparse.ArgumentParser:
       help="replace prepared data already in --output (else an error)",
   )
   p.add_argument(
+      "--runner",
+      choices=("local", "beam"),
+      default="local",
+      help="local: this machine's processes; beam: an Apache Beam pipeline (needs the beam "
+      "extra), on Beam's DirectRunner with --processes workers unless --beam-option "
+      "runner=... names another (DataflowRunner, FlinkRunner, SparkRunner; docs/data.md)",
+  )
+  p.add_argument(
+      "--beam-option",
+      action="append",
+      default=[],
+      metavar="KEY=VALUE",
+      help="a Beam pipeline option (repeatable), e.g. runner=DataflowRunner, region=us-central1, "
+      "direct_num_workers=4; KEY alone sets a switch",
+  )
+  p.add_argument(
       "--word-segmenter",
       choices=segment.SEGMENTERS,
       default=None,
@@ -121,6 +141,8 @@ def main(argv: list[str]) -> int:
         f"--worker-index {args.worker_index} must be < --num-workers {args.num_workers} "
         "(workers are numbered from 0)"
     )
+  if args.beam_option and args.runner != "beam":
+    raise errors.UsageError("--beam-option goes with --runner beam; add --runner beam or drop it")
   if args.tfds_data_dir and not args.tfds:
     raise errors.UsageError("--tfds-data-dir goes with --tfds NAME; drop it for --input files")
   if args.tfds and (args.format != "auto" or args.text_field != "text"):
@@ -151,7 +173,12 @@ def main(argv: list[str]) -> int:
       word_segmenter=args.word_segmenter,
   )
   try:
-    meta = prepare_lib.prepare(cfg)
+    if args.runner == "beam":
+      from bertjax.data import beam_prepare
+
+      meta = beam_prepare.prepare(cfg, args.beam_option)
+    else:
+      meta = prepare_lib.prepare(cfg)
   except errors.UserError as e:  # reworded, and left for the command line to report
     renames = {"input": "inputs", "format": "input_format"}
     raise args_lib.reword(e, args_lib.flag_names(parser, "PrepareConfig", renames))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 import pathlib
 import re
@@ -417,8 +418,11 @@ def parse(
   except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
     # ml_collections applying an override the checks above let through (`--config.a[0]=1`)
     raise errors.ConfigError(f"a --config.KEY override does not apply: {e}") from e
+  budget = budget_follows_length(fv.config, argv)  # before the rule that budget <= length
   config_checks.validate(fv.config)
   print(recipe.source_line(fv.config.get("variant")), flush=True)
+  for line in budget:
+    print(f"{prog}: {line}", flush=True)
   return fv
 
 
@@ -490,6 +494,32 @@ def apply_init(fv: flags.FlagValues) -> None:
         f"--init {fv.init} and --config.train.init_from={given} differ — give one of them"
     )
   fv.config.train.init_from = fv.init
+
+
+def _overridden(argv: list[str]) -> set[str]:
+  """The config paths set on the command line (`--config.a.b=...`)."""
+  return {m.group(2) for m in map(_OVERRIDE.match, argv) if m}
+
+
+def budget_follows_length(config: config_dict.ConfigDict, argv: list[str]) -> list[str]:
+  """A length set on the command line without its prediction budget takes the budget the
+  masking rate gives it (ceil(mask_prob x seq_len), as the recipes' comments compute theirs),
+  instead of the recipe's, which was computed for the recipe's length. Returns what changed."""
+  given, lines = _overridden(argv), []
+  rate = config.data.mask_prob
+  for section in ("data", "phase2"):
+    length, budget = f"{section}.seq_len", f"{section}.max_predictions_per_seq"
+    if length not in given or budget in given or section not in config:
+      continue
+    node = config[section]
+    derived = max(1, math.ceil(rate * node.seq_len - 1e-9))
+    if derived != node.max_predictions_per_seq:
+      lines.append(
+          f"config.{budget} {node.max_predictions_per_seq} -> {derived} "
+          f"(ceil({rate:g} x config.{length}={node.seq_len}); set it to choose another)"
+      )
+      node.max_predictions_per_seq = derived
+  return lines
 
 
 def explicit_model_fields(argv: list[str]) -> frozenset[str]:

@@ -14,7 +14,7 @@ import json
 from bertjax import errors
 from bertjax.commands.args import ArgumentParser, fraction, positive_int
 from bertjax.commands.args import reword
-from bertjax.data import tokenizer as tokenizer_lib, wordpiece
+from bertjax.data import tokenizer_train, wordpiece, wordpiece_train
 from bertjax.runtime import fs
 
 # The library's words for what this command's flags set (`reword`).
@@ -36,8 +36,9 @@ def _add_tokenizer(p: argparse.ArgumentParser) -> None:
       "--model",
       dest="tokenizer",
       required=True,
-      metavar="PREFIX.model|vocab.txt",
-      help="SentencePiece model or WordPiece vocab.txt (--model is the older spelling)",
+      metavar="PREFIX.model|vocab.txt|tokenizer.json",
+      help="SentencePiece model, WordPiece vocab.txt or transformers tokenizer.json (--model is "
+      "the older spelling)",
   )
 
 
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
       type=positive_int,
       default=None,
       help=f"pieces, special ones included; exact when given: a corpus that supports fewer is "
-      f"an error giving the most it does (default: {tokenizer_lib.DEFAULT_VOCAB_SIZE}, or "
+      f"an error giving the most it does (default: {tokenizer_train.DEFAULT_VOCAB_SIZE}, or "
       "the most the corpus supports if fewer; printed)",
   )
   t.add_argument(
@@ -86,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
       "--character-coverage",
       type=fraction,
       default=None,
-      help=f"share of character occurrences given their own piece, {tokenizer_lib.MIN_COVERAGE} "
+      help=f"share of character occurrences given their own piece, {tokenizer_train.MIN_COVERAGE} "
       "to 1 (default: 1.0 when every character fits in the vocabulary, else chosen so that "
       "characters fill 70%% of it; printed)",
   )
@@ -120,7 +121,7 @@ def _train_wordpiece(args: argparse.Namespace) -> None:
           f"drop {flag}, or leave out --kind wordpiece"
       )
   try:
-    tok = tokenizer_lib.train_wordpiece(
+    tok = wordpiece_train.train_wordpiece(
         args.input, args.output, args.vocab_size, not args.cased, args.overwrite
     )
   except errors.UserError as e:
@@ -137,14 +138,14 @@ def _train(args: argparse.Namespace) -> None:
         "--cased: a WordPiece option (SentencePiece keeps case) — add --kind wordpiece, or drop "
         "--cased"
     )
-  options = tokenizer_lib.TrainOptions(
+  options = tokenizer_train.TrainOptions(
       vocab_size=args.vocab_size,
       model_type=args.model_type or "unigram",
       character_coverage=args.character_coverage,
       byte_fallback=not args.no_byte_fallback,
   )
   try:
-    tok = tokenizer_lib.train_tokenizer(args.input, args.output, options, args.overwrite)
+    tok = tokenizer_train.train_tokenizer(args.input, args.output, options, args.overwrite)
   except errors.UserError as e:  # reworded, and left for the command line to report
     raise reword(e, _FLAGS)
   print(

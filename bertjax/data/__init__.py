@@ -1,8 +1,10 @@
 """Data layer: corpus preparation, the MLM/NSP example stream, and inspection.
 
-    tokenizer.py    SentencePiece with BERT's special ids: loading, training (`tokenizer train`)
-    coverage.py     which characters of a corpus get their own piece
+    tokenizer.py    the `Tokenizer` interface, BERT's special ids, SentencePiece and tokenizer.json
     wordpiece.py    WordPiece from a BERT vocab.txt; `load_tokenizer` picks either kind
+    tokenizer_train.py  training a SentencePiece tokenizer (`tokenizer train`)
+    wordpiece_train.py  training a WordPiece vocab.txt (`tokenizer train --kind wordpiece`)
+    coverage.py     which characters of a corpus get their own piece
     text.py         cleaning raw lines and rule-based sentence splitting
     records.py      the shard format (TFRecord of tokenized documents), metadata.json, and the
                     plain-Python reader
@@ -16,7 +18,11 @@
     masking.py      counter-based RNG and vectorised MLM masking
     synthetic.py    TensorFlow-free random batches, independent of the number of hosts
     packing.py      several whole examples per row: the packer, the packed layout, real_token_fraction
-    pretraining.py  `make_stream`, `InputConfig`: the endless, resumable MLM/NSP stream
+    input_config.py `InputConfig`, the features, the rules of packed rows, the saved state's check
+    blocks.py       block t of a prepared stream -> its rows (`BlockBuilder`); `examples_per_row`
+    mixture.py      several prepared datasets mixed by weight
+    hosts.py        which blocks each host takes, and the stream cutting them into batches
+    pretraining.py  `make_stream`: the endless, resumable MLM/NSP stream (from the rows above)
     prefetch.py     host batches -> global device arrays, built ahead in a thread
     inspect.py      `bertjax data preview` / `bertjax data stats`
 

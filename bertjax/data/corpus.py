@@ -25,14 +25,12 @@ import io
 import itertools
 import lzma
 import os
-from typing import IO, TYPE_CHECKING, Iterator, Sequence
+from typing import IO, Iterator, Sequence
 
 from bertjax import errors
 from bertjax.data import formats, text
+from bertjax.data.prepare_config import PrepareConfig
 from bertjax.runtime import fs
-
-if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
-  from bertjax.data.prepare import PrepareConfig
 
 # Magic numbers of the compressed formats `open_input` reads (bzip2: "BZh", level, block magic).
 _GZIP, _BZIP2, _XZ, _ZSTD = b"\x1f\x8b\x08", b"1AY&SY", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
@@ -176,6 +174,13 @@ def is_binary(path: str) -> bool:
 MAX_DOC_BYTES = 1 << 20
 
 
+def max_doc_bytes(cfg: PrepareConfig) -> int:
+  """The longest document `file_chunks` keeps whole. A line of max_line_chars characters (<= 4
+  bytes each) is never cut, and the part of a cut line before the cut is longer than that, so
+  the line is counted."""
+  return max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+
+
 def _after_blank(buf: bytes, start: int, end: int) -> int:
   """The position after the first newline of the last blank line in buf[start:end], or start."""
   return max(buf.rfind(b"\n\n", start, end), buf.rfind(b"\n\r\n", start, end), start - 1) + 1
@@ -209,13 +214,23 @@ def cut(buf: bytes, max_doc: int, final: bool) -> tuple[int, bool]:
   return at, True
 
 
-def file_chunks(path: str, chunk_bytes: int, max_doc: int) -> Iterator[tuple[int, bytes, bool]]:
+def file_chunks(
+    path: str, chunk_bytes: int, max_doc: int, span: tuple[int, int] | None = None
+) -> Iterator[tuple[int, bytes, bool]]:
   """(first line, bytes, starts inside a line) pieces of a file, cut by `cut`; at most
-  `chunk_bytes + max_doc` bytes of it are held."""
-  first_line, buf, continued = 0, b"", False
+  `chunk_bytes + max_doc` bytes of it are held. `span`: (start, end) bytes of an uncompressed
+  file, of which only the documents `document_start` puts between start and end are read
+  (lines counted from there), so that the spans of a file give its documents once each."""
+  first_line, buf, continued, left = 0, b"", False, None
   with open_input(path) as f:
+    if span is not None:
+      (begin, continued), (end, _) = (document_start(f, at, max_doc) for at in span)
+      f.seek(begin)
+      left = max(0, end - begin)
     while True:
-      block = read(f, chunk_bytes, path, first_line)
+      block = read(f, chunk_bytes if left is None else min(chunk_bytes, left), path, first_line)
+      if left is not None:
+        left -= len(block)
       buf += block
       while True:
         end, inside = cut(buf, max_doc, final=not block)
@@ -226,6 +241,52 @@ def file_chunks(path: str, chunk_bytes: int, max_doc: int) -> Iterator[tuple[int
         buf, continued = buf[end:], inside
       if not block:
         return
+
+
+def document_start(f: IO[bytes], at: int, max_doc: int) -> tuple[int, bool]:
+  """(where the first document at or after byte `at` of an open uncompressed file starts,
+  whether that is inside a line): after the first blank line from `at`, as `cut` cuts; a
+  document over `max_doc` bytes is entered at its first line end after `at` (`cut` splits it
+  there too, though at other places), and a line over `max_doc` bytes is entered between
+  characters. The same `at` gives the same place, so consecutive spans meet."""
+  if at <= 0:
+    return 0, False
+  f.seek(at - 1)
+  buf = f.read(max_doc + 2)
+  blank = [i for i in (buf.find(b"\n\n"), buf.find(b"\n\r\n")) if i >= 0]
+  if blank:
+    return at + min(blank), False
+  if len(buf) < max_doc + 2:  # the last document: it runs to the end of the file
+    return at - 1 + len(buf), False
+  line = buf.find(b"\n")
+  if line >= 0:
+    return at + line, False
+  i = 1
+  while i < len(buf) and buf[i] & 0xC0 == 0x80:  # not inside a UTF-8 character
+    i += 1
+  return at - 1 + i, True
+
+
+def line_start(f: IO[bytes], at: int) -> int:
+  """Where the first line starting at or after byte `at` of an open file starts."""
+  if at <= 0:
+    return 0
+  f.seek(at - 1)
+  skipped = len(f.readline())
+  return at - 1 + skipped
+
+
+def span_lines(path: str, span: tuple[int, int]) -> Iterator[bytes]:
+  """The lines of an uncompressed file that start in the span (start, end) (`line_start`)."""
+  with fs.path(path).open("rb") as f:
+    begin, end = (line_start(f, at) for at in span)
+    f.seek(begin)
+    while begin < end:
+      line = f.readline()
+      if not line:
+        return
+      begin += len(line)
+      yield line
 
 
 @dataclasses.dataclass
@@ -249,7 +310,7 @@ class Tasks:
   as (file, record, reason, count), for `prepare` to count.
   """
 
-  def __init__(self, cfg: "PrepareConfig"):
+  def __init__(self, cfg: PrepareConfig):
     self.cfg = cfg
     self.total_bytes = 0
     self.files: list[str] = []
@@ -259,7 +320,7 @@ class Tasks:
     self.problems: list[tuple[str, int, str, int]] = []
     self._tfds = None
     if cfg.tfds:
-      self._tfds = _open_tfds(cfg)
+      self._tfds = open_tfds(cfg)
       return
     self.files = expand_inputs(cfg.inputs)
     self.formats = {path: formats.detect(path, cfg.input_format) for path in self.files}
@@ -303,9 +364,7 @@ class Tasks:
       if self.formats[path] != "text":
         yield from self._record_tasks(path, mine)
         continue
-      # A line of max_line_chars characters (<= 4 bytes each) is never cut, and the part
-      # of a cut line before the cut is longer than that, so the line is counted.
-      max_doc = max(MAX_DOC_BYTES, 8 * cfg.max_line_chars)
+      max_doc = max_doc_bytes(cfg)
       for first_line, data, continued in file_chunks(path, cfg.chunk_bytes, max_doc):
         if mine():
           yield Task(
@@ -328,21 +387,27 @@ class Tasks:
 
   def _tfds_tasks(self) -> Iterator[Task]:
     ds, source = self._tfds
-    key = self.cfg.tfds_text_key
-    batch, first = [], 0
-    for i, example in enumerate(ds.as_numpy_iterator()):
-      batch.append(example[key])
-      self.total_bytes += len(batch[-1])
-      if len(batch) == 256:
-        yield Task(source, first, batch)
-        batch, first = [], i + 1
-    if batch:
+    for task in tfds_tasks(ds, source, self.cfg.tfds_text_key):
+      self.total_bytes += sum(len(t) for t in task.data)
+      yield task
+
+
+def tfds_tasks(ds, source: str, key: str) -> Iterator[Task]:
+  """Tasks of 256 records of a TFDS dataset, the text of each in the feature `key`."""
+  batch, first = [], 0
+  for i, example in enumerate(ds.as_numpy_iterator()):
+    batch.append(example[key])
+    if len(batch) == 256:
       yield Task(source, first, batch)
+      batch, first = [], i + 1
+  if batch:
+    yield Task(source, first, batch)
 
 
-def _open_tfds(cfg: "PrepareConfig"):
-  """(dataset of this worker's part, source name), checked: the name, the prepared data and
-  the text feature, so that a mistake is found before anything is written."""
+def open_tfds(cfg: PrepareConfig, index: int | None = None, parts: int | None = None):
+  """(dataset of part `index` of `parts` of the split, by default this worker's, source
+  name), checked: the name, the prepared data and the text feature, so that a mistake is found
+  before anything is written."""
   import tensorflow_datasets as tfds  # only for TFDS input: text files need no TensorFlow
 
   name, _, split = cfg.tfds.partition(":")
@@ -351,7 +416,9 @@ def _open_tfds(cfg: "PrepareConfig"):
     builder = tfds.builder(name, data_dir=cfg.tfds_data_dir)
   except Exception as e:  # unknown name or version: tfds's own one-line message
     raise errors.ConfigError(f"PrepareConfig.tfds={cfg.tfds}: {str(e).splitlines()[0]}") from None
-  part = tfds.even_splits(split, n=cfg.num_workers)[cfg.worker_index]
+  if index is None:
+    index, parts = cfg.worker_index, cfg.num_workers
+  part = tfds.even_splits(split, n=parts)[index]
   try:
     ds = builder.as_dataset(split=part, shuffle_files=False)
   except AssertionError:  # tfds's way of saying the data is not there

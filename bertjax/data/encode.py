@@ -14,12 +14,10 @@ import collections
 import dataclasses
 import hashlib
 import multiprocessing
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 from bertjax.data import corpus, records, segment, text, tokenizer as tokenizer_lib, wordpiece
-
-if TYPE_CHECKING:  # the config is only a type here; prepare.py imports this module
-  from bertjax.data.prepare import PrepareConfig
+from bertjax.data.prepare_config import PrepareConfig
 
 
 @dataclasses.dataclass
@@ -33,14 +31,14 @@ class Result:
   nbytes: int
 
 
-# Set once per process by `_init_worker`: the pool's processes load the tokenizer once.
+# Set once per process by `init_worker`: the pool's processes load the tokenizer once.
 _TOKENIZER: "tokenizer_lib.Tokenizer | None" = None
-_CONFIG: "PrepareConfig | None" = None
+_CONFIG: PrepareConfig | None = None
 # With a word segmenter (segment.py): text -> (ids, tokens per word).
 _ENCODE_WORDS: Callable[[str], tuple[list[int], list[int]]] | None = None
 
 
-def _init_worker(cfg: "PrepareConfig") -> None:
+def init_worker(cfg: PrepareConfig) -> None:
   global _TOKENIZER, _CONFIG, _ENCODE_WORDS
   _TOKENIZER, _CONFIG = wordpiece.load_tokenizer(cfg.tokenizer), cfg
   _ENCODE_WORDS = None
@@ -57,7 +55,7 @@ def is_eval(payload: bytes, fraction: float) -> bool:
 
 
 def documents(
-    task: corpus.Task, cfg: "PrepareConfig", problems: list[text.Problem]
+    task: corpus.Task, cfg: PrepareConfig, problems: list[text.Problem]
 ) -> list[list[tuple[int, str]]]:
   """Groups a task's text into documents of (line, sentence)."""
   if isinstance(task.data, bytes):  # google-research/bert format: a line is a sentence
@@ -80,7 +78,7 @@ def documents(
 
 
 def process(task: corpus.Task) -> Result:
-  """One task, in a pool process (after `_init_worker`): its encoded documents and problems."""
+  """One task, in a pool process (after `init_worker`): its encoded documents and problems."""
   cfg, tok = _CONFIG, _TOKENIZER
   problems: list[text.Problem] = []
   docs = documents(task, cfg, problems)
@@ -133,18 +131,18 @@ def process(task: corpus.Task) -> Result:
 
 
 def run_tasks(
-    cfg: "PrepareConfig", tasks: Iterable[corpus.Task], handle: Callable[[Result], None]
+    cfg: PrepareConfig, tasks: Iterable[corpus.Task], handle: Callable[[Result], None]
 ) -> None:
   """Runs `process` over the tasks, handing each result to `handle` in input order, with a
   bounded number in flight."""
   if cfg.processes <= 1:
-    _init_worker(cfg)
+    init_worker(cfg)
     for task in tasks:
       handle(process(task))
     return
   # spawn, not fork: the parent may have started TensorFlow's threads already.
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(cfg.processes, initializer=_init_worker, initargs=(cfg,)) as pool:
+  with ctx.Pool(cfg.processes, initializer=init_worker, initargs=(cfg,)) as pool:
     pending: collections.deque = collections.deque()
     for task in tasks:
       pending.append(pool.apply_async(process, (task,)))

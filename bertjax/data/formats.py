@@ -460,6 +460,12 @@ def columnar_chunks(
       yield from arrow_chunks(reader, path, top, indices, chunk_bytes, select, problem)
 
 
+def parquet_row_groups(path: str) -> int:
+  """How many row groups a Parquet file has (from its footer)."""
+  with _open(path) as f:
+    return open_parquet(f, path).num_row_groups
+
+
 def text_bytes(path: str, fmt: str, field: str, size: int) -> int:
   """About how many bytes of text a file holds (for progress and the shuffle's piles)."""
   if fmt != "parquet":

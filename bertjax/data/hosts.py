@@ -1,6 +1,6 @@
 """Which blocks each host takes, and the stream that cuts them into batches.
 
-A prepared stream's blocks are a pure function of their number t (`pretraining.BlockBuilder`);
+A prepared stream's blocks are a pure function of their number t (`blocks.BlockBuilder`);
 this module decides which t each host builds (`HostPlan`), cuts their rows into this host's
 batches (`PreparedStream`), and carries the hosts' saved positions over to another host count
 (`resume_states`). `pretraining.make_stream` builds the stream; the module docstring there has
@@ -10,15 +10,14 @@ the whole design.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from bertjax import errors
-from bertjax.data import prefetch
-
-if TYPE_CHECKING:
-  from bertjax.data.pretraining import BlockBuilder, InputConfig
+from bertjax.data import mixture, prefetch
+from bertjax.data.blocks import BlockBuilder
+from bertjax.data.input_config import InputConfig
 
 # What must agree between the states of the hosts of one run to carry them to another host count.
 _SHARED = ("source", "split", "seed", "seq_len", "pair_mode", "global_batch_size", "packing")
@@ -173,8 +172,6 @@ def resume_states(saved: list[dict], process_count: int) -> tuple[list[dict], st
   """
   first = saved[0]
   if "sources" in first:  # a mixture: each source's stream carried over on its own
-    from bertjax.data import mixture
-
     return mixture.resume_states(saved, process_count, resume_states)
   agree = _SHARED + ("step", "blocks_per_epoch", "leftover", "untouched_from")
   differ = {k for s in saved for k in agree if s.get(k) != first.get(k)}

@@ -30,12 +30,13 @@ import dataclasses
 import logging
 import math
 import re
-import zlib
 
 import numpy as np
 
 from bertjax import errors
 from bertjax.data import masking, records
+from bertjax.data.blocks import examples_per_row
+from bertjax.data.input_config import AUTO, check_state, source_configs
 
 _MIX = 25  # purpose of the hash that draws the rows' sources
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -126,20 +127,6 @@ def check_tokenizers(sources: tuple[Source, ...], metas: list[dict]) -> None:
           f"{sources[0].name} ({sources[0].path}); prepare every source with the same "
           "`--tokenizer`"
       )
-
-
-def source_seed(seed: int, name: str) -> int:
-  """The seed of one source's stream: the run's seed and the source's name (not its place in
-  the list, so reordering the sources changes nothing)."""
-  return int(masking.key(seed, zlib.crc32(name.encode())) >> np.uint64(33))
-
-
-def source_configs(cfg) -> list:
-  """One InputConfig per source of `cfg.sources`: its path, and its own seed."""
-  return [
-      dataclasses.replace(cfg, sources=(), path=path, seed=source_seed(cfg.seed, name))
-      for name, path, _ in cfg.sources
-  ]
 
 
 def train_tokens(path: str) -> int:
@@ -272,8 +259,6 @@ def make(cfg, *, global_batch_size, process_index, process_count, state, split, 
           "`--eval-fraction`, or set --config.eval.every_steps=0"
       )
     sources = held
-  from bertjax.data import pretraining  # which imports this module
-
   names = [s[0] for s in sources]
   weights = [s[2] for s in sources]
   rows = global_batch_size // process_count
@@ -285,8 +270,8 @@ def make(cfg, *, global_batch_size, process_index, process_count, state, split, 
         "a source can change its weight on resume, not its name"
     )
   one = source_configs(dataclasses.replace(cfg, sources=tuple(sources)))
-  if cfg.packing and cfg.max_examples_per_row == pretraining.AUTO:  # one E: the shapes agree
-    e = pretraining.examples_per_row(dataclasses.replace(cfg, sources=tuple(sources)))
+  if cfg.packing and cfg.max_examples_per_row == AUTO:  # one E: the shapes agree
+    e = examples_per_row(dataclasses.replace(cfg, sources=tuple(sources)))
     cfg = dataclasses.replace(cfg, max_examples_per_row=e)
     one = [dataclasses.replace(c, max_examples_per_row=e) for c in one]
   # The worker processes are shared out among the sources (the batches do not depend on them).
@@ -303,5 +288,5 @@ def make(cfg, *, global_batch_size, process_index, process_count, state, split, 
       for c, name in zip(one, names)
   ]
   fingerprint = {**streams[0].fingerprint, "seed": cfg.seed, "source_names": sorted(names)}
-  pretraining.check_state(state, fingerprint)
+  check_state(state, fingerprint)
   return MixtureStream(cfg, names, weights, streams, rows, fingerprint, state)

@@ -28,13 +28,15 @@ Records: JSON lines (`.jsonl`, `.json`, plain or compressed, zstandard too), Par
 Paths: inputs, tokenizer and output may be local or on an object store (`gs://...`); all go
 through `bertjax.runtime.fs` (etils.epath). A remote output is shuffled and written in a local
 temporary directory, then each finished shard is uploaded (an object appears whole or not at all).
+
+Past one host: beam_prepare.py does the same work as an Apache Beam pipeline (`prepare
+--runner beam`), through this module's checks, placing and metadata (`prepare(cfg, run=...)`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -47,95 +49,11 @@ from etils import epath
 from tqdm import tqdm
 
 from bertjax import errors
-from bertjax.data import corpus, encode, formats, problems, records, segment, shuffle, wordpiece
+from bertjax.data import corpus, encode, problems, records, segment, shuffle, wordpiece
+from bertjax.data.prepare_config import DEFAULT_EVAL_FRACTION, PrepareConfig, check_config
 from bertjax.runtime import fs, outputs, workdir_lock
 
-# 2% of the documents: on the bundled corpus (273 chapters) ~5 chapters, ~18k tokens; on a
-# Wikipedia-sized corpus far more than an evaluation reads, at 2% of the training text.
-DEFAULT_EVAL_FRACTION = 0.02
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-  output: str  # output directory (created)
-  tokenizer: str  # SentencePiece PREFIX.model (`bertjax tokenizer train`) or WordPiece vocab.txt
-  inputs: tuple[str, ...] = ()  # files or globs: text (google-research/bert format) or records
-  # Format of the inputs: "auto" (by extension: .jsonl/.json[.gz|.zst|...] JSON lines, .parquet,
-  # .arrow; else text), "text", "jsonl", "parquet" or "arrow".
-  input_format: str = "auto"
-  text_field: str = "text"  # the record field holding a document; `a.b` reaches nested fields
-  tfds: str | None = None  # NAME[:SPLIT] of a TFDS text dataset, instead of `inputs`
-  tfds_data_dir: str | None = None  # where the TFDS dataset was downloaded/prepared
-  tfds_text_key: str = "text"  # feature holding the document text
-  num_shards: int = 8  # train shards per worker (every host reads them all: any count works)
-  # Share of documents held out for pretrain's evaluation (eval-*.tfrecord); 0 holds none.
-  eval_fraction: float = DEFAULT_EVAL_FRACTION
-  eval_shards: int = 1  # eval shards per worker (when eval_fraction > 0)
-  worker_index: int = 0  # this worker's index, for preparing on several machines
-  num_workers: int = 1  # machines preparing the same corpus
-  processes: int = max(1, os.cpu_count() or 1)  # tokenizer processes on this machine
-  chunk_bytes: int = 4 << 20  # input read per task; bounds memory per process
-  max_line_chars: int = 20_000  # longer lines are split (a sentence is never this long)
-  max_doc_sentences: int = 10_000  # longer documents are split
-  max_reports: int = 10  # first problems printed as `file:line: reason`
-  progress: bool = True  # tqdm bar on stderr
-  seed: int = 0  # the document shuffle; the same seed gives the same shards
-  overwrite: bool = False  # replace prepared data already in `output`
-  shuffle_bytes: int = 256 << 20  # records shuffled in memory at a time (one pile)
-  # Segment every sentence into words (segment.py: "jieba") and store each document's word
-  # lengths beside its tokens, for whole-word masking of Chinese; None: no segmenter.
-  word_segmenter: str | None = None
-
-
-_POSITIVE_FIELDS = (
-    "num_shards",
-    "eval_shards",
-    "num_workers",
-    "processes",
-    "chunk_bytes",
-    "max_line_chars",
-    "max_doc_sentences",
-    "shuffle_bytes",
-)
-
-
-def check_config(cfg: PrepareConfig) -> None:
-  """Every field in range; errors name the field (`PrepareConfig.num_shards=0 ...`)."""
-  if bool(cfg.inputs) == bool(cfg.tfds):
-    raise errors.ConfigError(
-        "give one of PrepareConfig.inputs (text files) and PrepareConfig.tfds (a TFDS "
-        "dataset) — " + ("both are set" if cfg.inputs else "neither is set")
-    )
-  for name in _POSITIVE_FIELDS:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise errors.ConfigError(f"PrepareConfig.{name}={value} must be an integer >= 1")
-  if not isinstance(cfg.max_reports, int) or cfg.max_reports < 0:
-    raise errors.ConfigError(f"PrepareConfig.max_reports={cfg.max_reports} must be >= 0")
-  if not 0.0 <= cfg.eval_fraction < 1.0:
-    raise errors.ConfigError(
-        f"PrepareConfig.eval_fraction={cfg.eval_fraction} must be >= 0 and < 1 (the share of "
-        "documents held out; 0 holds none)"
-    )
-  if not isinstance(cfg.worker_index, int) or not 0 <= cfg.worker_index < cfg.num_workers:
-    raise errors.ConfigError(
-        f"PrepareConfig.worker_index={cfg.worker_index} must be >= 0 and < "
-        f"PrepareConfig.num_workers={cfg.num_workers}"
-    )
-  if not cfg.output:
-    raise errors.ConfigError("PrepareConfig.output is empty — name the output directory")
-  segment.check_name(cfg.word_segmenter)
-  if cfg.input_format not in formats.FORMATS:
-    raise errors.ConfigError(
-        f"PrepareConfig.input_format={cfg.input_format!r}: valid options are "
-        + ", ".join(repr(f) for f in formats.FORMATS)
-    )
-  if not isinstance(cfg.text_field, str) or not cfg.text_field.strip("."):
-    raise errors.ConfigError(
-        f"PrepareConfig.text_field={cfg.text_field!r} is empty — name the record field holding "
-        "the text (e.g. text, or meta.body for a nested one)"
-    )
-
+__all__ = ["DEFAULT_EVAL_FRACTION", "PrepareConfig", "check_config", "prepare"]
 
 # ----------------------------------------------------------------------------- the output
 
@@ -189,7 +107,7 @@ def _place(
   tmp.replace(out / name)
 
 
-def _copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
+def copy_tokenizer(tok, out: epath.Path, worker_index: int) -> dict:
   """Copies the tokenizer into the data directory (self-contained); its metadata entry.
 
   The special ids go into metadata.json, so the stream frames and masks with the right ids
@@ -229,15 +147,20 @@ def _drop_empty_shards(cfg: PrepareConfig, out: epath.Path, writers: shuffle.Wri
 
   Shard names keep their `-of-N` numbering; metadata.json lists the shards that remain.
   """
-  for split, flag in (("train", "--num-shards"), ("eval", "--eval-shards")):
-    shards = [s for s in writers.shards if s["split"] == split]
-    empty = [s for s in shards if s["documents"] == 0]
-    if not shards or not empty:
-      continue
-    for s in empty:
+  asked = {split: sum(s["split"] == split for s in writers.shards) for split in records.SPLITS}
+  for s in writers.shards:
+    if s["documents"] == 0:
       (out / s["file"]).unlink(missing_ok=True)
-    kept = len(shards) - len(empty)
-    writers.shards = [s for s in writers.shards if s not in empty]
+  writers.shards = [s for s in writers.shards if s["documents"]]
+  say_missing_shards(cfg, asked, writers.shards)
+
+
+def say_missing_shards(cfg: PrepareConfig, asked: dict[str, int], shards: list[dict]) -> None:
+  """Says why fewer shards of a split than `asked` hold documents (`shards`: those that do)."""
+  for split, flag in (("train", "--num-shards"), ("eval", "--eval-shards")):
+    kept = sum(s["split"] == split for s in shards)
+    if not asked[split] or kept == asked[split]:
+      continue
     if kept == 0 and split == "eval":
       print(
           f"prepare: no document fell into the held-out split ({cfg.eval_fraction:g} of "
@@ -246,7 +169,7 @@ def _drop_empty_shards(cfg: PrepareConfig, out: epath.Path, writers: shuffle.Wri
           file=sys.stderr,
       )
     elif kept == 0:
-      if any(s["documents"] for s in writers.shards):
+      if shards:
         print(
             "prepare: no training document: every document is in the held-out "
             "split; lower --eval-fraction",
@@ -254,19 +177,19 @@ def _drop_empty_shards(cfg: PrepareConfig, out: epath.Path, writers: shuffle.Wri
         )
     else:
       print(
-          f"prepare: wrote {kept} {split} shard(s), not {flag} {len(shards)}: only "
+          f"prepare: wrote {kept} {split} shard(s), not {flag} {asked[split]}: only "
           f"{kept} {split} document(s)",
           file=sys.stderr,
       )
 
 
-def _publish(cfg: PrepareConfig, tmp: epath.Path, out: epath.Path, shards: list[dict]) -> None:
+def publish(cfg: PrepareConfig, tmp: epath.Path, out: epath.Path, shards: list[dict]) -> None:
   """Moves the finished shards from `tmp` into `out` (a remote `out`: uploads them); the old
   metadata goes first, so a reader never sees it beside new shards, and the new one is written
   last (by the caller). A single worker owns `out`: shards of an earlier preparation that are
   not replaced go."""
   (out / records.metadata_name(cfg.worker_index, cfg.num_workers)).unlink(missing_ok=True)
-  for shard in shards:
+  for shard in shards if tmp != out else ():  # written in place (beam_prepare.py)
     if fs.is_local(out):
       (tmp / shard["file"]).replace(out / shard["file"])
     else:
@@ -299,12 +222,14 @@ def _shufflers(
 # ----------------------------------------------------------------------------- prepare
 
 
-def prepare(cfg: PrepareConfig) -> dict:
+def prepare(cfg: PrepareConfig, run: Callable | None = None) -> dict:
   """Prepares the shards and metadata of this worker; returns the metadata.
 
   Everything is checked before anything is written: the config, the tokenizer, the inputs and
   the output. On an error later on (a corpus without documents, an interruption) the output is
-  left as it was, and a directory this run created is removed again.
+  left as it was, and a directory this run created is removed again. `run(cfg, tokenizer, out,
+  tasks)` does the work once all is checked: by default on this machine, beam_prepare.py's in a
+  Beam pipeline.
   """
   check_config(cfg)
   tok = wordpiece.load_tokenizer(cfg.tokenizer)  # fail early on a bad model file
@@ -319,7 +244,7 @@ def prepare(cfg: PrepareConfig) -> dict:
     # One preparation per worker and output directory at a time (workers share `out`).
     with workdir_lock.Lock(str(out), "bertjax prepare", name=f".prepare-{cfg.worker_index}.lock"):
       _check_output(cfg, out)  # again: another run may have finished meanwhile
-      return _prepare(cfg, tok, out, tasks)
+      return (run or _prepare)(cfg, tok, out, tasks)
   except BaseException:
     for directory in created:  # deepest first; another worker's files keep theirs
       try:
@@ -337,12 +262,12 @@ def _scratch(cfg: PrepareConfig, out: epath.Path) -> epath.Path:
   if not fs.is_local(out):
     return epath.Path(tempfile.mkdtemp(prefix=f"bertjax-prepare-{cfg.worker_index}-"))
   tmp = out / f".prepare-{cfg.worker_index}.tmp"
-  _remove(tmp)  # left by an interrupted run
+  remove_dir(tmp)  # left by an interrupted run
   tmp.mkdir()
   return tmp
 
 
-def _remove(directory: epath.Path) -> None:
+def remove_dir(directory: epath.Path) -> None:
   with contextlib.suppress(OSError):
     directory.rmtree(missing_ok=True)
 
@@ -405,10 +330,25 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
       writers.close()
     tally.finish_files(tasks)
     _drop_empty_shards(cfg, tmp, writers)
-    _publish(cfg, tmp, out, writers.shards)
+    publish(cfg, tmp, out, writers.shards)
   finally:
-    _remove(tmp)
-  tokenizer_meta = _copy_tokenizer(tok, out, cfg.worker_index)
+    remove_dir(tmp)
+  tokenizer_meta = copy_tokenizer(tok, out, cfg.worker_index)
+  return finish(cfg, out, tasks, tally, totals, writers.shards, tokenizer_meta, start)
+
+
+def finish(
+    cfg: PrepareConfig,
+    out: epath.Path,
+    tasks: corpus.Tasks,
+    tally: problems.Tally,
+    totals: collections.Counter,
+    shards: list[dict],
+    tokenizer_meta: dict,
+    start: float,
+) -> dict:
+  """Writes this worker's metadata (last, once the shards and tokenizer are in place) and
+  returns it."""
   seconds = time.perf_counter() - start
   meta = {
       "format_version": records.FORMAT_VERSION,
@@ -416,7 +356,7 @@ def _prepare(cfg: PrepareConfig, tok, out: epath.Path, tasks: corpus.Tasks) -> d
       **{k: dict(sorted(v.items())) for k, v in tally.counts.items()},
       "examples_of_problems": tally.reports,
       "tokenizer": tokenizer_meta,
-      "shards": writers.shards,
+      "shards": shards,
       "inputs": list(cfg.inputs) if cfg.inputs else [f"tfds:{cfg.tfds}"],
       **({"text_field": cfg.text_field} if tasks.record_files else {}),
       **(

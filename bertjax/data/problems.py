@@ -15,7 +15,7 @@ from bertjax.data import corpus, formats, text
 
 _SKIPPED = (text.EMPTY_FILE, text.BINARY_FILE, text.BLANK_FILE, text.NO_TOKENS, *formats.SKIPPED)
 _WARNINGS = (text.SINGLE_DOCUMENT,)
-_ONCE_PER_FILE = (text.CRLF, text.BOM)
+ONCE_PER_FILE = (text.CRLF, text.BOM)
 
 
 class Tally:
@@ -41,16 +41,16 @@ class Tally:
     self.bad_records: dict[str, collections.Counter] = collections.defaultdict(
         collections.Counter
     )  # source -> {reason: records skipped}
-    self._seen_once: set[tuple[str, str]] = set()
+    self.seen_once: set[tuple[str, str]] = set()
 
   def problem(self, source: str, line: int | None, reason: str, count: int = 1) -> None:
     """One problem at `line` (a record number for records), or `count` records from it."""
-    if reason in _ONCE_PER_FILE:
-      if (source, reason) in self._seen_once:
+    if reason in ONCE_PER_FILE:
+      if (source, reason) in self.seen_once:
         return
-      self._seen_once.add((source, reason))
+      self.seen_once.add((source, reason))
     if reason == text.NO_TOKENS:
-      self.no_tokens[source] += 1
+      self.no_tokens[source] += count
     if reason in formats.SKIPPED:
       self.bad_records[source][reason] += count
     kind = "skipped" if reason in _SKIPPED else "warnings" if reason in _WARNINGS else "repaired"

@@ -38,24 +38,11 @@ from typing import Callable, Iterable, Sequence
 from etils import epath
 
 from bertjax import errors
+from bertjax.data.tokenizer import HFTokenizer, is_cjk, SentencePieceTokenizer, SUFFIX
 from bertjax.runtime import fs
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-SUFFIX = "##"
 MAX_WORD_CHARS = 200  # google-research/bert's max_input_chars_per_word (transformers: 100)
-
-# CJK Unified Ideographs blocks, exactly as google-research/bert's _is_chinese_char. Hangul and
-# Japanese kana are not in them: those are split on whitespace like any alphabet.
-_CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
 
 
 class WordPieceError(errors.UserError, ValueError):
@@ -130,11 +117,6 @@ def is_punctuation(ch: str) -> bool:
   if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
     return True
   return unicodedata.category(ch).startswith("P")
-
-
-def is_cjk(ch: str) -> bool:
-  cp = ord(ch)
-  return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
 def basic_tokenize(text: str, lower_case: bool) -> list[str]:
@@ -335,13 +317,8 @@ def load_tokenizer(path: str | os.PathLike, lower_case: bool | None = None):
         return load_tokenizer(path / name, lower_case)
     raise WordPieceError(f"{path}: no {', '.join(names)} in this directory")
   if path.suffix == ".json":  # transformers' tokenizer.json, run by the `tokenizers` library
-    from bertjax.data.tokenizer import HFTokenizer
-
     return HFTokenizer(path)
   if path.suffix == ".model":
-    # Here, not at the top: bertjax.data.tokenizer imports this module.
-    from bertjax.data.tokenizer import SentencePieceTokenizer
-
     return SentencePieceTokenizer(path)
   if path.suffix == ".txt":
     return WordPieceTokenizer(path, lower_case)

@@ -8,7 +8,7 @@ directories, as google/electra-*-discriminator and -generator are released:
 The embeddings the two networks share are written into both; reading them back, the two copies
 must be equal (they are one table in bertjax).
 
-Tensor names: `electra.` + the names of transformers' BERT encoder (`convert._hf_entries`, whose
+Tensor names: `electra.` + the names of transformers' BERT encoder (`hf_tensors.bert_entries`, whose
 layouts this module reuses), plus `electra.embeddings_project` when the embeddings are
 factorised, `discriminator_predictions.{dense,dense_prediction}`,
 `generator_predictions.{dense,LayerNorm}` and `generator_lm_head` (weight tied to the word
@@ -26,8 +26,14 @@ from typing import Any, Iterator
 from etils import epath
 import numpy as np
 
-from bertjax.interop import convert
-from bertjax.interop.hf_config import ConversionError, _HF_ACT, hf_architecture
+from bertjax.interop import hf_tensors
+from bertjax.interop.hf_config import (
+    ConversionError,
+    _HF_ACT,
+    config_from_hf,
+    config_to_hf,
+    hf_architecture,
+)
 from bertjax.model.config import BertConfig
 from bertjax.runtime import fs
 
@@ -59,7 +65,7 @@ def config_from_electra(hf: dict[str, Any], source: str = "config.json") -> Bert
         f"{source}: position_embedding_type={hf['position_embedding_type']!r}; only 'absolute'"
     )
   try:
-    cfg = convert.config_from_hf(fields)
+    cfg = config_from_hf(fields)
   except ConversionError as e:
     raise ConversionError(f"{source}: {str(e).removeprefix('config.json: ')}") from e
   embedding = int(hf.get("embedding_size", cfg.hidden_size))
@@ -70,7 +76,7 @@ def config_to_electra(cfg: BertConfig, architecture: str) -> dict[str, Any]:
   """The `config.json` dict that `transformers.ElectraConfig` reads, for `architecture`
   ("ElectraForPreTraining" or "ElectraForMaskedLM")."""
   check_exportable(cfg)
-  out = convert.config_to_hf(cfg)  # BERT's fields, which ElectraConfig shares
+  out = config_to_hf(cfg)  # BERT's fields, which ElectraConfig shares
   out.update(architectures=[architecture], model_type="electra", embedding_size=cfg.embedding_width)
   return out
 
@@ -89,10 +95,10 @@ def check_exportable(cfg: BertConfig) -> None:
 # ------------------------------------------------------------------------------- tensor table
 
 
-def _encoder_entries(cfg: BertConfig, ours: str) -> Iterator[convert._Entry]:
+def _encoder_entries(cfg: BertConfig, ours: str) -> Iterator[hf_tensors.Entry]:
   """The encoder `ours` ("bert" or "generator") as `electra.*` tensors; the shared embeddings
   (always bertjax's "bert/embeddings") and `embeddings_project` when factorised."""
-  for path, names, to_ours, to_theirs in convert._hf_entries(cfg):
+  for path, names, to_ours, to_theirs in hf_tensors.bert_entries(cfg):
     if path[:2] == ("bert", "embeddings") or path[:2] == ("bert", "encoder"):
       if path[1] == "encoder":
         path = (ours,) + path[1:]
@@ -101,12 +107,12 @@ def _encoder_entries(cfg: BertConfig, ours: str) -> Iterator[convert._Entry]:
     yield from _dense((ours, "embeddings_project"), "electra.embeddings_project")
 
 
-def _dense(ours: tuple[str, ...], theirs: str) -> Iterator[convert._Entry]:
-  yield ours + ("kernel",), (theirs + ".weight",), convert._dense_in, convert._dense_out
-  yield ours + ("bias",), (theirs + ".bias",), convert._same, convert._one(convert._same)
+def _dense(ours: tuple[str, ...], theirs: str) -> Iterator[hf_tensors.Entry]:
+  yield ours + ("kernel",), (theirs + ".weight",), hf_tensors.dense_in, hf_tensors.dense_out
+  yield ours + ("bias",), (theirs + ".bias",), hf_tensors.same, hf_tensors.one(hf_tensors.same)
 
 
-def discriminator_entries(cfg: BertConfig) -> Iterator[convert._Entry]:
+def discriminator_entries(cfg: BertConfig) -> Iterator[hf_tensors.Entry]:
   """`ElectraForPreTraining`'s tensors: the encoder and the discriminator head."""
   yield from _encoder_entries(cfg, "bert")
   yield from _dense(("discriminator_predictions", "dense"), "discriminator_predictions.dense")
@@ -116,23 +122,25 @@ def discriminator_entries(cfg: BertConfig) -> Iterator[convert._Entry]:
   )
 
 
-def generator_entries(gen: BertConfig) -> Iterator[convert._Entry]:
+def generator_entries(gen: BertConfig) -> Iterator[hf_tensors.Entry]:
   """`ElectraForMaskedLM`'s tensors (the decoder's weight is the tied word embeddings)."""
   yield from _encoder_entries(gen, "generator")
   yield from _dense(("generator_predictions", "dense"), "generator_predictions.dense")
   yield (
       ("generator_predictions", "layer_norm", "scale"),
       ("generator_predictions.LayerNorm.weight",),
-      convert._same,
-      convert._one(convert._same),
+      hf_tensors.same,
+      hf_tensors.one(hf_tensors.same),
   )
   yield (
       ("generator_predictions", "layer_norm", "bias"),
       ("generator_predictions.LayerNorm.bias",),
-      convert._same,
-      convert._one(convert._same),
+      hf_tensors.same,
+      hf_tensors.one(hf_tensors.same),
   )
-  yield ("generator_bias",), ("generator_lm_head.bias",), convert._same, convert._one(convert._same)
+  yield ("generator_bias",), ("generator_lm_head.bias",), hf_tensors.same, hf_tensors.one(
+      hf_tensors.same
+  )
 
 
 def _put(params: Params, path: tuple[str, ...], value: np.ndarray) -> None:
@@ -196,7 +204,7 @@ def from_hf(
   """An `ElectraForPreTraining` tree (bertjax's) from transformers' discriminator tensors
   (`ElectraForPreTraining`'s, or `ElectraModel`'s: then the discriminator head is left out and
   named in `fresh`), and the generator's when given. The pooler, which ELECTRA lacks, starts
-  fresh under "bert/pooler" (`convert._fresh_heads`) for the fine-tuning heads that read it."""
+  fresh under "bert/pooler" (`hf_tensors.fresh_heads`) for the fine-tuning heads that read it."""
   has_head = any(k.startswith("discriminator_predictions.") for k in state)
   params = _read(
       state,
@@ -208,7 +216,7 @@ def from_hf(
     fresh.append("the pooler")
     if not has_head:
       fresh.append("the discriminator head")
-  params["bert"]["pooler"] = convert._fresh_heads(cfg)["pooler"]
+  params["bert"]["pooler"] = hf_tensors.fresh_heads(cfg)["pooler"]
   if gen_state is not None:
     gen_source = f"{source}/{GENERATOR_DIR}"
     generated = _read(gen_state, generator_entries(gen), gen_source)
@@ -245,7 +253,7 @@ def load(
   (`ElectraForMaskedLM`) read from its `generator/` subdirectory when there is one."""
   path = fs.path(path)
   cfg = config_from_electra(_read_config(path), str(path / "config.json"))
-  state = convert.read_hf_state(path)
+  state = hf_tensors.read_hf_state(path)
   gen_dir = path / GENERATOR_DIR
   gen, gen_state = None, None
   if (gen_dir / "config.json").exists():
@@ -256,7 +264,7 @@ def load(
           f"discriminator's are {cfg.embedding_width} and {cfg.num_layers}: not one ELECTRA"
       )
     gen = gen.replace(embedding_size=cfg.embedding_width)
-    gen_state = convert.read_hf_state(gen_dir)
+    gen_state = hf_tensors.read_hf_state(gen_dir)
   params = from_hf(state, cfg, gen_state, gen, source=str(path), fresh=fresh)
   return cfg, params, gen
 

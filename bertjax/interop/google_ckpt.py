@@ -176,12 +176,15 @@ def read_state(prefix: str) -> tuple[dict[str, np.ndarray], dict[str, str], list
 
 
 def load_google(
-    src: str | epath.Path, config_path: str | epath.Path | None = None
+    src: str | epath.Path,
+    config_path: str | epath.Path | None = None,
+    fresh: list[str] | None = None,
 ) -> tuple[BertConfig, Params]:
   """Config and unscanned `BertForPreTraining` params from a Google BERT checkpoint.
 
   `src` is the model directory or the checkpoint prefix; `config_path` defaults to
-  `bert_config.json` beside the checkpoint.
+  `bert_config.json` beside the checkpoint. Heads the checkpoint lacks (an export of an
+  untrained head leaves it out) start fresh and are named in `fresh` (`convert.hf_to_params`).
   """
   prefix = find_checkpoint(src)
   config_path = fs.path(config_path) if config_path else fs.path(prefix).parent / CONFIG_NAME
@@ -194,7 +197,7 @@ def load_google(
         f"pretraining ({len(unused)} such); is this a fine-tuned or non-BERT checkpoint?"
     )
   try:
-    return cfg, convert.hf_to_params(state, cfg, source=prefix)
+    return cfg, convert.hf_to_params(state, cfg, source=prefix, fresh=fresh)
   except convert.ConversionError as e:  # name the tensor as the user's checkpoint does
     msg = str(e)
     for hf_name in re.findall(r"'([\w.]+)'", msg):
@@ -207,10 +210,13 @@ def save_google(
     cfg: BertConfig,
     path: str | epath.Path,
     vocab_path: str | epath.Path | None = None,
+    untrained=(),
 ) -> str:
   """Write `bert_model.ckpt.*`, `bert_config.json` (and `vocab.txt`) under `path`.
 
-  The bundle is what google-research/bert's `run_pretraining.py --init_checkpoint` reads.
+  The bundle is what google-research/bert's `run_pretraining.py --init_checkpoint` reads; the
+  heads in `untrained` (`convert.HEADS` that never trained) are left out of it, as TF's
+  `init_from_checkpoint` leaves a variable the checkpoint lacks to its initializer.
   Returns the checkpoint prefix.
   """
   import tensorflow as tf  # here: converting to/from HF/bertjax needs no TF
@@ -220,6 +226,9 @@ def save_google(
   state = convert.params_to_hf(params, cfg)
   state.pop("cls.predictions.decoder.weight")  # tied to the word embeddings, as in Google's
   state.pop("cls.predictions.decoder.bias")
+  drop = {"mlm": "cls.predictions.", "nsp": "cls.seq_relationship.", "pooler": "bert.pooler."}
+  drop = tuple(drop[h] for h in untrained if h in drop)
+  state = {k: v for k, v in state.items() if not k.startswith(drop)} if drop else state
   names, tensors = [], []
   for hf_name in sorted(state):
     name, transpose = hf_to_google_name(hf_name)

@@ -178,6 +178,8 @@ def read_head(path: fs.PathLike) -> SentenceHead:
 def tokenizer_file(path: fs.PathLike) -> str | None:
   """The tokenizer sentence-transformers runs for the directory at `path`: its Transformer
   folder's tokenizer.json (the fast tokenizer it loads), else None."""
+  if not is_directory(path):
+    return None
   file = transformer_dir(path) / "tokenizer.json"
   return str(file) if file.is_file() else None
 
@@ -205,15 +207,9 @@ def body_state(params, cfg) -> tuple[dict[str, np.ndarray], str]:
 
   arch = convert.hf_architecture(cfg)
   cls, prefix = _BODY[arch]
-  state = {
-      k[len(prefix) :]: v
-      for k, v in convert.params_to_hf(params, cfg).items()
-      if k.startswith(prefix)
-  }
-  if arch == "roberta":  # RobertaForMaskedLM drops the pooler; RobertaModel holds one
-    pooler = params["bert"]["pooler"]
-    state["pooler.dense.weight"] = np.ascontiguousarray(np.asarray(pooler["kernel"], np.float32).T)
-    state["pooler.dense.bias"] = np.asarray(pooler["bias"], np.float32)
+  # RobertaModel holds a pooler, which RobertaForMaskedLM's tensors leave out unless asked
+  tensors = convert.params_to_hf(params, cfg, pooler=arch == "roberta")
+  state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
   return state, cls
 
 

@@ -46,72 +46,15 @@ from bertjax.model.config import ACTIVATIONS, BertConfig
 Array = jax.Array
 
 
-def _init(cfg: BertConfig, names: tuple[str | None, ...]):
-  # BERT's tf.truncated_normal_initializer: N(0, range²) redrawn outside ±2·range (so the
-  # drawn values' std is 0.88·range); jax's truncated_normal is the same distribution.
-  return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(cfg.initializer_range, lower=-2.0, upper=2.0), names
-  )
-
-
-def _zeros(names: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
-
-
-def _ones(names: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
-
-
-def _layer_norm(cfg: BertConfig, name: str, axis: str = "embed") -> nn.LayerNorm:
-  return nn.LayerNorm(
-      epsilon=cfg.layer_norm_eps,
-      dtype=cfg.compute_dtype,
-      param_dtype=cfg.params_dtype,
-      use_bias=cfg.use_bias,
-      scale_init=_ones((axis,)),
-      bias_init=_zeros((axis,)),
-      name=name,
-  )
-
-
-def dense(
-    cfg: BertConfig,
-    features: int,
-    axes: tuple[str, str],
-    name: str | None = None,
-    use_bias: bool | None = None,
-):
-  """BERT's dense layer: `nn.Dense` with logical axes (kernel `axes`, bias `axes[1]`).
-
-  The bias follows `cfg.use_bias` unless `use_bias` says otherwise: bertjax's own heads (the
-  pooler, NSP and the task heads, which ModernBERT does not have) always keep theirs.
-  """
-  return nn.Dense(
-      features,
-      use_bias=cfg.use_bias if use_bias is None else use_bias,
-      dtype=cfg.compute_dtype,
-      param_dtype=cfg.params_dtype,
-      kernel_init=_init(cfg, axes),
-      bias_init=_zeros((axes[1],)),
-      dot_general=ops.flat_dot_general,
-      name=name,
-  )
-
-
-def _constrain(x: Array, names: tuple[str, ...]) -> Array:
-  return nn.with_logical_constraint(x, names)
-
-
-def _embedding(cfg: BertConfig, rows: int, axis: str) -> nn.Embed:
-  """A [rows, E] table whose rows are named `axis` ('vocab', 'pos' or 'type'); E is the
-  embedding width, the hidden size unless `cfg.embedding_size` factorises the embeddings."""
-  return nn.Embed(
-      rows,
-      cfg.embedding_width,
-      dtype=cfg.compute_dtype,
-      param_dtype=cfg.params_dtype,
-      embedding_init=_init(cfg, (axis, "embed")),
-  )
+# The building blocks (`layers`), under the names this module uses.
+from bertjax.model.layers import (  # noqa: F401
+    constrain as _constrain,
+    dense,
+    embedding as _embedding,
+    init as _init,
+    layer_norm as _layer_norm,
+    zeros as _zeros,
+)
 
 
 class Embeddings(nn.Module):
@@ -443,6 +386,25 @@ class BertModel(nn.Module):
       self.final_layer_norm = _layer_norm(cfg, "final_layer_norm")
     self.pooler = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), use_bias=True)
 
+  def embed(
+      self,
+      input_ids_BxL: Array,
+      token_type_ids_BxL: Array | None = None,
+      attention_mask_BxL: Array | None = None,
+      *,
+      segment_ids: Array | None = None,
+      position_ids: Array | None = None,
+      deterministic: bool = True,
+  ) -> Array:
+    """The input embeddings [B, L, E] of a batch, before any projection: what `__call__` reads
+    first, and what ELECTRA's generator reads of the discriminator (`embedded_BxLxE`)."""
+    if token_type_ids_BxL is None:
+      token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
+    _, position_ids_BxL = encoder_inputs(
+        input_ids_BxL, attention_mask_BxL, segment_ids, position_ids
+    )
+    return self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
+
   def __call__(
       self,
       input_ids_BxL: Array,
@@ -458,15 +420,18 @@ class BertModel(nn.Module):
       pool: bool = True,
   ) -> EncoderOutput:
     segment_ids_BxL, cls_positions_BxE = segment_ids, cls_positions
-    if token_type_ids_BxL is None:
-      token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
     mask_Bx1x1xL, position_ids_BxL = encoder_inputs(
         input_ids_BxL, attention_mask_BxL, segment_ids_BxL, position_ids
     )
     emb_BxLxE = embedded_BxLxE
     if emb_BxLxE is None:
-      emb_BxLxE = self.embeddings(
-          input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL
+      emb_BxLxE = self.embed(
+          input_ids_BxL,
+          token_type_ids_BxL,
+          attention_mask_BxL,
+          segment_ids=segment_ids_BxL,
+          position_ids=position_ids,
+          deterministic=deterministic,
       )
     emb_BxLxH = emb_BxLxE
     if self.cfg.factorised_embeddings:

@@ -38,7 +38,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from bertjax.model import bert as bert_lib
+from bertjax.model import bert as bert_lib, layers
 from bertjax.model.config import ACTIVATIONS, BertConfig
 
 Array = jax.Array
@@ -156,7 +156,7 @@ class GeneratorPredictions(nn.Module):
     cfg = self.cfg
     h_BxPxE = bert_lib.dense(cfg, cfg.embedding_width, ("embed", "embed_out"), "dense")(x_BxPxG)
     h_BxPxE = ACTIVATIONS["gelu"](h_BxPxE)  # ELECTRA's generator head: exact GELU, fixed
-    return bert_lib._layer_norm(cfg, "layer_norm")(h_BxPxE)
+    return layers.layer_norm(cfg, "layer_norm")(h_BxPxE)
 
 
 class ElectraForPreTraining(nn.Module):
@@ -167,20 +167,18 @@ class ElectraForPreTraining(nn.Module):
   """
 
   cfg: BertConfig  # the discriminator's
-  generator_cfg: BertConfig
+  # None: the discriminator alone (a released `ElectraForPreTraining` directory holds no
+  # generator): `discriminate` runs, `generate` and `__call__` refuse.
+  generator_cfg: BertConfig | None
 
   def setup(self):
     self.bert = bert_lib.BertModel(self.cfg)  # the discriminator, and the shared embeddings
     self.discriminator_predictions = DiscriminatorPredictions(self.cfg)
-    self.generator = bert_lib.BertModel(self.generator_cfg)  # no tables of its own
-    self.generator_predictions = GeneratorPredictions(self.generator_cfg)
-    self.generator_bias = self.param(
-        "generator_bias",
-        bert_lib._zeros(("vocab",)),
-        (self.cfg.vocab_size,),
-        self.cfg.params_dtype,
-    )
+    if self.generator_cfg is not None:
+      self.generator = bert_lib.BertModel(self.generator_cfg)  # no tables of its own
+      self.generator_predictions = GeneratorPredictions(self.generator_cfg)
 
+  @nn.compact  # generator_bias is created here, so `discriminate` needs no generator params
   def generate(
       self,
       input_ids_BxL: Array,
@@ -193,13 +191,17 @@ class ElectraForPreTraining(nn.Module):
       deterministic: bool = True,
   ) -> GeneratorOutput:
     """The generator on the masked input: its head at the masked positions."""
-    if token_type_ids_BxL is None:
-      token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    _, position_ids_BxL = bert_lib.encoder_inputs(
-        input_ids_BxL, attention_mask_BxL, segment_ids, position_ids
+    if self.generator_cfg is None:
+      raise ValueError(
+          "ElectraForPreTraining(cfg, generator_cfg=None) is the discriminator alone: "
+          "`generate` and training need the generator's config (electra.generator_config)"
+      )
+    generator_bias = self.param(
+        "generator_bias", layers.zeros(("vocab",)), (self.cfg.vocab_size,), self.cfg.params_dtype
     )
-    shared_BxLxE = self.bert.embeddings(
-        input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL
+    packed = dict(segment_ids=segment_ids, position_ids=position_ids)
+    shared_BxLxE = self.bert.embed(
+        input_ids_BxL, token_type_ids_BxL, attention_mask_BxL, deterministic=deterministic, **packed
     )
     enc = self.generator(
         input_ids_BxL,
@@ -213,9 +215,9 @@ class ElectraForPreTraining(nn.Module):
     )
     x_BxPxG = bert_lib.gather_positions(enc.sequence_output, masked_positions_BxP)
     h_BxPxE = self.generator_predictions(x_BxPxG)
-    h_BxPxE = bert_lib._constrain(h_BxPxE, ("batch", "masked", "act_embed"))
+    h_BxPxE = layers.constrain(h_BxPxE, ("batch", "masked", "act_embed"))
     table_VxE = self.bert.embeddings.word_embeddings.embedding.astype(h_BxPxE.dtype)
-    return GeneratorOutput(mlm_hidden=h_BxPxE, mlm_table=table_VxE, mlm_bias=self.generator_bias)
+    return GeneratorOutput(mlm_hidden=h_BxPxE, mlm_table=table_VxE, mlm_bias=generator_bias)
 
   def discriminate(
       self,

@@ -121,6 +121,8 @@ def _checkpoint_tokenizer(cfg, tok_path: str | None, what: str, n, lower_case) -
         f"{n['tokenizer']} {tok_path} has {tok.vocab_size} ids but the model's vocab_size is "
         f"{cfg.vocab_size} — pass the tokenizer it was pretrained with"
     )
+  if cfg.position_offset and cfg.norm_placement == "post":  # RoBERTa's, XLM-R's network
+    tok.pair_separators = 2  # pairs as their tokenizers frame them: <s> A </s></s> B </s>
   return tok
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import shutil
@@ -49,6 +48,7 @@ import orbax.checkpoint as ocp
 from bertjax import errors
 from bertjax import model as model_lib
 from bertjax.runtime import fs
+from bertjax.training.digest import DIGEST_NAME, verify_digest, write_digest  # noqa: F401
 
 PRETRAINED_FORMAT = "bertjax-pretrained-1"
 # BertConfig fields that decide the parameter shapes; a resume must agree on all of them. Not
@@ -108,61 +108,6 @@ class _QuietDiskFull(logging.Filter):
         "No space left on device" in record.getMessage()
         or (record.exc_info and _disk_full(record.exc_info[1]))
     )
-
-
-DIGEST_NAME = "sha256.json"
-
-
-def _files(step_dir: epath.Path) -> dict[str, epath.Path]:
-  """{path relative to `step_dir` ("state/d/abc"): path} of every file under it, any scheme."""
-  out = {}
-  for root, _, names in step_dir.walk():
-    for name in names:
-      full = epath.Path(root) / name
-      out[str(full.relative_to(step_dir))] = full
-  return out
-
-
-def write_digest(step_dir: epath.Path) -> None:
-  """`step_dir/sha256.json`: {relative path: [size, sha256]} of every file of the step."""
-  step_dir = fs.path(step_dir)
-  files = {}
-  for rel, full in sorted(_files(step_dir).items()):
-    if rel != DIGEST_NAME:
-      files[rel] = [full.stat().length, _sha256(full)]
-  fs.write_atomic(step_dir / DIGEST_NAME, json.dumps({"files": files}, indent=0))
-
-
-def _sha256(path: epath.Path) -> str:
-  h = hashlib.sha256()
-  with path.open("rb") as f:
-    for block in iter(lambda: f.read(1 << 22), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
-def verify_digest(step_dir: epath.Path) -> str | None:
-  """What differs from the step's digest ("state/d/abc: 3 bytes, 4,096 recorded"), or None
-  (also when the step has no digest: a run killed right after orbax finished the step, or a
-  step saved to an object store)."""
-  step_dir = fs.path(step_dir)
-  digest = step_dir / DIGEST_NAME
-  if not digest.exists():
-    return None
-  try:
-    files = json.loads(digest.read_text())["files"]
-  except (ValueError, KeyError) as e:
-    return f"{digest}: unreadable ({e})"
-  for rel, (size, sha) in sorted(files.items()):
-    full = step_dir / rel
-    if not full.exists():
-      return f"{full}: missing"
-    found = full.stat().length
-    if found != size:
-      return f"{full}: {found:,} bytes, {size:,} recorded"
-    if _sha256(full) != sha:
-      return f"{full}: contents changed since it was saved (SHA-256 differs)"
-  return None
 
 
 def check_compatible(
@@ -408,6 +353,20 @@ class Pretrained:
   step: int
   generator_config: model_lib.BertConfig | None = None  # ELECTRA's generator (unscanned); None:
   #                                                       an MLM model
+  # The heads ("mlm", "nsp", "pooler") that never trained: started fresh, updated by no step.
+  # `bertjax convert` exports none of them.
+  untrained_heads: tuple[str, ...] = ()
+
+
+def untrained_heads(meta: dict) -> tuple[str, ...]:
+  """A step's untrained heads: recorded by the loop, or (a checkpoint written before they were
+  recorded) what its objective never trains: an MLM run without a pair task, NSP and pooler."""
+  if "untrained_heads" in meta:
+    return tuple(meta["untrained_heads"] or ())
+  pair_mode = ((meta.get("config") or {}).get("data") or {}).get("pair_mode", "nsp")
+  if (meta.get("objective") or "mlm") == "mlm" and pair_mode == "none":
+    return ("nsp", "pooler")
+  return ()
 
 
 def save_pretrained(
@@ -417,9 +376,11 @@ def save_pretrained(
     tokenizer_path: str | None = None,
     step: int = 0,
     generator_config: model_lib.BertConfig | None = None,
+    untrained_heads=(),
 ) -> None:
   """Write a self-contained params-only checkpoint that `load_pretrained` reads; with
-  `generator_config`, ELECTRA's (generator_config.json beside bert_config.json).
+  `generator_config`, ELECTRA's (generator_config.json beside bert_config.json);
+  `untrained_heads` recorded in pretrained.json (`Pretrained.untrained_heads`).
 
   `params` may be scanned or not, sharded or not; they are stored unscanned. The tokenizer
   file (SentencePiece .model or WordPiece vocab .txt) is copied next to them. Every process
@@ -439,7 +400,13 @@ def save_pretrained(
       fs.path(tokenizer_path).copy(out / tok_name, overwrite=True)
     (out / "pretrained.json").write_text(
         json.dumps(
-            {"format": PRETRAINED_FORMAT, "step": int(step), "tokenizer": tok_name}, indent=2
+            {
+                "format": PRETRAINED_FORMAT,
+                "step": int(step),
+                "tokenizer": tok_name,
+                "untrained_heads": sorted(untrained_heads),
+            },
+            indent=2,
         )
     )
   ckptr = ocp.StandardCheckpointer()
@@ -531,6 +498,14 @@ def read_generator_config(path: str) -> model_lib.BertConfig | None:
   return model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
 
 
+def read_untrained_heads(path: str) -> tuple[str, ...]:
+  """`Pretrained.untrained_heads` of what `load_pretrained(path)` would load, without its params."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    return tuple(json.loads((d / "pretrained.json").read_text()).get("untrained_heads") or ())
+  return untrained_heads(json.loads((d / "meta" / "metadata").read_text()))
+
+
 def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   """Read a workdir (latest complete step), one step dir, or a `save_pretrained` dir.
 
@@ -550,7 +525,8 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
         if gen_file.exists()
         else None
     )
-    return Pretrained(cfg, params, tok, int(info.get("step", 0)), gen)
+    untrained = tuple(info.get("untrained_heads") or ())
+    return Pretrained(cfg, params, tok, int(info.get("step", 0)), gen, untrained)
   meta = json.loads((d / "meta" / "metadata").read_text())
   cfg = model_lib.BertConfig.from_dict(meta["bert_config"])
   if cfg.scan_layers:  # stored stacked: restore on the host, unstack, then place
@@ -563,4 +539,11 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
   tok_path = str(d.parent.parent / tok) if tok else None
   gen = meta.get("generator_config")
   gen = model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
-  return Pretrained(cfg.replace(scan_layers=False), params, tok_path, int(meta["step"]), gen)
+  return Pretrained(
+      cfg.replace(scan_layers=False),
+      params,
+      tok_path,
+      int(meta["step"]),
+      gen,
+      untrained_heads(meta),
+  )

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from bertjax import errors
+from bertjax.training import objective  # jax-free: the valid objective names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,7 @@ RANGES: dict[str, Range] = {
     "train.microbatches": _at_least(1, "1 = no gradient accumulation"),
     "train.max_bad_steps": _at_least(0, "0 = stop at the first non-finite step"),
     "train.inject_nan_at_step": _at_least(-1, "testing only; -1 = never"),
+    "train.head_warmup_steps": _at_least(-1, "-1 = 10% of the steps when a head starts untrained"),
     "train.decay_fraction": Range(float, 0.0, 1.0, why="wsd: share of the steps in the decay"),
     "train.final_lr_fraction": Range(float, 0.0, 1.0, why="wsd: last lr / peak; 0 = to zero"),
     "train.peak_fraction": Range(float, 0.0, 1.0, why="one_cycle: share of the steps rising"),
@@ -170,11 +172,9 @@ PHASE2_RANGES: dict[str, Range] = {
     "phase2.rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
     "phase2.local_rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
     "phase2.decay_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
-    "phase2.final_lr_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
-    "phase2.peak_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
 }
 CHOICES: dict[str, tuple[str, ...]] = {
-    "objective": ("mlm", "electra"),
+    "objective": objective.NAMES,  # one per branch of `objective.make`
     "data.source": ("prepared", "synthetic"),
     "data.pair_mode": ("nsp", "sop", "none"),
     "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
@@ -244,6 +244,17 @@ def validate(config) -> None:
       check_range(config, path, rule)
     check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
     seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
+  for path, n in seq_lens:  # the masked arrays are P wide in a row of L tokens
+    budget_path = path.replace("seq_len", "max_predictions_per_seq")
+    budget = _get(config, budget_path)
+    if isinstance(n, int) and isinstance(budget, int) and budget > n:
+      rate = _get(config, "data.mask_prob")
+      fit = math.ceil(rate * n) if isinstance(rate, (int, float)) else n
+      raise errors.ConfigError(
+          f"config.{budget_path}={budget} exceeds config.{path}={n}: a row has no more "
+          f"positions to predict — set config.{budget_path}={fit} (the masking rate x {n}, "
+          "rounded up) or leave it unset when you change the length"
+      )
   positions = _get(config, "model.max_position_embeddings")
   offset = _get(config, "model.position_offset")  # RoBERTa's table starts at row 2
   if isinstance(positions, int) and isinstance(offset, int):
@@ -270,6 +281,9 @@ class Plan:
   meta: dict | None = None  # the prepared data's metadata.json; None: synthetic, or not yet
   # prepared (the bundled corpus, which the run prepares into the workdir: `with_data`)
   notes: tuple[str, ...] = ()  # what the run was given besides the recipe (`--init`'s network)
+  # (steps, heads): heads that start untrained from `--init`, trained alone first
+  # (`loop.head_warmup`); set by the loop
+  head_warmup: tuple[int, tuple[str, ...]] = (0, ())
 
 
 def preflight(config, workdir: str | None = None, explicit: frozenset[str] = frozenset()) -> Plan:
@@ -286,7 +300,7 @@ def preflight(config, workdir: str | None = None, explicit: frozenset[str] = fro
   with c.unlocked():
     c.model.vocab_size = c.model.vocab_size or 8000  # a stand-in: the data decides it later
   try:
-    train.electra_generator_config(c, train.model_config(c))  # and ELECTRA's generator
+    objective.make(c, train.model_config(c))  # the objective's own networks (ELECTRA's generator)
   except errors.UserError:
     raise
   except ValueError as e:  # BertConfig's own checks (hidden_size % num_heads, ...)

@@ -284,14 +284,7 @@ def compile_phases(
         dict(mesh.shape),
     )
     r.model_flops = (
-        flops_lib.pretraining_flops_per_step(
-            s.bert_config,
-            ph.batch_size,
-            ph.seq_len,
-            ph.max_predictions,
-            generator=s.generator_config,  # ELECTRA: the generator's FLOPs too
-        )
-        / mesh.size
+        s.objective.flops_per_step(ph.batch_size, ph.seq_len, ph.max_predictions) / mesh.size
     )
     peak = flops_lib.peak_flops_per_device(mesh.devices.flat[0])
     r.bound_s = r.model_flops / peak if peak else None

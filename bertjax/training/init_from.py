@@ -142,10 +142,52 @@ def load(source: Source, place=None) -> tuple[dict, list[str]]:
   if source.kind == "transformers":
     _, params = convert.load_hf(source.path, fresh=fresh, place=place)
   elif source.kind == "google":
-    _, params = google_ckpt.load_google(source.path)
+    _, params = google_ckpt.load_google(source.path, fresh=fresh)
   else:
-    params = checkpoint.load_pretrained(source.path).params
+    loaded = checkpoint.load_pretrained(source.path)
+    params = loaded.params
+    fresh = [f"the {_HEAD_NAMES[h]}" for h in loaded.untrained_heads if h in _HEAD_NAMES]
   return params, fresh
+
+
+_HEAD_NAMES = {"mlm": "MLM head", "nsp": "NSP head", "pooler": "pooler"}
+
+
+def head_ids(fresh: list[str]) -> list[str]:
+  """`load`'s names of fresh heads ("the MLM head", ...) as head ids ("mlm", ...)."""
+  from bertjax.interop import convert
+
+  return convert.head_ids(fresh)
+
+
+def untrained_heads(source: Source) -> tuple[str, ...]:
+  """The heads (`convert.HEADS`) `source` holds untrained: absent from a transformers or Google
+  checkpoint (they start fresh), or recorded so by a bertjax run. Reads names, not weights."""
+  from bertjax.interop import convert, google_ckpt
+  from bertjax.training import checkpoint
+
+  if source.objective != "mlm":
+    return ()
+  if source.kind == "bertjax":
+    return checkpoint.read_untrained_heads(source.path)
+  if source.kind == "transformers":
+    if convert.hf_architecture(source.config) == "modernbert":
+      names = ()  # `missing_heads` knows ModernBERT's: no pooler, no NSP head
+    else:
+      names = list(convert.read_hf_state(source.path).keys())
+  else:
+    import tensorflow as tf  # a Google checkpoint's variable names
+
+    prefix = google_ckpt.find_checkpoint(source.path)
+    names = [
+        m[0]
+        for m in map(
+            google_ckpt.google_to_hf_name,
+            tf.train.load_checkpoint(prefix).get_variable_to_shape_map(),
+        )
+        if m
+    ]
+  return tuple(convert.head_ids(convert.missing_heads(names, source.config)))
 
 
 def adopt(config, source: Source, explicit: frozenset[str] = frozenset()) -> list[str]:
@@ -197,3 +239,58 @@ def check_tokenizer(source: Source, meta: dict | None, data: str) -> None:
 
 def fresh_heads_line(fresh: list[str]) -> str:
   return f"; {', '.join(fresh)} start(s) fresh" if fresh else ""
+
+
+# ------------------------------------------------------------------ a run that starts from DIR
+
+
+def head_warmup(config) -> tuple[int, tuple[str, ...]]:
+  """(steps, heads): the heads this objective trains that start untrained from
+  config.train.init_from (a `BertModel` has no MLM head), warmed alone for the first `steps`
+  steps (config.train.head_warmup_steps; -1: 10% of train.steps); (0, ()) when none."""
+  from bertjax.training import train
+
+  path, steps = config.train.init_from, config.train.head_warmup_steps
+  if not path or steps == 0:
+    return 0, ()
+  untrained = untrained_heads(describe(path))
+  heads = tuple(h for h in train.trained_heads(config) if h in untrained)
+  if not heads:
+    return 0, ()
+  return (max(1, config.train.steps // 10) if steps < 0 else steps), heads
+
+
+def start(setup, state, path: str):
+  """`state` (a `train.TrainState` of `setup`) with its freshly initialised params replaced by
+  DIR's, and the names of the heads DIR lacked, which keep their fresh values."""
+  import jax
+  import numpy as np
+
+  from bertjax.training import checkpoint
+
+  source = describe(path)
+  want = setup.objective.name
+  if want != source.objective:
+    raise errors.ConfigError(
+        f"config.train.init_from={path}: an {source.objective} checkpoint, but "
+        f"config.objective={want!r} — start from a checkpoint of the same objective, or set "
+        f"config.objective={source.objective!r}"
+    )
+  checkpoint.check_compatible(
+      dict(source.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
+      setup.bert_config,
+      path,
+  )
+  place = None
+  if not setup.bert_config.scan_layers:  # each tensor onto its shards as soon as it is read
+    where = {
+        tuple(k.key for k in path): sharding
+        for path, sharding in jax.tree_util.tree_leaves_with_path(setup.state_shardings.params)
+    }
+    place = lambda path, x: jax.device_put(x, where[path])
+  params, fresh = load(source, place)
+  if setup.bert_config.scan_layers:
+    params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
+  host = lambda x: x if isinstance(x, jax.Array) else np.asarray(x)  # placed ones stay placed
+  params = jax.device_put(jax.tree.map(host, params), setup.state_shardings.params)
+  return state.replace(params=params), fresh

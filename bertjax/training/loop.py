@@ -13,6 +13,7 @@ phase's stream where the checkpoint left it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import os
@@ -75,13 +76,13 @@ def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
       max_predictions_per_seq=phase.max_predictions,
       pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
       mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
-      whole_word_mask=_held_out(config, split, "whole_word_mask", d.get("whole_word_mask", False)),
-      mask_token_prob=d.get("mask_token_prob", 0.8),
-      random_token_prob=d.get("random_token_prob", 0.1),
+      whole_word_mask=_held_out(config, split, "whole_word_mask", d.whole_word_mask),
+      mask_token_prob=d.mask_token_prob,
+      random_token_prob=d.random_token_prob,
       seed=seed,
       vocab_size=config.model.vocab_size,
-      packing=_held_out(config, split, "packing", d.get("packing", False)),
-      max_examples_per_row=d.get("max_examples_per_row", pretraining.AUTO),
+      packing=_held_out(config, split, "packing", d.packing),
+      max_examples_per_row=d.max_examples_per_row,
       # Evaluation streams are short: worker processes would cost more to start than they save.
       workers=input_workers(d.get("workers")) if split == "train" else 0,
       sources=mixture.phase_weights(mixture.parse_sources(d.get("sources")), phase.index),
@@ -118,12 +119,12 @@ def _meta(
     tokenizer_rel: str | None,
     metrics_partial: dict,
     progress: dict | None = None,
+    untrained_heads=(),
 ) -> dict:
-  gen = setup.generator_config
   return dict(
+      untrained_heads=sorted(untrained_heads),  # never exported as trained (`bertjax convert`)
       bert_config=setup.bert_config.to_dict(),
-      objective=train.objective(config),
-      generator_config=gen.to_dict() if gen is not None else None,  # ELECTRA's generator
+      **setup.objective.record(),  # `objective`, and ELECTRA's `generator_config`
       step=int(step),
       tokenizer=tokenizer_rel,
       optimizer=config.train.optimizer,
@@ -147,51 +148,6 @@ def _copy_tokenizer(config, workdir: str) -> str | None:
     if src.suffix in (".txt", ".json") and casing.exists():
       casing.copy(fs.path(workdir) / "tokenizer" / casing.name, overwrite=True)
   return rel
-
-
-def _electra_note(setup: train.Setup) -> str:
-  """ ", ELECTRA: discriminator H wide, generator G wide" for an ELECTRA run, else ""."""
-  gen = setup.generator_config
-  if gen is None:
-    return ""
-  return (
-      f" (ELECTRA: discriminator {setup.bert_config.hidden_size} wide, generator "
-      f"{gen.hidden_size} wide, embeddings {setup.bert_config.embedding_width})"
-  )
-
-
-def _init_from(
-    setup: train.Setup, state: train.TrainState, path: str
-) -> tuple[train.TrainState, list[str]]:
-  """Replace freshly initialised params with a checkpoint's (continued pretraining: a bertjax
-  run, a transformers or a Google BERT directory, `init_from.py`); also the heads it lacked,
-  which keep their fresh values."""
-  source = init_from_lib.describe(path)
-  want = "electra" if setup.generator_config is not None else "mlm"
-  if want != source.objective:
-    raise errors.ConfigError(
-        f"config.train.init_from={path}: an {source.objective} checkpoint, but "
-        f"config.objective={want!r} — start from a checkpoint of the same objective, or set "
-        f"config.objective={source.objective!r}"
-    )
-  checkpoint.check_compatible(
-      dict(source.config.to_dict(), scan_layers=setup.bert_config.scan_layers),
-      setup.bert_config,
-      path,
-  )
-  place = None
-  if not setup.bert_config.scan_layers:  # each tensor onto its shards as soon as it is read
-    where = {
-        tuple(k.key for k in path): sharding
-        for path, sharding in jax.tree_util.tree_leaves_with_path(setup.state_shardings.params)
-    }
-    place = lambda path, x: jax.device_put(x, where[path])
-  params, fresh = init_from_lib.load(source, place)
-  if setup.bert_config.scan_layers:
-    params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
-  host = lambda x: x if isinstance(x, jax.Array) else np.asarray(x)  # placed ones stay placed
-  params = jax.device_put(jax.tree.map(host, params), setup.state_shardings.params)
-  return state.replace(params=params), fresh
 
 
 def _data_state(config, saved: list | None, writer) -> dict | None:
@@ -237,10 +193,7 @@ def evaluate(
     sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
     totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
   totals = jax.device_get(totals)
-  if setup.generator_config is not None:  # ELECTRA: the generator's MLM, the discriminator's
-    means = losses.electra_finalize(totals, config.electra.disc_weight)
-  else:
-    means = losses.finalize(totals)
+  means = setup.objective.finalize(totals)  # ELECTRA: the generator's MLM, the discriminator's
   out = {f"eval_{k}": float(v) for k, v in means.items()}
   # The best constant guess at the same positions: the most frequent target there. A model
   # that has not learned to use context (the unigram plateau) scores about this.
@@ -299,29 +252,34 @@ class _Run:
     self.plan, self.phases, self.setups = plan, plan.phases, setups
     self.mngr, self.writer, self.tokenizer_rel = mngr, writer, tokenizer_rel
     data_state = None
+    self.untrained = set(train.HEAD_PARAMS)  # a fresh network: no head trained yet
     if restored:
       self.state = restored.state
       data_state = _data_state(config, restored.data_states, writer)
+      self.untrained = set(checkpoint.untrained_heads(restored.meta))
       writer.log(f"resumed from {mngr.directory / str(restored.step)}")
     else:
       self.state = setups[0].init_state(config.seed)
       if config.train.init_from:
-        self.state, fresh = _init_from(setups[0], self.state, config.train.init_from)
+        self.state, fresh = init_from_lib.start(setups[0], self.state, config.train.init_from)
+        self.untrained = set(init_from_lib.head_ids(fresh))
         writer.log(
             f"initialised params from {config.train.init_from}"
             + (f" ({', '.join(fresh)} start fresh)" if fresh else "")
             + "; the optimizer and the step start fresh"
         )
+    warm_steps, warm_heads = plan.head_warmup
+    if warm_heads and int(jax.device_get(self.state.step)) < warm_steps:
+      writer.log(
+          f"head warm-up: untrained head(s) {', '.join(warm_heads)} train alone until step "
+          f"{warm_steps}, then the whole network (config.train.head_warmup_steps; 0: off)"
+      )
     self.at = self.start = self.last_saved = int(jax.device_get(self.state.step))
     self.phase = next((ph for ph in self.phases if ph.start <= self.at < ph.end), self.phases[-1])
     self.batches = self._open(self.phase, data_state)
     meta = restored.meta if restored else {}
     self.meter = progress.Meter(
-        config,
-        setups[self.phase.index].bert_config,
-        self.phase,
-        meta.get("metrics_partial"),
-        generator_config=setups[self.phase.index].generator_config,
+        config, setups[self.phase.index].objective, self.phase, meta.get("metrics_partial")
     )
     self.clock = progress.TimeToTarget(
         config, list(self.phases), meta.get("progress"), source_names(config)
@@ -359,7 +317,7 @@ class _Run:
       self.batches.close()
       self.phase = ph = self.phases[self.phase.index + 1]
       self.batches = self._open(ph, None)
-      self.meter.set_phase(self.setups[ph.index].bert_config, ph)
+      self.meter.set_phase(self.setups[ph.index].objective, ph)
       self.writer.log(
           f"phase {ph.index}: seq {ph.seq_len}, batch {ph.batch_size}, "
           f"{ph.max_predictions} predictions, from step {self.at}"
@@ -445,6 +403,7 @@ class _Run:
         self.tokenizer_rel,
         self.meter.partial(),
         self.clock.state(),
+        self.untrained - set(self.setups[0].objective.trained_heads()),  # it trained a step
     )
     self.mngr.save(self.at, self.state, data, meta, force=True)
 
@@ -460,7 +419,11 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   if plan.config.data.source == "prepared" and plan.meta is None:
     plan = config_checks.with_data(plan, bundled.prepared_dir(plan.workdir))
   config, workdir, is_main = plan.config, plan.workdir, jax.process_index() == 0
-  setups = {ph.index: train.setup(phase_config(config, ph), plan.mesh) for ph in plan.phases}
+  plan = dataclasses.replace(plan, head_warmup=init_from_lib.head_warmup(config))
+  setups = {
+      ph.index: train.setup(phase_config(config, ph), plan.mesh, plan.head_warmup)
+      for ph in plan.phases
+  }
 
   # --- a resume must match the checkpoint before anything of this run is written ------------
   ck = config.checkpoint
@@ -472,7 +435,7 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
       meta.get("optimizer"),
       config.train.optimizer,
       meta.get("objective"),
-      train.objective(config),
+      setups[0].objective.name,
   )
   restored = mngr.restore_newest_good(
       setups[0].abstract_state, check, log=print if is_main else lambda _: None
@@ -481,16 +444,21 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   writer = metrics_writer.MetricsWriter(
       workdir,
       enabled=is_main,
-      tensorboard=config.get("tensorboard", True),
+      tensorboard=config.tensorboard,
       keep_through=restored.step if restored else 0,
   )
   if is_main:
     (fs.path(workdir) / "config.json").write_text(config.to_json_best_effort(indent=2))
   for note in plan.notes:
     writer.log(note)
+  bc = setups[0].bert_config  # the network built: a preset's, or with --init the checkpoint's
+  built = (
+      f"the network of {config.train.init_from}" if config.train.init_from else config.model.preset
+  )
   writer.log(
-      f"model: {config.model.preset} {model_lib.count_params(setups[0].abstract_state.params):,} "
-      f"params{_electra_note(setups[0])} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
+      f"model: {built}: {bc.num_layers} layers x {bc.hidden_size}, {bc.num_heads} heads, "
+      f"{model_lib.count_params(setups[0].abstract_state.params):,} "
+      f"params{setups[0].objective.note()} | mesh {dict(plan.mesh.shape)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es) | workdir {workdir}"
   )
 
@@ -499,6 +467,8 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   eval_every = config.eval.every_steps if config.eval.steps else 0
   eval_every = eval_every if eval_every > 0 and _has_eval_data(config, plan.meta, writer) else 0
   watcher = distributed.PreemptionWatcher()
+  if eval_every and config.train.init_from and not restored:
+    run.evaluate()  # continued pretraining: the checkpoint's own held-out loss, to compare with
 
   # --- the loop ---------------------------------------------------------------------------
   writer.log(

@@ -21,24 +21,16 @@ class Meter:
   interval averages the same steps as in an uninterrupted run.
   """
 
-  def __init__(
-      self, config, bert_config, phase: Phase, partial: dict | None = None, generator_config=None
-  ):
+  def __init__(self, config, objective, phase: Phase, partial: dict | None = None):
     self.peak = config.peak_flops_per_device or flops.peak_flops_per_device()
     self.sums = dict(partial["sums"]) if partial else {}
     self.count = int(partial["count"]) if partial else 0
-    self.generator_config = generator_config  # ELECTRA's generator: its FLOPs count too
-    self.set_phase(bert_config, phase)
+    self.set_phase(objective, phase)
 
-  def set_phase(self, bert_config, phase: Phase) -> None:
+  def set_phase(self, objective, phase: Phase) -> None:
+    """`objective` (`objective.Objective`) of the phase's setup: its FLOPs per step."""
     self.phase = phase
-    self.flops = flops.pretraining_flops_per_step(
-        bert_config,
-        phase.batch_size,
-        phase.seq_len,
-        phase.max_predictions,
-        generator=self.generator_config,
-    )
+    self.flops = objective.flops_per_step(phase.batch_size, phase.seq_len, phase.max_predictions)
     self.t0, self.timed = None, 0
 
   def add(self, m: dict) -> None:
@@ -90,7 +82,7 @@ class TimeToTarget:
 
   def __init__(self, config, plan: list[Phase], saved: dict | None, sources=("data",)):
     self.target = config.eval.get("target_mlm_accuracy")
-    self.stop = bool(config.eval.get("stop_at_target", False)) and self.target is not None
+    self.stop = bool(config.eval.stop_at_target) and self.target is not None
     self.plan = plan
     saved = saved or {}
     self.tokens = float(saved.get("tokens", 0.0))

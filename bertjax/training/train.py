@@ -36,13 +36,11 @@ import jax.numpy as jnp
 import optax
 
 from bertjax import errors, model as model_lib
-from bertjax.model import electra as electra_lib
-from bertjax.training import losses, optim, sharding, train_state
+from bertjax.training import objective as objective_lib
+from bertjax.training import optim, sharding, train_state
+from bertjax.training.objective_mlm import MODEL_INPUTS, PACKED_INPUTS
 
 Array = jax.Array
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")
-# A packed batch's extra model inputs (bertjax.data.packing), passed as keywords when present.
-PACKED_INPUTS = ("segment_ids", "position_ids", "cls_positions")
 # What the train step reads of a batch; anything else the stream adds stays out of the jit.
 STEP_INPUTS = (
     MODEL_INPUTS
@@ -74,32 +72,34 @@ def model_config(config) -> model_lib.BertConfig:
   return model_lib.BertConfig.from_preset(m.preset, **overrides)
 
 
-def objective(config) -> str:
-  """config.objective: "mlm" (BERT's masked LM, the default) or "electra" (replaced-token
-  detection, `bertjax.model.electra`)."""
-  return config.get("objective", "mlm") or "mlm"
+# The parameters of each head a `BertForPreTraining` tree holds beside its encoder.
+HEAD_PARAMS = {
+    "mlm": (("mlm_transform",), ("mlm_layer_norm",), ("mlm_bias",)),
+    "nsp": (("nsp",),),
+    "pooler": (("bert", "pooler"),),
+}
+
+
+def trained_heads(config) -> tuple[str, ...]:
+  """The heads (`HEAD_PARAMS`) a step of config.objective trains."""
+  return objective_lib.make(config, model_config(config)).trained_heads()
+
+
+def head_mask(params, heads) -> Any:
+  """A tree of bools like `params`: True for the parameters of `heads`."""
+  paths = [p for h in heads for p in HEAD_PARAMS[h]]
+
+  def of_head(path, _):
+    keys = tuple(getattr(k, "key", k) for k in path)
+    return any(keys[: len(p)] == p for p in paths)
+
+  return jax.tree_util.tree_map_with_path(of_head, params)
 
 
 def electra_generator_config(config, bert_config: model_lib.BertConfig):
   """The ELECTRA generator's `BertConfig` under `config.objective == "electra"`, else None."""
-  if objective(config) != "electra":
-    return None
-  fraction = config.electra.generator_hidden_fraction
-  try:
-    return electra_lib.generator_config(bert_config, fraction)
-  except ValueError as e:  # no width left, or a generator BertConfig refuses
-    raise errors.ConfigError(
-        f"config.electra.generator_hidden_fraction={fraction}: the generator of "
-        f"hidden_size={bert_config.hidden_size} would be invalid ({str(e).removeprefix('BertConfig: ')})"
-        " — choose a fraction that leaves whole heads (ELECTRA: 0.25 or 1/3)"
-    ) from e
-
-
-def make_model(bert_config: model_lib.BertConfig, generator_config=None) -> nn.Module:
-  """`BertForPreTraining`, or `ElectraForPreTraining` when a generator config is given."""
-  if generator_config is None:
-    return model_lib.BertForPreTraining(bert_config)
-  return electra_lib.ElectraForPreTraining(bert_config, generator_config)
+  obj = objective_lib.make(config, bert_config)
+  return getattr(obj, "generator_config", None)
 
 
 @dataclasses.dataclass
@@ -108,7 +108,8 @@ class Setup:
 
   config: Any  # the ml_collections ConfigDict
   bert_config: model_lib.BertConfig  # ELECTRA: the discriminator's
-  model: nn.Module  # BertForPreTraining, or ElectraForPreTraining
+  objective: objective_lib.Objective  # what is trained, and how its loss is counted
+  model: nn.Module  # the objective's network: BertForPreTraining, ElectraForPreTraining
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: optax.Schedule
@@ -118,7 +119,6 @@ class Setup:
   init_state: Callable[[int], TrainState]
   train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
   eval_step: Callable[[Any, dict], dict]  # (params, batch) -> summed metrics
-  generator_config: model_lib.BertConfig | None = None  # ELECTRA's generator; None: MLM
 
 
 def _init_fn(model, tx, seed_or_key):
@@ -140,12 +140,14 @@ def _init_fn(model, tx, seed_or_key):
   )
 
 
-def setup(config, mesh: jax.sharding.Mesh) -> Setup:
-  """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps."""
+def setup(config, mesh: jax.sharding.Mesh, head_warmup=(0, ())) -> Setup:
+  """Model, optimizer, abstract state, shardings and the jitted init / train / eval steps.
+
+  `head_warmup` (steps, heads): for the first `steps` steps only the parameters of `heads`
+  (`HEAD_PARAMS`) change; every other gradient and update is zero (`loop.head_warmup`)."""
   bert_config = model_config(config)
-  generator_config = electra_generator_config(config, bert_config)
-  model = make_model(bert_config, generator_config)
-  disc_weight = float(config.electra.disc_weight) if generator_config else 0.0
+  obj = objective_lib.make(config, bert_config)
+  model = obj.model
   schedule = optim.make_schedule(config.train, config.get("phase2"))
   tx = optim.make_optimizer(config.train, schedule)
 
@@ -158,18 +160,21 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
 
   step_fn = functools.partial(
       _train_step,
-      model=model,
+      objective=obj,
       tx=tx,
       schedule=schedule,
       mesh=mesh,
       microbatches=config.train.microbatches,
       batch_warmup=(
-          config.train.get("batch_warmup_steps", 0) or 0,
-          config.train.get("batch_warmup_start", 1) or 1,
+          config.train.batch_warmup_steps,
+          config.train.batch_warmup_start,
       ),
-      pair_mode=config.data.pair_mode,
-      inject_nan_at_step=config.train.get("inject_nan_at_step", -1),
-      disc_weight=disc_weight,
+      inject_nan_at_step=config.train.inject_nan_at_step,
+      head_warmup=(
+          (head_warmup[0], head_mask(built.abstract.params, head_warmup[1]))
+          if head_warmup[0] > 0 and head_warmup[1]
+          else None
+      ),
   )
   train_step = train_state.jit_step(
       step_fn,
@@ -179,9 +184,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       donate_argnums=0,
   )
   eval_step = train_state.jit_step(
-      functools.partial(
-          _eval_step, model=model, pair_mode=config.data.pair_mode, disc_weight=disc_weight
-      ),
+      functools.partial(_eval_step, objective=obj),
       mesh,
       in_shardings=(built.shardings.params, batch_sharding),
       out_shardings=repl,
@@ -189,6 +192,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
   return Setup(
       config=config,
       bert_config=bert_config,
+      objective=obj,
       model=model,
       mesh=mesh,
       tx=tx,
@@ -199,44 +203,7 @@ def setup(config, mesh: jax.sharding.Mesh) -> Setup:
       init_state=init_state,
       train_step=train_step,
       eval_step=eval_step,
-      generator_config=generator_config,
   )
-
-
-def _forward(params, batch, model, dropout_key, deterministic: bool, sample_key=None):
-  """The model's outputs and the MLM loss fused with its tied decoder: ([B, P] nll, [B, P]
-  correct, the outputs). ELECTRA: the generator's MLM; its draw is keyed by `sample_key` and
-  each row's `row_ids` (default: derived from `dropout_key`, the rows numbered 0..B-1)."""
-  electra = isinstance(model, electra_lib.ElectraForPreTraining)
-  rngs = {"dropout": dropout_key}
-  extra = {}
-  if electra:
-    rngs["sample"] = jax.random.fold_in(dropout_key, 1) if sample_key is None else sample_key
-    rows = batch["input_ids"].shape[0]
-    extra["row_ids"] = batch.get("row_ids", jnp.arange(rows, dtype=jnp.int32))
-  targets = ("masked_ids", "masked_weights") if electra else ()
-  out = model.apply(
-      {"params": params},
-      *(batch[k] for k in MODEL_INPUTS + targets),
-      **{k: batch[k] for k in PACKED_INPUTS if k in batch},
-      **extra,
-      deterministic=deterministic,
-      rngs=rngs,
-  )
-  mlm = out.generator if electra else out
-  nll_BxP, correct_BxP = losses.mlm_cross_entropy(
-      mlm.mlm_hidden, mlm.mlm_table, mlm.mlm_bias, batch["masked_ids"]
-  )
-  return nll_BxP, correct_BxP, out
-
-
-def _forward_sums(
-    params, batch, model, pair_mode: str, dropout_key, deterministic: bool, sample_key=None
-):
-  nll_BxP, correct_BxP, out = _forward(params, batch, model, dropout_key, deterministic, sample_key)
-  if isinstance(model, electra_lib.ElectraForPreTraining):
-    return losses.electra_sums(nll_BxP, correct_BxP, out.disc_logits, out.is_replaced, batch)
-  return losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
 
 
 def _split_microbatches(batch: dict, m: int, mesh) -> dict:
@@ -254,18 +221,16 @@ def _train_step(
     state: TrainState,
     batch: dict,
     *,
-    model,
+    objective: objective_lib.Objective,
     tx,
     schedule,
     mesh,
     microbatches: int,
     batch_warmup: tuple[int, int],
-    pair_mode: str,
     inject_nan_at_step: int,
-    disc_weight: float = 0.0,
+    head_warmup: tuple[int, Any] | None = None,
 ):
   batch = {k: v for k, v in batch.items() if k in STEP_INPUTS}
-  electra = isinstance(model, electra_lib.ElectraForPreTraining)
   # Batch-size warmup: only the first `active` microbatches train (the others weigh 0 and
   # are skipped); the batch keeps its shape, so the step compiles once.
   warming = microbatches > 1 and batch_warmup[0] > 0
@@ -274,20 +239,13 @@ def _train_step(
     rows = batch["input_ids"].shape[0]
     batch = _weigh_rows(batch, (jnp.arange(rows) % microbatches < active).astype(jnp.float32))
   # Counts of the whole batch first, so each microbatch's loss is scaled exactly.
-  mlm_count = jnp.sum(batch["masked_weights"].astype(jnp.float32))
-  nsp_count = losses.nsp_count(batch, pair_mode)
-  disc_count = jnp.sum(losses.real_tokens(batch)) if electra else None
+  counts = objective.counts(batch)
   step_key = jax.random.fold_in(state.rng, state.step)
-  sample_key = None
-  if electra:  # one draw per row of the step, whatever microbatch the row trains in
-    sample_key = jax.random.fold_in(step_key, 1 << 30)
-    batch = dict(batch, row_ids=jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32))
+  batch, draw = objective.prepare(batch, step_key)
 
   def loss_fn(params, mb, key):
-    sums = _forward_sums(params, mb, model, pair_mode, key, False, sample_key)
-    if electra:
-      return losses.electra_loss(sums, mlm_count, disc_count, disc_weight), sums
-    return losses.total_loss(sums, mlm_count, nsp_count), sums
+    sums, _ = objective.sums(params, mb, key, False, draw)
+    return objective.loss(sums, counts), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if microbatches == 1:
@@ -295,12 +253,7 @@ def _train_step(
   else:
 
     zeros_g = jax.tree.map(jnp.zeros_like, state.params)
-    sum_names = (
-        losses.ELECTRA_SUMS
-        if electra
-        else ("mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct", "nsp_count")
-    )
-    zeros_s = {k: jnp.zeros((), jnp.float32) for k in sum_names}
+    zeros_s = {k: jnp.zeros((), jnp.float32) for k in objective.sum_names}
 
     def body(carry, xs):
       grads_acc, sums_acc = carry
@@ -322,12 +275,20 @@ def _train_step(
         (jnp.arange(microbatches), _split_microbatches(batch, microbatches, mesh)),
     )
 
-  metrics = losses.electra_finalize(sums, disc_weight) if electra else losses.finalize(sums)
+  metrics = objective.finalize(sums)
   loss = metrics["loss"]
   if inject_nan_at_step >= 0:  # testing the guard: poison one step's loss and gradients
     poison = jnp.where(state.step == inject_nan_at_step, jnp.nan, 1.0)
     loss = loss * poison
     grads = jax.tree.map(lambda g: g * poison, grads)
+  freeze = lambda tree: tree
+  if head_warmup is not None:  # fresh heads first: the rest of the network holds still
+    warm_steps, mask = head_warmup
+    heads_only = state.step < warm_steps
+    freeze = lambda tree: jax.tree.map(
+        lambda x, m: x if m else jnp.where(heads_only, jnp.zeros_like(x), x), tree, mask
+    )
+    grads = freeze(grads)
   grad_norm = optax.tree.norm(grads)
   ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -337,7 +298,7 @@ def _train_step(
   def apply(params_and_opt):
     params, opt_state = params_and_opt
     updates, new_opt = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), new_opt
+    return optax.apply_updates(params, freeze(updates)), new_opt  # (weight decay held too)
 
   new_params, new_opt = jax.lax.cond(ok, apply, lambda po: po, (state.params, state.opt_state))
   new_state = state.replace(step=state.step + 1, params=new_params, opt_state=new_opt)
@@ -383,7 +344,7 @@ def batch_shape_metrics(batch: dict) -> dict:
   return out
 
 
-def _eval_step(params, batch, *, model, pair_mode: str, disc_weight: float = 0.0) -> dict:
+def _eval_step(params, batch, *, objective: objective_lib.Objective) -> dict:
   """Summed MLM/NSP loss and accuracy counts on one batch (dropout off).
 
   Also `mask_correct`/`mask_count` at `batch["at_mask"]` ([B, P], `losses.at_mask_token` with
@@ -394,13 +355,7 @@ def _eval_step(params, batch, *, model, pair_mode: str, disc_weight: float = 0.0
   ELECTRA: the generator's MLM and the discriminator's sums (`losses.electra_sums`) on
   replacements drawn with a fixed key, so that every evaluation sees the same draw per model.
   """
-  nll_BxP, correct_BxP, out = _forward(
-      params, batch, model, jax.random.PRNGKey(0), deterministic=True
-  )
-  if isinstance(model, electra_lib.ElectraForPreTraining):
-    sums = losses.electra_sums(nll_BxP, correct_BxP, out.disc_logits, out.is_replaced, batch)
-  else:
-    sums = losses.pretraining_sums(nll_BxP, correct_BxP, out.nsp_logits, batch, pair_mode)
+  sums, correct_BxP = objective.sums(params, batch, jax.random.PRNGKey(0), True)
   at_mask_BxP = batch["at_mask"]
   sums.update(mask_correct=jnp.sum(correct_BxP * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
   return sums

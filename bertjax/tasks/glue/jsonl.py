@@ -137,8 +137,6 @@ def read_rows(path: str, task: tasks.Task, labelled: bool, name: str, strict: bo
   """Rows as (source "file:line", texts, raw label, id) and the skipped rows' reasons, the
   shape `tsv.to_examples` takes. With `strict` (test files) a line that cannot be read raises
   GlueDataError `path:line: why` instead of being skipped."""
-  from bertjax.tasks.glue import tsv
-
   rows, skipped, seen = [], [], {}
   with files.text_lines(path, "utf-8-sig") as lines:
     for lineno, (line, problem) in enumerate(lines, start=1):
@@ -146,7 +144,7 @@ def read_rows(path: str, task: tasks.Task, labelled: bool, name: str, strict: bo
         continue
       got, why = (None, problem) if problem else _row(line, task, labelled, len(rows))
       if got is None and strict:
-        raise tsv.GlueDataError(
+        raise tasks.GlueDataError(
             f"{path}:{lineno}: {why} — every test line needs a prediction, so the submission "
             "would be incomplete: fix this line"
         )
@@ -155,7 +153,7 @@ def read_rows(path: str, task: tasks.Task, labelled: bool, name: str, strict: bo
         continue
       texts, label, index = got
       if strict and index in seen:
-        raise tsv.GlueDataError(
+        raise tasks.GlueDataError(
             f"{path}:{lineno}: {task.index_column} {json.dumps(index, ensure_ascii=False)} is "
             f"also line {seen[index]}'s — the leaderboard needs one prediction per test id: fix "
             "this line"

@@ -18,6 +18,10 @@ import dataclasses
 from bertjax import errors
 
 
+class GlueDataError(errors.UserError, ValueError):
+  """A GLUE file that is missing or unusable as a whole; the message names it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
   """One evaluation or test file of a task."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertjax.tasks.glue import features, tasks
-from bertjax.tasks.glue.tsv import GlueDataError
+from bertjax.tasks.glue.tasks import GlueDataError
 
 
 def _text(x) -> str:

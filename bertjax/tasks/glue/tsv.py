@@ -29,14 +29,10 @@ import os
 
 import numpy as np
 
-from bertjax import errors
 from bertjax.runtime import fs
 from bertjax.tasks import files
 from bertjax.tasks.glue import features, jsonl, tasks
-
-
-class GlueDataError(errors.UserError, ValueError):
-  """A GLUE file that is missing or unusable as a whole; the message names it."""
+from bertjax.tasks.glue.tasks import GlueDataError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax.data import wordpiece
-from bertjax.tasks.inputs import special_ids
+from bertjax.tasks.inputs import pair_separators, special_ids
 from bertjax.tasks.squad.data import Example
 
 
@@ -189,11 +189,12 @@ def build(
     span = (-1, -1)
     if training and not ex.is_impossible:
       span = answer_token_span(ex, spans, ids, unit_of, tok)
-    offset = len(query) + 2
-    windows = _windows(max(len(ids), 1), max_seq_len - len(query) - 3, doc_stride)
+    mid = [sep] * pair_separators(tok)  # RoBERTa: </s></s> between question and context
+    offset = len(query) + 1 + len(mid)
+    windows = _windows(max(len(ids), 1), max_seq_len - offset - 1, doc_stride)
     for w, (start, length) in enumerate(windows):
       doc = ids[start : start + length]
-      input_ids = [cls] + query + [sep] + doc + [sep]
+      input_ids = [cls] + query + mid + doc + [sep]
       types = [0] * offset + [1] * (len(doc) + 1)
       unit = [-1] * offset + unit_of[start : start + length] + [-1]
       maxc = (
