@@ -60,6 +60,7 @@ GPU_VENV ?= .venv-gpu
 $(GPU_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet "$(TORCH)"  # the test extra's sentence-transformers needs torch: the CPU build
 	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[test,gpu]"
 	touch $@
 
@@ -73,6 +74,7 @@ BEAM_VENV ?= .venv-beam
 $(BEAM_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(BEAM_VENV)
 	$(BEAM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BEAM_VENV)/bin/python -m pip install --quiet "$(TORCH)"  # the test extra's sentence-transformers needs torch: the CPU build
 	$(BEAM_VENV)/bin/python -m pip install --quiet -e ".[test,beam]"
 	touch $@
 
