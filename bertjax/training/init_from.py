@@ -171,10 +171,7 @@ def untrained_heads(source: Source) -> tuple[str, ...]:
   if source.kind == "bertjax":
     return checkpoint.read_untrained_heads(source.path)
   if source.kind == "transformers":
-    if convert.hf_architecture(source.config) == "modernbert":
-      names = ()  # `missing_heads` knows ModernBERT's: no pooler, no NSP head
-    else:
-      names = list(convert.read_hf_state(source.path).keys())
+    names = list(convert.read_hf_state(source.path).keys())
   else:
     import tensorflow as tf  # a Google checkpoint's variable names
 
