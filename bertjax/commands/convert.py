@@ -440,7 +440,9 @@ def main(argv: list[str]) -> int:
       flush=True,
   )
   electra = generator is not None or "discriminator_predictions" in params
-  if args.dst_kind != "bertjax" and not electra:
+  if (
+      args.dst_kind in ("hf", "google") and not electra
+  ):  # (sentence-transformers: the encoder alone)
     from bertjax.interop import convert as convert_lib
 
     full = args.dst_kind == "google" or convert_lib.hf_class(
