@@ -25,7 +25,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, mixture, prefetch, pretraining, records
+from bertjax.data import bundled, mixture, pairs, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
@@ -65,7 +65,24 @@ def _held_out(config, split: str, name: str, default):
   return default if value is None else value
 
 
+def _pair_stream(config, phase: Phase, state: dict | None, split: str):
+  """The contrastive objective's batches (`bertjax.data.pairs`)."""
+  meta = records.load_metadata(config.data.path)
+  return pairs.PairStream(
+      pairs.load_rows(config.data.path, split),
+      records.special_ids(meta),
+      phase.seq_len,
+      phase.batch_size if split == "train" else config.eval.batch_size,
+      jax.process_index(),
+      jax.process_count(),
+      seed=config.seed + (1000 if split == "eval" else 0),
+      state=state,
+  )
+
+
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
+  if config.objective == "contrastive":
+    return _pair_stream(config, phase, state, split)
   d = config.data
   seed = _held_out(config, split, "seed", config.seed)
   seed += 1000 if split == "eval" and d.source == "synthetic" else 0
@@ -183,6 +200,8 @@ def evaluate(
   """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed; `meta`: the
   prepared data's metadata.json (None for synthetic data)."""
   stream = make_stream(config, phase, None, split="eval")
+  if isinstance(stream, pairs.PairStream):
+    return _evaluate_pairs(setup, params, stream, config.eval.steps)
   mask_id = records.special_ids(meta)["mask"] if meta else MASK_ID
   totals, target_counts = None, collections.Counter()
   for _ in range(config.eval.steps):
@@ -200,6 +219,16 @@ def evaluate(
   n = sum(target_counts.values())
   out["eval_mask_constant_accuracy"] = target_counts.most_common(1)[0][1] / n if n else 0.0
   return out
+
+
+def _evaluate_pairs(setup: train.Setup, params, stream, steps: int) -> dict[str, float]:
+  """Held-out contrastive loss, top-1 accuracy and mean rank, each batch its own negatives."""
+  totals = None
+  for _ in range(steps):
+    sums = setup.eval_step(params, prefetch.global_batch(next(stream), setup.batch_sharding))
+    totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+  means = setup.objective.finalize(jax.device_get(totals))
+  return {f"eval_{k}": float(v) for k, v in means.items()}
 
 
 def _has_eval_data(config, meta: dict | None, writer) -> bool:
@@ -300,7 +329,12 @@ class _Run:
           f"{name} {w:.0%} ({path})" for name, path, w in stream.cfg.sources if w > 0
       )
       self.writer.log(f"data: a mixture; shares of the real tokens: {shares}")
-    if stream.cfg.packing:
+    if isinstance(stream, pairs.PairStream):
+      self.writer.log(
+          f"data: {len(stream.rows)} pairs, each with {len(stream.rows[0]) - 2} hard "
+          f"negative(s); every batch's {ph.batch_size} rows share their documents as negatives"
+      )
+    elif stream.cfg.packing:
       auto = "measured on the corpus" if not self.config.data.get("max_examples_per_row") else "set"
       self.writer.log(
           f"packing: up to {stream.cfg.max_examples_per_row} examples per row at seq "
@@ -342,6 +376,10 @@ class _Run:
     self.clock.add(at, m, by_source)
     if at % self.config.log_every_steps == 0 or at in self.log_at:
       s = self.meter.summary(at, self.config.train.steps)
+      held = (self.batches.get_state() or {}).get("held_back")
+      if s and held is not None:  # pairs: rows whose text the batch already held
+        state = self.batches.get_state()
+        s = dict(s, rows_held_back=float(held), rows_dropped=float(state["dropped"]))
       if s:
         self.writer.log(metrics_writer.progress_line(at, self.config.train.steps, self._shown(s)))
         self.writer.write(at, dict(s, tokens_by_source=self.clock.tokens_by_source()))
