@@ -125,15 +125,28 @@ def test_stream_never_repeats_a_text_and_resumes_exactly():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # ~40-80 s on the 2 busy cores: the 8-device step, eval step and checkpoints
 def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
-  """`bertjax prepare --kind pairs`, then `pretrain --config contrastive` on it for 4 steps
-  (a tiny network, batch 16): the loss, in-batch accuracy and mean rank logged, held-out
-  metrics, the held-back rows counted, a checkpoint recording the objective."""
-  _prepare(vocab, tmp_path / "p", _jsonl(tmp_path / "pairs.jsonl", _rows(400)))
-  argv = ["pretrain", "--config", "contrastive", "--config.data.path", str(tmp_path / "p")]
-  argv += ["--workdir", str(tmp_path / "run")]
+  """`bertjax prepare --kind pairs --tokenizer DIR`, then `pretrain --config contrastive
+  --init DIR` on it for 4 steps, DIR a transformers BertModel (no pooler, no MLM head), batch
+  16: the loss, in-batch accuracy and mean rank logged, held-out metrics, the held-back rows
+  counted, a checkpoint recording the objective."""
+  transformers = pytest.importorskip("transformers")
+  hf = tmp_path / "hf"
+  hf_cfg = transformers.BertConfig(
+      vocab_size=120,
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      intermediate_size=64,
+      max_position_embeddings=64,
+  )
+  transformers.BertModel(hf_cfg, add_pooling_layer=False).save_pretrained(hf)
+  write_vocab(hf / "vocab.txt", 120)
+  _prepare(hf, tmp_path / "p", _jsonl(tmp_path / "pairs.jsonl", _rows(400)))
+  argv = ["pretrain", "--config", "contrastive", "--init", str(hf)]
+  argv += ["--config.data.path", str(tmp_path / "p"), "--workdir", str(tmp_path / "run")]
   for k, v in {
-      "model.preset": "tiny",
       "train.batch_size": 16,
       "train.steps": 4,
       "train.warmup_steps": 1,
@@ -154,3 +167,4 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   assert np.isfinite(evals[-1]["eval_loss"]) and "eval_contrastive_accuracy" in evals[-1]
   meta = json.loads((tmp_path / "run" / "checkpoints" / "4" / "meta" / "metadata").read_text())
   assert meta["objective"] == "contrastive" and meta["contrastive"]["scale"] == 20.0
+  assert meta["bert_config"]["hidden_size"] == 32  # the network of --init

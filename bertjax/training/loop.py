@@ -234,6 +234,16 @@ def _evaluate_pairs(setup: train.Setup, params, stream, steps: int) -> dict[str,
 def _has_eval_data(config, meta: dict | None, writer) -> bool:
   """False (with one warning) when the prepared data holds no held-out documents. Any number
   of held-out files serves any number of processes (each reads blocks of all of them)."""
+  if pairs.is_pairs(meta):  # held-out batches of eval.batch_size rows, each its own negatives
+    held = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
+    if held >= config.eval.batch_size:
+      return True
+    writer.log(
+        f"warning: {config.data.path} holds {held} held-out pairs, fewer than "
+        f"config.eval.batch_size={config.eval.batch_size}: training without held-out "
+        "evaluation. Lower config.eval.batch_size, or prepare with a larger --eval-fraction"
+    )
+    return False
   sources = mixture.parse_sources(config.data.get("sources"))
   if sources:  # a mixture evaluates on the sources that hold held-out documents
     paths = [s.path for s in sources]
