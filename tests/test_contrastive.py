@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors
-from bertjax.interop import convert
+from bertjax.interop import convert, hf_config
 from bertjax.training import config_checks, objective_contrastive as oc, sharding, train_state
 
 B, LQ, LD, H = 8, 9, 12, 32  # queries, query length, document length, hidden width
@@ -20,7 +20,7 @@ B, LQ, LD, H = 8, 9, 12, 32  # queries, query length, document length, hidden wi
 @pytest.fixture(scope="module")
 def torch_encoder(tmp_path_factory):
   """A random transformers BertModel (no dropout, no pooler) with every weight moved off its
-  init, sentence-transformers' mean Pooling over it, and the same network as bertjax params."""
+  init in a SentenceTransformer with mean Pooling, and the same network as bertjax params."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
@@ -42,20 +42,21 @@ def torch_encoder(tmp_path_factory):
   path = tmp_path_factory.mktemp("bert")
   bert.save_pretrained(path)
   cfg, params = convert.load_hf(path)
-  pool = modules.Pooling(H, "mean")
+  st = pytest.importorskip("sentence_transformers")
 
-  class Encoder(torch.nn.Module):  # what a sentence-transformers model's forward returns
+  class Transformer(torch.nn.Module):  # sentence-transformers' first module: token embeddings
 
     def __init__(self):
       super().__init__()
-      self.bert, self.pool = bert, pool
+      self.bert = bert
 
     def forward(self, features):
       out = self.bert(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
-      return self.pool(dict(features, token_embeddings=out.last_hidden_state))
+      return dict(features, token_embeddings=out.last_hidden_state)
 
+  model = st.SentenceTransformer(modules=[Transformer(), modules.Pooling(H, "mean")], device="cpu")
   encoder = {k: v for k, v in params["bert"].items() if k != "pooler"}  # pooling is not BERT's
-  return Encoder(), cfg, {"bert": encoder}
+  return model, cfg, {"bert": encoder}
 
 
 def _texts(rng, rows, length):
@@ -78,26 +79,27 @@ def _batch(negatives: int, seed: int = 0) -> dict:
   }
 
 
-def _st_loss_and_grads(encoder, batch, **loss_kw):
-  """sentence-transformers' loss and its gradients, as a bertjax parameter tree."""
+def _st_loss_and_grads(model, batch, cached_rows: int = 0):
+  """MultipleNegativesRankingLoss's loss and gradients (CachedMultipleNegativesRankingLoss's
+  in mini-batches of `cached_rows`, when given), as a bertjax parameter tree."""
   import torch
-  from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+  from sentence_transformers.sentence_transformer import losses
 
   feats = [dict(input_ids=batch["query_ids"], attention_mask=batch["query_mask"])]
   for d in range(batch["doc_ids"].shape[1]):
     feats.append(dict(input_ids=batch["doc_ids"][:, d], attention_mask=batch["doc_mask"][:, d]))
   feats = [{k: torch.tensor(v, dtype=torch.long) for k, v in f.items()} for f in feats]
-  encoder.zero_grad()
-  loss = MultipleNegativesRankingLoss(encoder, **loss_kw)(feats, None)
+  if cached_rows:
+    loss_fn = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=cached_rows)
+  else:
+    loss_fn = losses.MultipleNegativesRankingLoss(model)
+  model.zero_grad()
+  loss = loss_fn(feats, None)
   loss.backward()
-  grads = {n: p.grad.numpy() for n, p in encoder.bert.named_parameters()}
-  return float(loss.detach()), convert.hf_to_params(grads, encoder_cfg(encoder))["bert"]
-
-
-def encoder_cfg(encoder):
-  from bertjax.interop import hf_config
-
-  return hf_config.config_from_hf(encoder.bert.config.to_dict())
+  bert = model[0].bert
+  grads = {n: p.grad.numpy() for n, p in bert.named_parameters()}
+  cfg = hf_config.config_from_hf(bert.config.to_dict())
+  return float(loss.detach()), convert.hf_to_params(grads, cfg)["bert"]
 
 
 def _grad_fn(obj, params, batch, mesh=None):
@@ -174,12 +176,16 @@ def test_loss_and_gradients_equal_sentence_transformers(torch_encoder, on_mesh, 
 
 @pytest.mark.slow
 def test_chunked_step_equals_one_pass(torch_encoder, on_mesh):
-  """GradCache in chunks of 2 rows, on the 8-device mesh, against the one-pass step: the same
-  sums and gradients (the learned scale's included), with a hard negative."""
-  _, cfg, params = torch_encoder
+  """GradCache in chunks of 2 rows, on the 8-device mesh, against CachedMultipleNegativesRanking
+  Loss in mini-batches of 2 (≤ 1e-4) and against the one-pass step: the same sums and
+  gradients (the learned scale's included), with a hard negative."""
+  model, cfg, params = torch_encoder
   chunked = oc.Contrastive(cfg, dataclasses.replace(SPEC, chunk_size=2))
   sums_c, grads_c = _grad_fn(chunked, _with_scale(params), _batch(1), _mesh())
   sums_1, grads_1 = on_mesh
+  ref_loss, ref_grads = _st_loss_and_grads(model, _batch(1), cached_rows=2)
+  assert abs(float(sums_c["contrastive_loss"]) / B - ref_loss) <= 1e-4
+  _close(grads_c["bert"], {k: ref_grads[k] for k in grads_c["bert"]}, 1e-4, "vs Cached MNRL")
   _close(sums_c, sums_1, 1e-6, "sums")
   _close(grads_c["bert"], grads_1["bert"], 1e-5, "gradient")
   # The scale's gradient is a sum of O(1) terms that cancel to ~0.009: float32 rounding of the
