@@ -85,6 +85,13 @@ def test_prepare_counts_bad_rows_by_file_and_line(vocab, tmp_path, capsys):
 
   with pytest.raises(errors.ConfigError, match="pair data .* trains config.objective=contrastive"):
     config_checks.check_data(pretrain.get_config("tiny"), meta, "config.data.path=p")
+  # Prompts: prepended before tokenizing, recorded.
+  meta = _prepare(vocab, tmp_path / "q", f1, extra=["--query-prompt", "fox: "])
+  plain = pairs.load_rows(str(tmp_path / "p"), "train")[0]
+  prompted = pairs.load_rows(str(tmp_path / "q"), "train")[0]
+  assert len(prompted[0]) == len(plain[0]) + 2  # "fox", ":" (an [UNK])
+  np.testing.assert_array_equal(prompted[1], plain[1])  # no document prompt
+  assert meta["prompts"] == {"query": "fox: ", "document": ""}
   corpus = dict(meta, kind=None)
   with pytest.raises(errors.ConfigError, match="trains on pair data"):
     config_checks.check_data(pretrain.get_config("contrastive"), corpus, "config.data.path=c")

@@ -51,6 +51,18 @@ def _parser() -> argparse.ArgumentParser:
       "positive and zero or more negatives, for config.objective=contrastive (docs/data.md)",
   )
   p.add_argument("--query-field", default="query", help="--kind pairs: the query's field")
+  p.add_argument(
+      "--query-prompt",
+      default="",
+      metavar="TEXT",
+      help='--kind pairs: prepended to every query, e.g. "query: " (default: none)',
+  )
+  p.add_argument(
+      "--document-prompt",
+      default="",
+      metavar="TEXT",
+      help='--kind pairs: prepended to every positive and negative, e.g. "passage: "',
+  )
   p.add_argument("--positive-field", default="positive", help="--kind pairs: the positive's")
   p.add_argument(
       "--negative-fields",
@@ -226,6 +238,8 @@ def _pairs(args) -> int:
       negative_fields=None if fields is None else tuple(f for f in fields.split(",") if f),
       eval_fraction=args.eval_fraction,
       overwrite=args.overwrite,
+      query_prompt=args.query_prompt,
+      document_prompt=args.document_prompt,
   )
   meta = pairs.prepare(cfg)
   split = {s["split"]: s["documents"] for s in meta["shards"]}

@@ -2,7 +2,8 @@
 
 Input: JSON lines or Parquet rows of a query, a positive and zero or more negatives
 (`query_field`, `positive_field`, `negative_fields`: `query`, `positive`, `negative` by
-default; a negative field may hold a string or a list of strings). A row without a usable
+default; a negative field may hold a string or a list of strings), with optional query and
+document prompts prepended to the texts. A row without a usable
 query or positive, with a negative count unlike the first good row's, or not JSON, is skipped
 and counted by file and line. A row goes to the held-out split by a hash of its query (2% by
 default), so a query is never in both splits and the split does not depend on row order.
@@ -49,6 +50,10 @@ class PairsConfig:
   negative_fields: tuple[str, ...] | None = None  # None: "negative" when the rows have it
   eval_fraction: float = DEFAULT_EVAL_FRACTION
   overwrite: bool = False
+  # Prepended to every query / every positive and negative before tokenizing, as
+  # sentence-transformers' prompts ("query: ", "passage: "); recorded in metadata.json.
+  query_prompt: str = ""
+  document_prompt: str = ""
 
 
 # ----------------------------------------------------------------------------- reading rows
@@ -158,6 +163,7 @@ def prepare(cfg: PairsConfig) -> dict:
         continue
       batch.append(("eval" if _held_out(texts[0], cfg.eval_fraction) else "train", texts))
     for split, texts in batch:
+      texts = [cfg.query_prompt + texts[0]] + [cfg.document_prompt + t for t in texts[1:]]
       ids = tok.encode_batch(texts)
       tokens += sum(map(len, ids))
       splits[split].append(records.frame_record(records.encode_document(ids)))
@@ -185,6 +191,7 @@ def prepare(cfg: PairsConfig) -> dict:
           "positive": cfg.positive_field,
           "negatives": list(fields or ()),
       },
+      "prompts": {"query": cfg.query_prompt, "document": cfg.document_prompt},
       "skipped": {p: dict(sorted(w.items())) for p, w in skipped.items()},
       "examples_of_problems": examples,
       "tokenizer": prepare_lib.copy_tokenizer(tok, out, 0),
