@@ -128,6 +128,9 @@ def test_stream_never_repeats_a_text_and_resumes_exactly():
     got = next(resumed)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k])
+  same = [[rows[i][0], rows[i][1], rows[0][2]] for i in range(40)]  # every row one negative
+  with pytest.raises(errors.BadInputError, match="cannot fill a batch of 8 rows"):
+    next(pairs.PairStream(same, special, 8, 8))
   halves = [make(process_index=i, process_count=2) for i in range(2)]
   for want in batches[:3]:
     got = [next(h) for h in halves]

@@ -38,6 +38,7 @@ from bertjax.runtime import fs
 KIND = "pairs"
 DEFAULT_EVAL_FRACTION = prepare_config.DEFAULT_EVAL_FRACTION
 _EXAMPLES = 20  # problems quoted in metadata.json (all are counted)
+_ENCODE_ROWS = 8192  # rows tokenized in one batch, with a progress line after each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +149,23 @@ def prepare(cfg: PairsConfig) -> dict:
     if len(examples) < _EXAMPLES:
       examples.append(f"{path}:{number}: {why}")
 
+  def encode(rows: list[tuple[str, list[str]]]) -> int:
+    """Tokenizes `rows` (split, texts) in one batch into their split; the tokens."""
+    prompted = [
+        [cfg.query_prompt + texts[0]] + [cfg.document_prompt + t for t in texts[1:]]
+        for _, texts in rows
+    ]
+    ids = iter(tok.encode_batch([t for texts in prompted for t in texts]))
+    n = 0
+    for (split, _), texts in zip(rows, prompted):
+      row = [next(ids) for _ in texts]
+      n += sum(map(len, row))
+      splits[split].append(records.frame_record(records.encode_document(row)))
+    return n
+
   for path in cfg.inputs:
     batch: list[tuple[str, list[str]]] = []
+    done = 0
     for number, record in _rows(path):
       if fields is None and isinstance(record, dict):
         fields = _negative_fields(cfg, record)
@@ -162,12 +178,12 @@ def prepare(cfg: PairsConfig) -> dict:
         skip(path, number, why)
         continue
       batch.append(("eval" if _held_out(texts[0], cfg.eval_fraction) else "train", texts))
-    for split, texts in batch:
-      texts = [cfg.query_prompt + texts[0]] + [cfg.document_prompt + t for t in texts[1:]]
-      ids = tok.encode_batch(texts)
-      tokens += sum(map(len, ids))
-      splits[split].append(records.frame_record(records.encode_document(ids)))
-    print(f"prepare: {path}: {len(batch)} rows", file=sys.stderr, flush=True)
+      if len(batch) == _ENCODE_ROWS:
+        tokens += encode(batch)
+        done, batch = done + len(batch), []
+        print(f"prepare: {path}: {done} rows so far", file=sys.stderr, flush=True)
+    tokens += encode(batch) if batch else 0
+    print(f"prepare: {path}: {done + len(batch)} rows", file=sys.stderr, flush=True)
   if not splits["train"]:
     raise errors.BadInputError(
         f"prepare --kind pairs: no usable row in {', '.join(cfg.inputs)} "
@@ -271,11 +287,19 @@ class PairStream:
     order = self._order(s["epoch"])
     chosen, seen, held = [], set(), []
     candidates = list(s["held"])
+    epochs = 0
     while len(chosen) < self.batch:
       if candidates:
         i = candidates.pop(0)
       else:
         if s["position"] >= len(order):  # the epoch is over: what is still held back is lost
+          epochs += 1
+          if epochs > 1:
+            raise errors.BadInputError(
+                f"the pair data cannot fill a batch of {self.batch} rows without repeating a "
+                f"text: a whole epoch gave {len(chosen)} (most rows share a query, positive "
+                "or negative) — lower config.train.batch_size or deduplicate the pairs"
+            )
           s["dropped"] += len(held)
           held = []
           s["epoch"] += 1
