@@ -146,6 +146,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.contrastive.sigmoid_bias = -10.0  # SigLIP's learned bias starts at -10
   c.contrastive.matryoshka_dims = ()  # e.g. (768, 256, 64): loss summed over these prefixes
   c.contrastive.chunk_size = 0  # GradCache rows per chunk (batches larger than memory); 0: off
+  # hard negatives per row: the pair data must hold this many (`prepare --kind pairs` records
+  # it); `bertjax compile` and the FLOPs count read it
+  c.contrastive.hard_negatives = 1
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = preset  # tiny/mini/small/medium/base/large (bertjax.model.PRESETS)
@@ -448,6 +451,7 @@ def _contrastive(c: ml_collections.ConfigDict, pretrain: bool) -> None:
   c.phase2.fraction = 0.0  # one phase
   c.contrastive.scale = 20.0  # ModernBERT's recipe; sentence-transformers' default
   c.contrastive.pooling = "mean"  # sentence-transformers' default pooling
+  c.contrastive.hard_negatives = 1  # ModernBERT's recipe: one mined hard negative per query
   # Nomic's batch does not fit one accelerator's memory in one pass: GradCache in chunks of
   # 1,024 rows (ours; the gradient is the same at any chunk size, tests/test_contrastive.py).
   c.contrastive.chunk_size = 1024 if pretrain else 0

@@ -261,3 +261,22 @@ def test_config_refuses_microbatches_and_bad_options():
   c.contrastive.matryoshka_dims = (64, 2000)
   with pytest.raises(errors.ConfigError, match="2000 is not in 1..128"):
     oc.Spec.from_config(c, 128)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # two compilations of the step for 8 devices: ~30 s on the busy cores
+def test_compile_the_chunked_step_needs_less_memory(capsys):
+  """`bertjax compile --config contrastive` (a tiny network, batch 64 x seq 128, one hard
+  negative, 8 devices): in chunks of 16 rows the step's temporaries are smaller."""
+  from bertjax.commands import compile as compile_cmd
+
+  temporaries = []
+  for chunk in (0, 16):
+    argv = ["--config", "contrastive", "--config.model.preset=tiny"]
+    argv += ["--config.model.vocab_size=1000", "--config.train.batch_size=64"]
+    argv += [f"--config.contrastive.chunk_size={chunk}", "--mesh", "data=8", "--devices", "8"]
+    assert compile_cmd.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "phase 1: contrastive" in out
+    temporaries.append(float(out.split("temporaries ")[1].split(" GiB")[0]))
+  assert temporaries[1] < temporaries[0], temporaries

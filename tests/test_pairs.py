@@ -92,6 +92,10 @@ def test_prepare_counts_bad_rows_by_file_and_line(vocab, tmp_path, capsys):
   assert len(prompted[0]) == len(plain[0]) + 2  # "fox", ":" (an [UNK])
   np.testing.assert_array_equal(prompted[1], plain[1])  # no document prompt
   assert meta["prompts"] == {"query": "fox: ", "document": ""}
+  with pytest.raises(errors.ConfigError, match="--config.contrastive.hard_negatives=1"):
+    c = pretrain.get_config("contrastive")
+    c.contrastive.hard_negatives = 2
+    config_checks.check_data(c, meta, "config.data.path=q")
   corpus = dict(meta, kind=None)
   with pytest.raises(errors.ConfigError, match="trains on pair data"):
     config_checks.check_data(pretrain.get_config("contrastive"), corpus, "config.data.path=c")

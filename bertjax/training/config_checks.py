@@ -104,6 +104,7 @@ RANGES: dict[str, Range] = {
     "contrastive.sigmoid_bias": Range(
         float, why="the sigmoid loss's learned bias at start; SigLIP: -10"
     ),
+    "contrastive.hard_negatives": _at_least(0, "hard negatives per row, as the pair data holds"),
     "contrastive.chunk_size": _at_least(0, "rows per GradCache chunk; 0: one pass"),
     "model.embedding_size": _at_least(0, "0: hidden_size; ELECTRA-Small: 128", none_ok=True),
     "electra.generator_hidden_fraction": Range(
@@ -435,6 +436,13 @@ def check_data(config, meta: dict, where: str = "") -> None:
         if pairs
         else f"{field}: config.objective=contrastive trains on pair data — prepare it with "
         "`bertjax prepare --kind pairs --input FILE --tokenizer TOK --output DIR`"
+    )
+  want = config.get("contrastive", {}).get("hard_negatives")
+  if pairs and meta.get("negatives") != want:
+    raise errors.ConfigError(
+        f"{field} holds {meta.get('negatives')} hard negative(s) per row, but "
+        f"config.contrastive.hard_negatives={want} — set "
+        f"--config.contrastive.hard_negatives={meta.get('negatives')}"
     )
   train = [s for s in meta.get("shards", []) if s.get("split") == "train" and s.get("documents")]
   if not train:

@@ -59,6 +59,7 @@ class Spec:
   sigmoid_bias: float = -10.0  # SigLIP's learned bias starts at -10 (and its scale at 10)
   matryoshka_dims: tuple[int, ...] = ()  # () : the whole embedding only
   chunk_size: int = 0  # rows per GradCache chunk; 0: one pass
+  hard_negatives: int = 1  # per row: the batch's documents per row are 1 + this
 
   @classmethod
   def from_config(cls, config, hidden_size: int) -> "Spec":
@@ -73,6 +74,7 @@ class Spec:
         sigmoid_bias=float(c.sigmoid_bias),
         matryoshka_dims=tuple(int(d) for d in (c.matryoshka_dims or ())),
         chunk_size=int(c.chunk_size),
+        hard_negatives=int(c.get("hard_negatives", 1)),
     )
     spec.check(hidden_size)
     return spec
@@ -324,9 +326,20 @@ class Contrastive:
     }
 
   def flops_per_step(self, batch_size, seq_len, max_predictions):
-    """The encoder on the queries and on the documents (counted at one document per row: the
-    stream's documents per row are the data's); the score matrix is negligible."""
-    return float(2 * flops.encoder_flops(self.bert_config, batch_size * seq_len, seq_len))
+    """The encoder on the queries and on 1 + `hard_negatives` documents per row (forward and
+    backward; GradCache's second forward pass not counted); the scores are negligible."""
+    texts = 2 + self.spec.hard_negatives
+    return float(texts * flops.encoder_flops(self.bert_config, batch_size * seq_len, seq_len))
+
+  def abstract_batch(self, batch_size: int, seq_len: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of a batch (`bertjax compile`)."""
+    docs = (batch_size, 1 + self.spec.hard_negatives, seq_len)
+    return dict(
+        query_ids=(batch_size, seq_len),
+        query_mask=(batch_size, seq_len),
+        doc_ids=docs,
+        doc_mask=docs,
+    )
 
   def record(self) -> dict:
     return {
