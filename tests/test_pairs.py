@@ -186,3 +186,26 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   meta = json.loads((tmp_path / "run" / "checkpoints" / "4" / "meta" / "metadata").read_text())
   assert meta["objective"] == "contrastive" and meta["contrastive"]["scale"] == 20.0
   assert meta["bert_config"]["hidden_size"] == 32  # the network of --init
+
+  # Exported as a transformers BertModel, its mean-pooled embeddings are bertjax's.
+  import torch
+
+  from bertjax.training import checkpoint, objective_contrastive as oc
+
+  out = tmp_path / "hf_out"
+  assert (
+      cli.main(["convert", "--from", "bertjax", "--to", "hf", str(tmp_path / "run"), str(out)]) == 0
+  )
+  assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+  loaded = checkpoint.load_pretrained(str(tmp_path / "run"))
+  encoder = {k: v for k, v in loaded.params["bert"].items() if k != "pooler"}
+  ids = np.array([[2, 10, 11, 12, 3, 0], [2, 13, 3, 0, 0, 0]], np.int32)
+  mask = (ids > 0).astype(np.int32)
+  model = oc.ContrastiveModel(loaded.config, oc.Spec())
+  ours = model.apply({"params": {"bert": encoder}}, ids, mask, method="embed")
+  hf_model = transformers.BertModel.from_pretrained(out).eval()
+  with torch.no_grad():
+    h = hf_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state
+  m = torch.tensor(mask, dtype=torch.float32)[:, :, None]
+  theirs = ((h * m).sum(1) / m.sum(1)).numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)

@@ -302,6 +302,8 @@ class _Run:
       if config.train.init_from:
         self.state, fresh = init_from_lib.start(setups[0], self.state, config.train.init_from)
         self.untrained = set(init_from_lib.head_ids(fresh))
+        if setups[0].objective.name == "contrastive":  # its network holds no BERT head
+          self.untrained = set(train.HEAD_PARAMS)
         writer.log(
             f"initialised params from {config.train.init_from}"
             + (f" ({', '.join(fresh)} start fresh)" if fresh else "")
