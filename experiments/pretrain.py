@@ -81,6 +81,13 @@ _SCALES = {
     "electra_small": ("small", 128, 1_000_000, 5e-4, 10_000),
     "electra_base": ("base", 256, 766_000, 2e-4, 10_000),
     "electra_tiny": ("tiny", 32, 1000, 1e-3, 100),  # `modern_tiny`'s batch, steps, lr, warmup
+    # Contrastive training of an encoder on pairs (`_contrastive` sets the rest); `--init DIR`
+    # gives the network. Batch: ModernBERT's retrieval recipe (Warner et al. 2024), 512;
+    # Nomic's weakly supervised pretraining (Nussbaum et al. 2024), 16,384. Steps: one epoch is
+    # the data's training rows / the batch; set --config.train.steps to it (the run's data
+    # line says the rows). lr: ModernBERT's 8e-5; contrastive_pretrain's is ours (see below).
+    "contrastive": ("base", 512, 1000, 8e-5, 50),
+    "contrastive_pretrain": ("base", 16_384, 1000, 8e-5, 50),
 }
 
 # variant -> one line for `bertjax pretrain --help` (the docstring above has the details)
@@ -100,6 +107,8 @@ VARIANTS = {
     "electra_small": "ELECTRA-Small (Clark et al. 2020): 12 x 256, embeddings 128, 1M steps of 128",
     "electra_base": "ELECTRA-Base (Clark et al. 2020): 12 x 768, generator 1/3, 766k steps of 256",
     "electra_tiny": "ELECTRA at tiny scale (2 x 128, generator 32 wide), seq 128 (CPU, minutes)",
+    "contrastive": "embedding fine-tuning on pairs (--init DIR): batch 512, 1 hard negative, scale 20",
+    "contrastive_pretrain": "weakly supervised contrastive pretraining on pairs: batch 16,384, seq 128",
 }
 
 
@@ -125,6 +134,21 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.electra = ml_collections.ConfigDict()  # read only with objective "electra"
   c.electra.generator_hidden_fraction = 0.25  # generator width / the encoder's (paper: 1/4)
   c.electra.disc_weight = 50.0  # λ: loss = generator MLM + λ · discriminator BCE (paper: 50)
+  # read only with objective "contrastive" (docs/training.md "Contrastive"; defaults:
+  # sentence-transformers' MultipleNegativesRankingLoss on a mean-pooled encoder)
+  c.contrastive = ml_collections.ConfigDict()
+  c.contrastive.pooling = "mean"  # mean over real tokens | cls: the [CLS] token's last state
+  c.contrastive.normalize = True  # cosine scores (sentence-transformers' cos_sim)
+  c.contrastive.scale = 20.0  # scores x scale (sentence-transformers: 20, temperature 0.05)
+  c.contrastive.learn_scale = False  # learn log(scale) from `scale` (CLIP), clipped at 100
+  c.contrastive.symmetric = False  # add the document->query term (averaged, as "per_direction")
+  c.contrastive.loss = "infonce"  # infonce | sigmoid (SigLIP: a logistic term per pair)
+  c.contrastive.sigmoid_bias = -10.0  # SigLIP's learned bias starts at -10
+  c.contrastive.matryoshka_dims = ()  # e.g. (768, 256, 64): loss summed over these prefixes
+  c.contrastive.chunk_size = 0  # GradCache rows per chunk (batches larger than memory); 0: off
+  # hard negatives per row: the pair data must hold this many (`prepare --kind pairs` records
+  # it); `bertjax compile` and the FLOPs count read it
+  c.contrastive.hard_negatives = 1
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = preset  # tiny/mini/small/medium/base/large (bertjax.model.PRESETS)
@@ -294,6 +318,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     _continue(c)
   if scale.startswith("electra_"):
     _electra(c, scale.removeprefix("electra_"))
+  if scale.startswith("contrastive"):
+    _contrastive(c, pretrain=scale == "contrastive_pretrain")
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563
@@ -408,6 +434,31 @@ def _continue(c: ml_collections.ConfigDict) -> None:
   c.checkpoint.every_steps = 500
   c.eval.every_steps = 500
   c.log_every_steps = 50
+
+
+def _contrastive(c: ml_collections.ConfigDict, pretrain: bool) -> None:
+  """The encoder as an embedding model on pairs from `bertjax prepare --kind pairs`
+  (docs/training.md, "Contrastive"): `contrastive` is ModernBERT's retrieval fine-tuning
+  (Warner et al. 2024: batch 512, one mined hard negative, scale 20, lr 8e-5,
+  one epoch), `contrastive_pretrain` Nomic's weakly supervised stage (Nussbaum et al. 2024,
+  nomic-embed-text: batch 16,384 at seq 128), chunked so that its batch fits."""
+  c.objective = "contrastive"
+  c.data.pair_mode = "none"  # no pair task: the pairs are the task
+  c.data.seq_len = 128  # Nomic: 128 in weakly supervised pretraining; ours for fine-tuning
+  c.train.optimizer = "adamw"  # sentence-transformers trains with AdamW
+  c.train.schedule = "warmup_linear"  # sentence-transformers' default: warmup, linear decay
+  c.train.head_warmup_steps = 0  # no head starts fresh: the pooling has no parameters
+  c.phase2.fraction = 0.0  # one phase
+  c.contrastive.scale = 20.0  # ModernBERT's recipe; sentence-transformers' default
+  c.contrastive.pooling = "mean"  # sentence-transformers' default pooling
+  c.contrastive.hard_negatives = 1  # ModernBERT's recipe: one mined hard negative per query
+  # Nomic's batch does not fit one accelerator's memory in one pass: GradCache in chunks of
+  # 1,024 rows (ours; the gradient is the same at any chunk size, tests/test_contrastive.py).
+  c.contrastive.chunk_size = 1024 if pretrain else 0
+  c.eval.every_steps = 100  # held-out pairs: loss, top-1 accuracy, mean rank (ours)
+  c.eval.steps = 2  # batches of eval.batch_size
+  c.eval.batch_size = 64  # ours: held-out batches are small (2% of the rows)
+  c.checkpoint.every_steps = 500  # ours
 
 
 def _electra(c: ml_collections.ConfigDict, size: str) -> None:

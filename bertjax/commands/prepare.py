@@ -16,6 +16,8 @@
     bertjax prepare --input 'c4/*.json.gz' --tokenizer c4.model --output gs://.../c4 \
         --runner beam --beam-option runner=DataflowRunner --beam-option region=us-central1 \
         ...                                    # the same work on Dataflow (docs/data.md)
+    bertjax prepare --kind pairs --input pairs.jsonl --tokenizer bert-base-uncased \
+        --output runs/pairs                    # query/positive/negative rows (contrastive)
 """
 
 from __future__ import annotations
@@ -41,6 +43,33 @@ def _parser() -> argparse.ArgumentParser:
       "or Arrow files (one document per record), or a `datasets` save_to_disk directory",
   )
   src.add_argument("--tfds", metavar="NAME[:SPLIT]", help="a TFDS text dataset")
+  p.add_argument(
+      "--kind",
+      choices=("corpus", "pairs"),
+      default="corpus",
+      help="corpus: documents for pretraining; pairs: JSON lines / Parquet rows of a query, a "
+      "positive and zero or more negatives, for config.objective=contrastive (docs/data.md)",
+  )
+  p.add_argument("--query-field", default="query", help="--kind pairs: the query's field")
+  p.add_argument(
+      "--query-prompt",
+      default="",
+      metavar="TEXT",
+      help='--kind pairs: prepended to every query, e.g. "query: " (default: none)',
+  )
+  p.add_argument(
+      "--document-prompt",
+      default="",
+      metavar="TEXT",
+      help='--kind pairs: prepended to every positive and negative, e.g. "passage: "',
+  )
+  p.add_argument("--positive-field", default="positive", help="--kind pairs: the positive's")
+  p.add_argument(
+      "--negative-fields",
+      metavar="FIELD[,FIELD...]",
+      help="--kind pairs: the negatives' fields, each a string or a list of strings (default: "
+      "negative, when the rows have it)",
+  )
   p.add_argument(
       "--format",
       choices=formats.FORMATS,
@@ -136,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
+  if args.kind == "pairs":
+    return _pairs(args)
   if args.worker_index >= args.num_workers:
     raise errors.ConfigError(
         f"--worker-index {args.worker_index} must be < --num-workers {args.num_workers} "
@@ -189,4 +220,40 @@ def main(argv: list[str]) -> int:
   summary["shards"] = len(meta["shards"])
   summary["MB/s"] = round(meta["input_bytes"] / 1e6 / max(meta["seconds"], 1e-9), 2)
   print(json.dumps(summary))
+  return 0
+
+
+def _pairs(args) -> int:
+  from bertjax.data import corpus, pairs
+
+  if args.tfds:
+    raise errors.UsageError("--kind pairs reads --input files (JSON lines or Parquet)")
+  fields = args.negative_fields
+  cfg = pairs.PairsConfig(
+      output=args.output,
+      tokenizer=args.tokenizer,
+      inputs=tuple(corpus.expand_inputs(args.input)),
+      query_field=args.query_field,
+      positive_field=args.positive_field,
+      negative_fields=None if fields is None else tuple(f for f in fields.split(",") if f),
+      eval_fraction=args.eval_fraction,
+      overwrite=args.overwrite,
+      query_prompt=args.query_prompt,
+      document_prompt=args.document_prompt,
+  )
+  meta = pairs.prepare(cfg)
+  split = {s["split"]: s["documents"] for s in meta["shards"]}
+  skipped = {p: sum(w.values()) for p, w in meta["skipped"].items()}
+  print(
+      json.dumps(
+          dict(
+              rows=meta["documents"],
+              train=split.get("train", 0),
+              eval=split.get("eval", 0),
+              negatives=meta["negatives"],
+              skipped=skipped,
+              seconds=meta["seconds"],
+          )
+      )
+  )
   return 0

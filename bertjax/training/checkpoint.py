@@ -535,6 +535,12 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
       params = jax.device_put(params, shardings)
   else:
     params = _restore_params(d / "state", shardings, "params")
+  if meta.get("objective") == "contrastive":  # the encoder alone: BERT's heads fresh (untrained)
+    from bertjax.interop import hf_tensors
+
+    heads = hf_tensors.fresh_heads(cfg)
+    pooler = heads.pop("pooler")
+    params = dict(heads, bert=dict(params["bert"], pooler=pooler))
   tok = meta.get("tokenizer")
   tok_path = str(d.parent.parent / tok) if tok else None
   gen = meta.get("generator_config")

@@ -100,6 +100,12 @@ RANGES: dict[str, Range] = {
     "data.random_token_prob": Range(
         float, 0.0, 1.0, why="of the chosen tokens: a random token; BERT: 0.1"
     ),
+    "contrastive.scale": Range(float, **_POSITIVE, why="scores x scale; sentence-transformers: 20"),
+    "contrastive.sigmoid_bias": Range(
+        float, why="the sigmoid loss's learned bias at start; SigLIP: -10"
+    ),
+    "contrastive.hard_negatives": _at_least(0, "hard negatives per row, as the pair data holds"),
+    "contrastive.chunk_size": _at_least(0, "rows per GradCache chunk; 0: one pass"),
     "model.embedding_size": _at_least(0, "0: hidden_size; ELECTRA-Small: 128", none_ok=True),
     "electra.generator_hidden_fraction": Range(
         float, 0.0, 1.0, low_open=True, why="generator width / the encoder's; ELECTRA: 0.25"
@@ -176,6 +182,9 @@ PHASE2_RANGES: dict[str, Range] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "objective": objective.NAMES,  # one per branch of `objective.make`
     "data.source": ("prepared", "synthetic"),
+    # objective_contrastive.POOLINGS / LOSSES, written out: this module must not import jax.
+    "contrastive.pooling": ("mean", "cls"),
+    "contrastive.loss": ("infonce", "sigmoid"),
     "data.pair_mode": ("nsp", "sop", "none"),
     "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
     # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
@@ -223,6 +232,13 @@ def validate(config) -> None:
   for path, valid in CHOICES.items():
     _check_choice(config, path, valid)
   pairs = _get(config, "data.pair_mode") not in ("none", _MISSING)
+  if _get(config, "objective") == "contrastive" and _get(config, "train.microbatches") != 1:
+    raise errors.ConfigError(
+        f"config.train.microbatches={_get(config, 'train.microbatches')}: the contrastive loss "
+        "scores each query against the whole batch, which microbatches would split — set "
+        "config.train.microbatches=1 and config.contrastive.chunk_size=R for a batch larger "
+        "than memory"
+    )
   if _get(config, "objective") == "electra" and pairs:
     raise errors.ConfigError(
         f"config.data.pair_mode={_get(config, 'data.pair_mode')!r}: ELECTRA has no pair task — "
@@ -413,6 +429,21 @@ def check_data(config, meta: dict, where: str = "") -> None:
   number of shard files serves any number of processes: every process reads blocks of all of
   them (docs/data.md, "Sharding across hosts"). `where`: a mixture's source, as errors name it."""
   field = where or f"config.data.path={config.data.path}"
+  pairs, contrastive = meta.get("kind") == "pairs", config.get("objective") == "contrastive"
+  if pairs != contrastive:
+    raise errors.ConfigError(
+        f"{field}: pair data (`prepare --kind pairs`) trains config.objective=contrastive only"
+        if pairs
+        else f"{field}: config.objective=contrastive trains on pair data — prepare it with "
+        "`bertjax prepare --kind pairs --input FILE --tokenizer TOK --output DIR`"
+    )
+  want = config.get("contrastive", {}).get("hard_negatives")
+  if pairs and meta.get("negatives") != want:
+    raise errors.ConfigError(
+        f"{field} holds {meta.get('negatives')} hard negative(s) per row, but "
+        f"config.contrastive.hard_negatives={want} — set "
+        f"--config.contrastive.hard_negatives={meta.get('negatives')}"
+    )
   train = [s for s in meta.get("shards", []) if s.get("split") == "train" and s.get("documents")]
   if not train:
     problems = "; ".join(meta.get("examples_of_problems", [])[:2])
@@ -454,6 +485,13 @@ def check_inputs(config, workdir: str) -> dict | None:
   if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
   meta = None
+  pairs_data = config.data.path and not config.data.get("sources")
+  if config.get("objective") == "contrastive" and not pairs_data:
+    raise errors.ConfigError(
+        "config.objective=contrastive trains on one pair dataset: set config.data.path=P "
+        "(`bertjax prepare --kind pairs ... --output P`); config.data.sources (mixtures) and "
+        "synthetic data are for the MLM and ELECTRA objectives"
+    )
   sources = _sources(config)
   if sources:
     from bertjax.data import mixture

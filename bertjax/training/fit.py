@@ -210,11 +210,18 @@ def _bytes_per_device(tree) -> int:
   )
 
 
-def _abstract_batch(ph, batch_sharding, data=None) -> dict:
+def _abstract_batch(ph, batch_sharding, data=None, objective=None) -> dict:
   """The step's batch as sharded ShapeDtypeStructs. Packed (`data.packing`): the extra
   [B, L] segment/position ids, [B, E] cls positions and NSP labels/weights, and [B, R]
-  masked arrays with R = packing.prediction_budget (what the packed stream yields)."""
+  masked arrays with R = packing.prediction_budget (what the packed stream yields). The
+  contrastive objective: its queries and documents (`abstract_batch`)."""
   b, l, p = ph.batch_size, ph.seq_len, ph.max_predictions
+  if objective is not None and objective.name == "contrastive":
+    shapes = objective.abstract_batch(b, l)
+    return {
+        k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
+        for k, v in shapes.items()
+    }
   packed = bool(data is not None and data.get("packing", False))
   e = data.get("max_examples_per_row", 0) if packed else 1
   # Measured on the corpus (0): the largest E that may be measured, so a fit holds for any corpus.
@@ -274,7 +281,7 @@ def compile_phases(
     field = "config.train.batch_size" if ph.index == 0 else "config.phase2.batch_size"
     sharding.check_batch_size(ph.batch_size, mesh, ph.microbatches, field)  # ConfigError
     s = train.setup(phases_lib.phase_config(config, ph), mesh)
-    batch = _abstract_batch(ph, s.batch_sharding, config.data)
+    batch = _abstract_batch(ph, s.batch_sharding, config.data, s.objective)
     r = PhaseResult(
         ph.index,
         ph.batch_size,

@@ -267,7 +267,8 @@ def start(setup, state, path: str):
 
   source = describe(path)
   want = setup.objective.name
-  if want != source.objective:
+  encoder_only = want == "contrastive"  # any checkpoint's encoder; its heads are not used
+  if want != source.objective and not encoder_only:
     raise errors.ConfigError(
         f"config.train.init_from={path}: an {source.objective} checkpoint, but "
         f"config.objective={want!r} — start from a checkpoint of the same objective, or set "
@@ -279,13 +280,18 @@ def start(setup, state, path: str):
       path,
   )
   place = None
-  if not setup.bert_config.scan_layers:  # each tensor onto its shards as soon as it is read
+  if (
+      not setup.bert_config.scan_layers and not encoder_only
+  ):  # each tensor onto its shards as soon as it is read
     where = {
         tuple(k.key for k in path): sharding
         for path, sharding in jax.tree_util.tree_leaves_with_path(setup.state_shardings.params)
     }
     place = lambda path, x: jax.device_put(x, where[path])
   params, fresh = load(source, place)
+  if encoder_only:  # the encoder without BERT's pooler; the objective's own parameters kept
+    encoder = {k: v for k, v in params["bert"].items() if k != "pooler"}
+    params, fresh = dict(state.params, bert=encoder), []
   if setup.bert_config.scan_layers:
     params = model_lib.stack_layer_params(params, setup.bert_config.num_layers)
   host = lambda x: x if isinstance(x, jax.Array) else np.asarray(x)  # placed ones stay placed

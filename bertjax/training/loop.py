@@ -25,7 +25,7 @@ import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, mixture, prefetch, pretraining, records
+from bertjax.data import bundled, mixture, pairs, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
@@ -65,7 +65,24 @@ def _held_out(config, split: str, name: str, default):
   return default if value is None else value
 
 
+def _pair_stream(config, phase: Phase, state: dict | None, split: str):
+  """The contrastive objective's batches (`bertjax.data.pairs`)."""
+  meta = records.load_metadata(config.data.path)
+  return pairs.PairStream(
+      pairs.load_rows(config.data.path, split),
+      records.special_ids(meta),
+      phase.seq_len,
+      phase.batch_size if split == "train" else config.eval.batch_size,
+      jax.process_index(),
+      jax.process_count(),
+      seed=config.seed + (1000 if split == "eval" else 0),
+      state=state,
+  )
+
+
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
+  if config.objective == "contrastive":
+    return _pair_stream(config, phase, state, split)
   d = config.data
   seed = _held_out(config, split, "seed", config.seed)
   seed += 1000 if split == "eval" and d.source == "synthetic" else 0
@@ -183,6 +200,8 @@ def evaluate(
   """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed; `meta`: the
   prepared data's metadata.json (None for synthetic data)."""
   stream = make_stream(config, phase, None, split="eval")
+  if isinstance(stream, pairs.PairStream):
+    return _evaluate_pairs(setup, params, stream, config.eval.steps)
   mask_id = records.special_ids(meta)["mask"] if meta else MASK_ID
   totals, target_counts = None, collections.Counter()
   for _ in range(config.eval.steps):
@@ -202,9 +221,29 @@ def evaluate(
   return out
 
 
+def _evaluate_pairs(setup: train.Setup, params, stream, steps: int) -> dict[str, float]:
+  """Held-out contrastive loss, top-1 accuracy and mean rank, each batch its own negatives."""
+  totals = None
+  for _ in range(steps):
+    sums = setup.eval_step(params, prefetch.global_batch(next(stream), setup.batch_sharding))
+    totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+  means = setup.objective.finalize(jax.device_get(totals))
+  return {f"eval_{k}": float(v) for k, v in means.items()}
+
+
 def _has_eval_data(config, meta: dict | None, writer) -> bool:
   """False (with one warning) when the prepared data holds no held-out documents. Any number
   of held-out files serves any number of processes (each reads blocks of all of them)."""
+  if pairs.is_pairs(meta):  # held-out batches of eval.batch_size rows, each its own negatives
+    held = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
+    if held >= config.eval.batch_size:
+      return True
+    writer.log(
+        f"warning: {config.data.path} holds {held} held-out pairs, fewer than "
+        f"config.eval.batch_size={config.eval.batch_size}: training without held-out "
+        "evaluation. Lower config.eval.batch_size, or prepare with a larger --eval-fraction"
+    )
+    return False
   sources = mixture.parse_sources(config.data.get("sources"))
   if sources:  # a mixture evaluates on the sources that hold held-out documents
     paths = [s.path for s in sources]
@@ -263,6 +302,8 @@ class _Run:
       if config.train.init_from:
         self.state, fresh = init_from_lib.start(setups[0], self.state, config.train.init_from)
         self.untrained = set(init_from_lib.head_ids(fresh))
+        if setups[0].objective.name == "contrastive":  # its network holds no BERT head
+          self.untrained = set(train.HEAD_PARAMS)
         writer.log(
             f"initialised params from {config.train.init_from}"
             + (f" ({', '.join(fresh)} start fresh)" if fresh else "")
@@ -300,7 +341,12 @@ class _Run:
           f"{name} {w:.0%} ({path})" for name, path, w in stream.cfg.sources if w > 0
       )
       self.writer.log(f"data: a mixture; shares of the real tokens: {shares}")
-    if stream.cfg.packing:
+    if isinstance(stream, pairs.PairStream):
+      self.writer.log(
+          f"data: {len(stream.rows)} pairs, each with {len(stream.rows[0]) - 2} hard "
+          f"negative(s); every batch's {ph.batch_size} rows share their documents as negatives"
+      )
+    elif stream.cfg.packing:
       auto = "measured on the corpus" if not self.config.data.get("max_examples_per_row") else "set"
       self.writer.log(
           f"packing: up to {stream.cfg.max_examples_per_row} examples per row at seq "
@@ -342,6 +388,10 @@ class _Run:
     self.clock.add(at, m, by_source)
     if at % self.config.log_every_steps == 0 or at in self.log_at:
       s = self.meter.summary(at, self.config.train.steps)
+      held = (self.batches.get_state() or {}).get("held_back")
+      if s and held is not None:  # pairs: rows whose text the batch already held
+        state = self.batches.get_state()
+        s = dict(s, rows_held_back=float(held), rows_dropped=float(state["dropped"]))
       if s:
         self.writer.log(metrics_writer.progress_line(at, self.config.train.steps, self._shown(s)))
         self.writer.write(at, dict(s, tokens_by_source=self.clock.tokens_by_source()))

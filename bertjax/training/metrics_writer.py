@@ -32,6 +32,9 @@ _PROGRESS = (
     ("nsp_accuracy", "nsp_acc", ".3f"),
     ("disc_accuracy_replaced", "disc_acc_replaced", ".3f"),  # ELECTRA
     ("disc_accuracy_original", "disc_acc_original", ".3f"),
+    ("contrastive_accuracy", "top1", ".3f"),  # contrastive: in-batch top-1, the positive's rank
+    ("contrastive_mean_rank", "rank", ".2f"),
+    ("rows_held_back", "held_back", ".0f"),  # pairs sharing a text with their batch (so far)
     ("learning_rate", "lr", ".2e"),
 )
 

@@ -8,11 +8,14 @@ the objective (`make(config, bert_config)`) rather than probing the model's type
     batch, draw = obj.prepare(batch, step_key)            # once per step, on the whole batch
     counts = obj.counts(batch)                            # whole-batch denominators
     sums, correct_BxP = obj.sums(params, mb, key, deterministic, draw)   # per (micro)batch
+    sums, grads = obj.grad(params, mb, key, counts, draw)  # the train step's (micro)batch
     loss = obj.loss(sums, counts); metrics = obj.finalize(sums)
 
 Sums, not means, so that accumulation and data parallelism give the whole batch's loss exactly
-(`losses`). Implementations: `objective_mlm.MLM` (BERT's masked LM, with NSP or SOP) and
-`objective_electra.Electra` (replaced-token detection). Adding an objective is one new module
+(`losses`). Implementations: `objective_mlm.MLM` (BERT's masked LM, with NSP or SOP),
+`objective_electra.Electra` (replaced-token detection) and `objective_contrastive.Contrastive`
+(the encoder as an embedding model, InfoNCE over the global batch; its own `grad` for the
+GradCache step). Adding an objective is one new module
 implementing `Objective` and one `elif` in `make` (docs/training.md, "Adding an objective").
 """
 
@@ -30,7 +33,11 @@ if TYPE_CHECKING:  # no jax at import: `config_checks` reads NAMES before jax lo
 
   Array = jax.Array
 
-NAMES = ("mlm", "electra")  # config.objective's valid values, each a branch of `make`
+NAMES = (
+    "mlm",
+    "electra",
+    "contrastive",
+)  # config.objective's valid values, each a branch of `make`
 
 
 class Objective(Protocol):
@@ -59,6 +66,13 @@ class Objective(Protocol):
   def loss(self, sums: dict[str, "Array"], counts: dict[str, "Array"]) -> "Array":
     ...
 
+  def grad(
+      self, params, batch: dict, dropout_key: "Array", counts: dict[str, "Array"], draw: Any = None
+  ) -> tuple[dict[str, "Array"], Any]:
+    """(sums, gradient of `loss` with respect to `params`) of a training (micro)batch; most
+    objectives return `objective_mlm.grad_of_sums(self, ...)`."""
+    ...
+
   def finalize(self, sums: dict[str, "Array"]) -> dict[str, "Array"]:
     """Means (loss, accuracies, perplexity) from summed `sums`."""
     ...
@@ -81,7 +95,7 @@ class Objective(Protocol):
 
 
 def name(config) -> str:
-  """config.objective: "mlm" (BERT's masked LM, the default) or "electra"."""
+  """config.objective: "mlm" (BERT's masked LM, the default), "electra" or "contrastive"."""
   return config.objective or "mlm"
 
 
@@ -96,4 +110,8 @@ def make(config, bert_config: "BertConfig") -> Objective:
     from bertjax.training import objective_electra
 
     return objective_electra.Electra.from_config(config, bert_config)
+  elif chosen == "contrastive":
+    from bertjax.training import objective_contrastive
+
+    return objective_contrastive.Contrastive.from_config(config, bert_config)
   raise errors.ConfigError(f"config.objective={chosen!r}: valid: {', '.join(NAMES)}")

@@ -14,7 +14,7 @@ from bertjax import errors
 from bertjax.model import electra as electra_lib
 from bertjax.model.config import BertConfig
 from bertjax.training import flops, losses
-from bertjax.training.objective_mlm import apply, mlm_nll
+from bertjax.training.objective_mlm import apply, grad_of_sums, mlm_nll
 
 Array = jax.Array
 
@@ -73,6 +73,9 @@ class Electra:
 
   def loss(self, sums, counts):
     return losses.electra_loss(sums, counts["mlm"], counts["disc"], self.disc_weight)
+
+  def grad(self, params, batch, dropout_key, counts, draw=None):
+    return grad_of_sums(self, params, batch, dropout_key, counts, draw)
 
   def finalize(self, sums):
     return losses.electra_finalize(sums, self.disc_weight)

@@ -36,6 +36,18 @@ def mlm_nll(out, masked_ids: Array) -> tuple[Array, Array]:
   return losses.mlm_cross_entropy(out.mlm_hidden, out.mlm_table, out.mlm_bias, masked_ids)
 
 
+def grad_of_sums(obj, params, batch: dict, dropout_key, counts, draw=None):
+  """(sums, gradients) of `obj.loss(obj.sums(...))` by one `jax.value_and_grad`: the train
+  step of every objective without its own (`objective.Objective.grad`)."""
+
+  def loss_fn(p):
+    sums, _ = obj.sums(p, batch, dropout_key, False, draw)
+    return obj.loss(sums, counts), sums
+
+  (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return sums, grads
+
+
 @dataclasses.dataclass
 class MLM:
   bert_config: BertConfig
@@ -68,6 +80,9 @@ class MLM:
 
   def loss(self, sums, counts):
     return losses.total_loss(sums, counts["mlm"], counts["nsp"])
+
+  def grad(self, params, batch, dropout_key, counts, draw=None):
+    return grad_of_sums(self, params, batch, dropout_key, counts, draw)
 
   def finalize(self, sums):
     return losses.finalize(sums)

@@ -37,7 +37,7 @@ import optax
 
 from bertjax import errors, model as model_lib
 from bertjax.training import objective as objective_lib
-from bertjax.training import optim, sharding, train_state
+from bertjax.training import objective_contrastive, optim, sharding, train_state
 from bertjax.training.objective_mlm import MODEL_INPUTS, PACKED_INPUTS
 
 Array = jax.Array
@@ -47,6 +47,7 @@ STEP_INPUTS = (
     + PACKED_INPUTS
     + ("masked_ids", "masked_weights", "nsp_labels", "nsp_weights")
     + ("sources",)  # a mixture's [B, N] one-hot source of each row (bertjax.data.mixture)
+    + objective_contrastive.BATCH_KEYS  # pairs: queries [B, Lq], documents [B, D, Ld]
 )
 # BertConfig fields that `config.model` may set besides `preset`.
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
@@ -243,13 +244,8 @@ def _train_step(
   step_key = jax.random.fold_in(state.rng, state.step)
   batch, draw = objective.prepare(batch, step_key)
 
-  def loss_fn(params, mb, key):
-    sums, _ = objective.sums(params, mb, key, False, draw)
-    return objective.loss(sums, counts), sums
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if microbatches == 1:
-    (_, sums), grads = grad_fn(state.params, batch, step_key)
+    sums, grads = objective.grad(state.params, batch, step_key, counts, draw)
   else:
 
     zeros_g = jax.tree.map(jnp.zeros_like, state.params)
@@ -260,7 +256,7 @@ def _train_step(
       i, mb = xs
 
       def run(mb):
-        (_, s), g = grad_fn(state.params, mb, jax.random.fold_in(step_key, i))
+        s, g = objective.grad(state.params, mb, jax.random.fold_in(step_key, i), counts, draw)
         return g, s
 
       if warming:  # a conditional, so a skipped microbatch costs no FLOPs
@@ -328,6 +324,10 @@ def _weigh_rows(batch: dict, row_B: Array) -> dict:
 def batch_shape_metrics(batch: dict) -> dict:
   """What share of the batch's slots are real tokens, and examples per row (1 unpacked): the
   loop turns rows/s into real tokens/s and examples/s with them."""
+  if "query_ids" in batch:  # pairs: the real tokens of the queries and documents
+    masks = [batch["query_mask"], batch["doc_mask"]]
+    real = sum(jnp.sum(m.astype(jnp.float32)) for m in masks) / sum(m.size for m in masks)
+    return dict(real_token_fraction=real, examples_per_row=jnp.ones((), jnp.float32))
   rows = batch["input_ids"].shape[0]
   examples = (
       jnp.sum(batch["nsp_weights"].astype(jnp.float32)) / rows if "nsp_weights" in batch else 1.0
@@ -356,6 +356,8 @@ def _eval_step(params, batch, *, objective: objective_lib.Objective) -> dict:
   replacements drawn with a fixed key, so that every evaluation sees the same draw per model.
   """
   sums, correct_BxP = objective.sums(params, batch, jax.random.PRNGKey(0), True)
+  if "at_mask" not in batch:  # no masked positions (contrastive)
+    return sums
   at_mask_BxP = batch["at_mask"]
   sums.update(mask_correct=jnp.sum(correct_BxP * at_mask_BxP), mask_count=jnp.sum(at_mask_BxP))
   return sums
