@@ -535,7 +535,8 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
       params = jax.device_put(params, shardings)
   else:
     params = _restore_params(d / "state", shardings, "params")
-  if meta.get("objective") == "contrastive":  # the encoder alone: BERT's heads fresh (untrained)
+  if not {"mlm_transform", "discriminator_predictions"} & set(params):  # the encoder alone
+    # (a contrastive run's): BERT's heads fresh, untrained, as `untrained_heads` says
     from bertjax.interop import hf_tensors
 
     heads = hf_tensors.fresh_heads(cfg)

@@ -12,29 +12,25 @@ phase's stream where the checkpoint left it.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 import json
-import os
 import sys
 import time
 
 import jax
-import numpy as np
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, mixture, pairs, prefetch, pretraining, records
-from bertjax.data.tokenizer import MASK_ID
+from bertjax.data import bundled, mixture, prefetch, pretraining
 from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
     checkpoint,
     config_checks,
     init_from as init_from_lib,
-    losses,
     metrics_writer,
+    objective as objective_lib,
     progress,
+    streams,
     train,
 )
 from bertjax.training.phases import Phase, phase_config
@@ -42,78 +38,17 @@ from bertjax.training.phases import Phase, phase_config
 # ----------------------------------------------------------------------------- config and data
 
 
-@functools.lru_cache(maxsize=None)  # said once per run
-def input_workers(workers: int | None) -> int:
-  """config.data.workers, or by default half the host's cores (the rest run the loop, tf.data's
-  reader and XLA's host work), at most 32; 0 or 1 builds the examples in this process."""
-  if workers is None:
-    cores = os.cpu_count() or 1
-    workers = min(32, cores // 2)
-    print(
-        f"data: {workers} input worker process(es) (half of {cores} cores; "
-        "config.data.workers sets it)",
-        flush=True,
-    )
-  return workers
-
-
-def _held_out(config, split: str, name: str, default):
-  """config.eval.NAME for the held-out stream when set, else the training data's value: runs
-  that train on different data (masking rate, pairs, packing, seed) can then be scored on the
-  same masked examples (experiments/modern.py)."""
-  value = config.eval.get(name) if split == "eval" else None
-  return default if value is None else value
-
-
-def _pair_stream(config, phase: Phase, state: dict | None, split: str):
-  """The contrastive objective's batches (`bertjax.data.pairs`)."""
-  meta = records.load_metadata(config.data.path)
-  return pairs.PairStream(
-      pairs.load_rows(config.data.path, split),
-      records.special_ids(meta),
-      phase.seq_len,
-      phase.batch_size if split == "train" else config.eval.batch_size,
-      jax.process_index(),
-      jax.process_count(),
-      seed=config.seed + (1000 if split == "eval" else 0),
-      state=state,
-  )
-
-
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
-  if config.objective == "contrastive":
-    return _pair_stream(config, phase, state, split)
-  d = config.data
-  seed = _held_out(config, split, "seed", config.seed)
-  seed += 1000 if split == "eval" and d.source == "synthetic" else 0
-  cfg = pretraining.InputConfig(
-      source=d.source,
-      path=d.path or "",
-      seq_len=phase.seq_len,
-      max_predictions_per_seq=phase.max_predictions,
-      pair_mode=_held_out(config, split, "pair_mode", d.pair_mode),
-      mask_prob=_held_out(config, split, "mask_prob", d.mask_prob),
-      whole_word_mask=_held_out(config, split, "whole_word_mask", d.whole_word_mask),
-      mask_token_prob=d.mask_token_prob,
-      random_token_prob=d.random_token_prob,
-      seed=seed,
-      vocab_size=config.model.vocab_size,
-      packing=_held_out(config, split, "packing", d.packing),
-      max_examples_per_row=d.max_examples_per_row,
-      # Evaluation streams are short: worker processes would cost more to start than they save.
-      workers=input_workers(d.get("workers")) if split == "train" else 0,
-      sources=mixture.phase_weights(mixture.parse_sources(d.get("sources")), phase.index),
-  )
-  stream = pretraining.make_stream(
-      cfg,
-      global_batch_size=phase.batch_size if split == "train" else config.eval.batch_size,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      state=state,
-      split=split,
-  )
-  return stream
+  """config.objective's stream of `phase` (`Objective.stream`), train or held out."""
+  return objective_lib.make(config, train.model_config(config)).stream(config, phase, state, split)
 
+
+def evaluate(config, setup: train.Setup, params, phase: Phase, meta: dict | None) -> dict:
+  """The objective's held-out metrics, `eval_` prefixed (`Objective.evaluate`)."""
+  return setup.objective.evaluate(config, setup, params, phase, meta)
+
+
+_held_out = streams.held_out  # the name the ablation tests read it by
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -194,72 +129,6 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   return {"phase": first["phase"], "stream": states[jax.process_index()]}
 
 
-def evaluate(
-    config, setup: train.Setup, params, phase: Phase, meta: dict | None
-) -> dict[str, float]:
-  """Held-out MLM/NSP metrics over config.eval.steps batches, `eval_` prefixed; `meta`: the
-  prepared data's metadata.json (None for synthetic data)."""
-  stream = make_stream(config, phase, None, split="eval")
-  if isinstance(stream, pairs.PairStream):
-    return _evaluate_pairs(setup, params, stream, config.eval.steps)
-  mask_id = records.special_ids(meta)["mask"] if meta else MASK_ID
-  totals, target_counts = None, collections.Counter()
-  for _ in range(config.eval.steps):
-    host_batch = next(stream)
-    host_batch["at_mask"] = np.asarray(losses.at_mask_token(host_batch, mask_id))
-    # This process's targets there, for the best constant guess below.
-    target_counts.update(host_batch["masked_ids"][host_batch["at_mask"] > 0].tolist())
-    sums = setup.eval_step(params, prefetch.global_batch(host_batch, setup.batch_sharding))
-    totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-  totals = jax.device_get(totals)
-  means = setup.objective.finalize(totals)  # ELECTRA: the generator's MLM, the discriminator's
-  out = {f"eval_{k}": float(v) for k, v in means.items()}
-  # The best constant guess at the same positions: the most frequent target there. A model
-  # that has not learned to use context (the unigram plateau) scores about this.
-  n = sum(target_counts.values())
-  out["eval_mask_constant_accuracy"] = target_counts.most_common(1)[0][1] / n if n else 0.0
-  return out
-
-
-def _evaluate_pairs(setup: train.Setup, params, stream, steps: int) -> dict[str, float]:
-  """Held-out contrastive loss, top-1 accuracy and mean rank, each batch its own negatives."""
-  totals = None
-  for _ in range(steps):
-    sums = setup.eval_step(params, prefetch.global_batch(next(stream), setup.batch_sharding))
-    totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-  means = setup.objective.finalize(jax.device_get(totals))
-  return {f"eval_{k}": float(v) for k, v in means.items()}
-
-
-def _has_eval_data(config, meta: dict | None, writer) -> bool:
-  """False (with one warning) when the prepared data holds no held-out documents. Any number
-  of held-out files serves any number of processes (each reads blocks of all of them)."""
-  if pairs.is_pairs(meta):  # held-out batches of eval.batch_size rows, each its own negatives
-    held = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
-    if held >= config.eval.batch_size:
-      return True
-    writer.log(
-        f"warning: {config.data.path} holds {held} held-out pairs, fewer than "
-        f"config.eval.batch_size={config.eval.batch_size}: training without held-out "
-        "evaluation. Lower config.eval.batch_size, or prepare with a larger --eval-fraction"
-    )
-    return False
-  sources = mixture.parse_sources(config.data.get("sources"))
-  if sources:  # a mixture evaluates on the sources that hold held-out documents
-    paths = [s.path for s in sources]
-    if any(records.split_shards(records.load_metadata(p), p, "eval") for p in paths):
-      return True
-  elif meta is None or records.split_shards(meta, config.data.path, "eval"):
-    return True
-  where = "no source of config.data.sources holds" if sources else f"{config.data.path} holds no"
-  writer.log(
-      f"warning: {where} held-out documents: training without held-out "
-      "evaluation. `bertjax prepare --eval-fraction F` writes them; "
-      "--config.eval.every_steps=0 silences this"
-  )
-  return False
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -302,7 +171,7 @@ class _Run:
       if config.train.init_from:
         self.state, fresh = init_from_lib.start(setups[0], self.state, config.train.init_from)
         self.untrained = set(init_from_lib.head_ids(fresh))
-        if setups[0].objective.name == "contrastive":  # its network holds no BERT head
+        if not setups[0].objective.keeps_source_heads:  # its training leaves them stale
           self.untrained = set(train.HEAD_PARAMS)
         writer.log(
             f"initialised params from {config.train.init_from}"
@@ -335,23 +204,9 @@ class _Run:
 
   def _open(self, ph: Phase, saved: dict | None):
     s = saved["stream"] if saved and saved.get("phase") == ph.index else None
-    stream = make_stream(self.config, ph, s)
-    if isinstance(stream, mixture.MixtureStream):
-      shares = ", ".join(
-          f"{name} {w:.0%} ({path})" for name, path, w in stream.cfg.sources if w > 0
-      )
-      self.writer.log(f"data: a mixture; shares of the real tokens: {shares}")
-    if isinstance(stream, pairs.PairStream):
-      self.writer.log(
-          f"data: {len(stream.rows)} pairs, each with {len(stream.rows[0]) - 2} hard "
-          f"negative(s); every batch's {ph.batch_size} rows share their documents as negatives"
-      )
-    elif stream.cfg.packing:
-      auto = "measured on the corpus" if not self.config.data.get("max_examples_per_row") else "set"
-      self.writer.log(
-          f"packing: up to {stream.cfg.max_examples_per_row} examples per row at seq "
-          f"{ph.seq_len} ({auto})"
-      )
+    stream = self.setups[ph.index].objective.stream(self.config, ph, s)
+    for line in streams.describe(stream, self.config, ph):
+      self.writer.log(line)
     return prefetch.prefetch_to_device(
         stream, self.setups[ph.index].batch_sharding, self.config.data.prefetch
     )
@@ -416,7 +271,7 @@ class _Run:
   def _shown(self, m: dict, split: str = "train") -> dict:
     """Printed lines leave out a pair task the run does not train (or, for held-out lines,
     does not evaluate: config.eval.pair_mode)."""
-    if _held_out(self.config, split, "pair_mode", self.config.data.pair_mode) != "none":
+    if streams.held_out(self.config, split, "pair_mode", self.config.data.pair_mode) != "none":
       return m
     return {k: v for k, v in m.items() if not k.removeprefix("eval_").startswith("nsp_")}
 
@@ -515,7 +370,11 @@ def _train_and_evaluate(plan: config_checks.Plan) -> int:
   # --- state (resume, init_from or fresh) and the input stream of its phase ----------------
   run = _Run(plan, setups, mngr, writer, restored, _copy_tokenizer(config, workdir))
   eval_every = config.eval.every_steps if config.eval.steps else 0
-  eval_every = eval_every if eval_every > 0 and _has_eval_data(config, plan.meta, writer) else 0
+  eval_every = (
+      eval_every
+      if eval_every > 0 and setups[0].objective.has_eval_data(config, plan.meta, writer)
+      else 0
+  )
   watcher = distributed.PreemptionWatcher()
   if eval_every and config.train.init_from and not restored:
     run.evaluate()  # continued pretraining: the checkpoint's own held-out loss, to compare with

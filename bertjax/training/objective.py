@@ -93,6 +93,23 @@ class Objective(Protocol):
     """What the run's model line adds for this objective ("" for none)."""
     ...
 
+  # Whether heads that came trained from `--init` still fit the encoder once this objective
+  # has trained it (MLM: yes; contrastive: no, its training leaves them stale).
+  keeps_source_heads: bool
+
+  def stream(self, config, phase, state: dict | None, split: str = "train"):
+    """The batches of `phase` (`streams.mlm_stream`, `streams.pair_stream`), train or held
+    out, resumed from `state`."""
+    ...
+
+  def evaluate(self, config, setup, params, phase, meta: dict | None) -> dict[str, float]:
+    """Held-out metrics, `eval_` prefixed (`streams.mlm_evaluate`, ...)."""
+    ...
+
+  def has_eval_data(self, config, meta: dict | None, writer) -> bool:
+    """Whether the prepared data holds held-out examples (else one warning line)."""
+    ...
+
 
 def name(config) -> str:
   """config.objective: "mlm" (BERT's masked LM, the default), "electra" or "contrastive"."""

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from bertjax import errors
 from bertjax.model import bert as bert_lib
 from bertjax.model.config import BertConfig
-from bertjax.training import flops
+from bertjax.training import flops, streams
 from bertjax.training.objective_mlm import grad_of_sums
 
 Array = jax.Array
@@ -350,6 +350,17 @@ class Contrastive:
 
   def trained_heads(self) -> tuple[str, ...]:
     return ()  # the encoder only; the MLM head, NSP head and pooler stay as they were
+
+  keeps_source_heads = False  # its training leaves an --init's MLM/NSP heads stale
+
+  def stream(self, config, phase, state, split="train"):
+    return streams.pair_stream(config, phase, state, split)
+
+  def evaluate(self, config, setup, params, phase, meta):
+    return streams.pairs_evaluate(config, setup, params, phase, meta)
+
+  def has_eval_data(self, config, meta, writer):
+    return streams.pairs_have_eval_data(config, meta, writer)
 
   def note(self) -> str:
     s = self.spec

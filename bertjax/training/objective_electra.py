@@ -14,7 +14,7 @@ from bertjax import errors
 from bertjax.model import electra as electra_lib
 from bertjax.model.config import BertConfig
 from bertjax.training import flops, losses
-from bertjax.training.objective_mlm import apply, grad_of_sums, mlm_nll
+from bertjax.training.objective_mlm import ExampleStream, apply, grad_of_sums, mlm_nll
 
 Array = jax.Array
 
@@ -34,7 +34,7 @@ def generator_config(config, bert_config: BertConfig) -> BertConfig:
 
 
 @dataclasses.dataclass
-class Electra:
+class Electra(ExampleStream):
   bert_config: BertConfig  # the discriminator's
   generator_config: BertConfig
   disc_weight: float  # λ: the discriminator's loss weight (the paper's 50)

@@ -11,7 +11,7 @@ import jax
 
 from bertjax import model as model_lib
 from bertjax.model.config import BertConfig
-from bertjax.training import flops, losses
+from bertjax.training import flops, losses, streams
 
 Array = jax.Array
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "masked_positions")
@@ -48,8 +48,23 @@ def grad_of_sums(obj, params, batch: dict, dropout_key, counts, draw=None):
   return sums, grads
 
 
+class ExampleStream:
+  """The MLM/NSP example stream, its held-out metrics and checks: what MLM and ELECTRA read."""
+
+  keeps_source_heads = True  # continued MLM trains the encoder its heads were trained with
+
+  def stream(self, config, phase, state, split="train"):
+    return streams.mlm_stream(config, phase, state, split)
+
+  def evaluate(self, config, setup, params, phase, meta):
+    return streams.mlm_evaluate(config, setup, params, phase, meta)
+
+  def has_eval_data(self, config, meta, writer):
+    return streams.mlm_has_eval_data(config, meta, writer)
+
+
 @dataclasses.dataclass
-class MLM:
+class MLM(ExampleStream):
   bert_config: BertConfig
   pair_mode: str  # "nsp", "sop" or "none"
   name: str = "mlm"
