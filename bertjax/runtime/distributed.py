@@ -11,12 +11,15 @@ a user's `JAX_CPU_COLLECTIVES_IMPLEMENTATION` cannot silently leave them unimple
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from typing import Any
 import threading
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 from bertjax.runtime import host_malloc
 
@@ -93,3 +96,18 @@ class PreemptionWatcher:
       except RuntimeError:  # preemption service disabled
         return False
     return self._flag.is_set()
+
+
+def gather_json(obj: Any) -> list:
+  """Every process's JSON-serialisable `obj`, in process order (a collective: all must call)."""
+  if jax.process_count() == 1:
+    return [obj]
+
+  raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  lengths = multihost_utils.process_allgather(np.asarray([raw.size], np.int32))
+  padded = np.zeros(int(np.max(lengths)), np.uint8)
+  padded[: raw.size] = raw
+  allb = multihost_utils.process_allgather(padded)
+  return [
+      json.loads(bytes(allb[i][: int(lengths[i][0])]).decode()) for i in range(jax.process_count())
+  ]

@@ -41,7 +41,6 @@ from typing import Any, Callable
 import errno
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -325,21 +324,6 @@ class Manager:
 def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
-
-
-def gather_json(obj: Any) -> list:
-  """Every process's JSON-serialisable `obj`, in process order (a collective: all must call)."""
-  if jax.process_count() == 1:
-    return [obj]
-
-  raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-  lengths = multihost_utils.process_allgather(np.asarray([raw.size], np.int32))
-  padded = np.zeros(int(np.max(lengths)), np.uint8)
-  padded[: raw.size] = raw
-  allb = multihost_utils.process_allgather(padded)
-  return [
-      json.loads(bytes(allb[i][: int(lengths[i][0])]).decode()) for i in range(jax.process_count())
-  ]
 
 
 # ----------------------------------------------------------------------------- pretrained models

@@ -300,7 +300,7 @@ class _Run:
       return
     self.last_saved = self.at
     self.writer.flush()  # the records of the steps this checkpoint holds are stored before it
-    data = checkpoint.gather_json({"phase": self.phase.index, "stream": self.batches.get_state()})
+    data = distributed.gather_json({"phase": self.phase.index, "stream": self.batches.get_state()})
     meta = _meta(
         self.config,
         self.setups[self.phase.index],
