@@ -41,6 +41,7 @@ from typing import Any, Callable
 import errno
 from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
