@@ -43,7 +43,7 @@ test: $(VENV)/.installed-test lint
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not slow and not multihost and not process" tests
 
-FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py data/make_chinese.py
+FORMATTED := bertjax experiments launch tests data/make_corpus.py data/make_movie_snippets.py data/make_chinese.py data/make_austen_retrieval.py
 # The import contracts (.importlinter) are read from this tree (PYTHONPATH), not from
 # whichever checkout the venv's editable install points at.
 lint: $(VENV)/.installed-test
