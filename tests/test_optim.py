@@ -16,7 +16,7 @@ from bertjax.commands import finetune_args
 from bertjax.data import pretraining
 from bertjax.tasks import recipe as recipe_lib
 from bertjax.training import optim, sharding, train
-from conftest import tiny_config
+from conftest import synthetic_batch, tiny_config
 from experiments import pretrain
 
 
@@ -266,21 +266,7 @@ def test_two_phase_schedules():
 
 
 def _batch(c, mesh, step=0):
-  cfg = pretraining.InputConfig(
-      source="synthetic",
-      seq_len=c.data.seq_len,
-      max_predictions_per_seq=c.data.max_predictions_per_seq,
-      vocab_size=c.model.vocab_size,
-      seed=0,
-  )
-  stream = pretraining.make_stream(
-      cfg,
-      global_batch_size=c.train.batch_size,
-      process_index=0,
-      process_count=1,
-      state={"step": step},
-  )
-  return pretraining.global_batch(next(stream), sharding.batch_sharding(mesh))
+  return synthetic_batch(c, mesh, step)
 
 
 @pytest.mark.slow
