@@ -209,3 +209,21 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   m = torch.tensor(mask, dtype=torch.float32)[:, :, None]
   theirs = ((h * m).sum(1) / m.sum(1)).numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+
+  # ... and as a sentence-transformers directory, with the pooling and normalisation it trained
+  # with: SentenceTransformer's encode is the run's own embedding.
+  from sentence_transformers import SentenceTransformer
+
+  st_out = tmp_path / "st_out"
+  argv = ["convert", "--from", "bertjax", "--to", "sentence-transformers"]
+  assert cli.main(argv + [str(tmp_path / "run"), str(st_out)]) == 0
+  modules = [m["type"] for m in json.loads((st_out / "modules.json").read_text())]
+  assert modules[-1].endswith("Normalize")  # config.contrastive.normalize, the recipe's default
+  st = SentenceTransformer(str(st_out), device="cpu")
+  with torch.no_grad():
+    feats = st.forward({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
+  np.testing.assert_allclose(
+      feats["sentence_embedding"].numpy(),
+      theirs / np.linalg.norm(theirs, axis=1, keepdims=True),
+      atol=1e-5,
+  )

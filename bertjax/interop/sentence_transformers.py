@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+
 
 from etils import epath
 import numpy as np
@@ -294,10 +294,17 @@ def save(out: epath.Path, cfg, params, head: SentenceHead) -> list[str]:
   return ["model.safetensors", "config.json", "modules.json"] + [p for _, p in modules[1:]]
 
 
-def export_head(src: str, pooling: str | None) -> SentenceHead:
+def export_head(src: str, pooling: str | None, trained: dict | None = None) -> SentenceHead:
   """The head `convert --to sentence-transformers` writes: a sentence-transformers SRC's own
-  (`pooling` overriding its pooling), else `pooling` (default mean) and nothing more."""
+  (`pooling` overriding its pooling); else the pooling and normalisation a run was trained
+  with (`trained`: its `config.contrastive`), `pooling` overriding; else `pooling` (default
+  mean) and nothing more."""
   if is_directory(src):
     head = read_head(src)
     return dataclasses.replace(head, pooling=pooling or head.pooling)
+  if trained:
+    return SentenceHead(
+        pooling=pooling or trained.get("pooling", "mean"),
+        normalize=bool(trained.get("normalize", False)),
+    )
   return SentenceHead(pooling=pooling or "mean")

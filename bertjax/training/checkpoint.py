@@ -483,6 +483,15 @@ def read_generator_config(path: str) -> model_lib.BertConfig | None:
   return model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
 
 
+def read_run_config(path: str) -> dict | None:
+  """The training config (a dict) of the run whose step `load_pretrained(path)` would load;
+  None for a `save_pretrained` directory, which keeps none."""
+  kind, d = _resolve(absolute(path))
+  if kind == "pretrained":
+    return None
+  return json.loads((d / "meta" / "metadata").read_text()).get("config")
+
+
 def read_untrained_heads(path: str) -> tuple[str, ...]:
   """`Pretrained.untrained_heads` of what `load_pretrained(path)` would load, without its params."""
   kind, d = _resolve(absolute(path))
