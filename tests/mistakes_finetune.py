@@ -287,6 +287,26 @@ ROWS: list[Mistake] = [
         _ner("--eval-batch-size", "4"),
         ("--eval-batch-size 4", "multiple of 8"),
     ),
+    # ------------------------------------------------------------------ embed, retrieval
+    Mistake(
+        "embed_missing_input",
+        ("embed", "--init", "{tiny_run}", "--input", "input.txt", "--output", "e.npy"),
+        ("--input input.txt: no such file",),
+        fixtures=("tiny_run",),
+    ),
+    Mistake(
+        "embed_output_suffix",
+        ("embed", "--init", "{tiny_run}", "--input", "input.txt", "--output", "e.csv"),
+        ("--output e.csv", ".npy"),
+        setup=_write("input.txt", "a line\n"),
+        fixtures=("tiny_run",),
+    ),
+    Mistake(
+        "retrieval_not_a_beir_directory",
+        ("retrieval", "--init", "{tiny_run}", "--data", "nodir", "--workdir", "out"),
+        ("--data nodir", "corpus.jsonl"),
+        fixtures=("tiny_run",),
+    ),
     # ------------------------------------------------------------------ extract
     Mistake(
         "extract_existing_output",

@@ -328,7 +328,7 @@ def help_text(
       first + "\n" + body,
       "",
       "variants of experiments/pretrain.py (--config VARIANT, or experiments/pretrain.py:VARIANT):",
-      _rows(list(variants().items()), width=14),  # the longest name: electra_small
+      _rows(list(variants().items()), width=20),  # the longest name: contrastive_pretrain
       textwrap.fill(
           "other recipe files shipped with bertjax (--config FILE:ARG, e.g. no_nsp.py:tiny): "
           + ", ".join(others),

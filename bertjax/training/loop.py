@@ -40,7 +40,12 @@ from bertjax.training.phases import Phase, phase_config
 
 def make_stream(config, phase: Phase, state: dict | None, split: str = "train"):
   """config.objective's stream of `phase` (`Objective.stream`), train or held out."""
-  return objective_lib.make(config, train.model_config(config)).stream(config, phase, state, split)
+  c = config
+  if not config.model.get("vocab_size"):  # the stream reads no network: a stand-in width
+    c = config.copy_and_resolve_references()
+    with c.unlocked():
+      c.model.vocab_size = 8000
+  return objective_lib.make(c, train.model_config(c)).stream(config, phase, state, split)
 
 
 def evaluate(config, setup: train.Setup, params, phase: Phase, meta: dict | None) -> dict:
@@ -48,7 +53,8 @@ def evaluate(config, setup: train.Setup, params, phase: Phase, meta: dict | None
   return setup.objective.evaluate(config, setup, params, phase, meta)
 
 
-_held_out = streams.held_out  # the name the ablation tests read it by
+_held_out = streams.held_out  # the names the tests read them by
+_has_eval_data = streams.mlm_has_eval_data
 
 # ----------------------------------------------------------------------------- helpers
 
