@@ -158,3 +158,12 @@ def test_bundled_task_reads_whole_and_rebuilds_byte_for_byte(tmp_path):
   for q, d in ((q["_id"], q["_id"][1:]) for q in queries):
     assert task.qrels[q] == {d: 1}
     assert task.queries[q] not in passages[d]  # the query's sentence was taken out
+  # The training pairs: rebuilt the same, and none of their sentences is a test query or in
+  # a test passage (they come from the chapters the corpus leaves out).
+  text = (REPO / "data" / "austen.txt").read_text(encoding="utf-8")
+  pairs_file = REPO / "data" / "austen_retrieval" / "train_pairs.jsonl"
+  pairs = [json.loads(l) for l in pairs_file.read_text(encoding="utf-8").splitlines()]
+  assert pairs == make.train_pairs(text) and len(pairs) == 4134
+  test_text = set(task.queries.values()) | set(passages.values())
+  assert all(r["query"] not in t for r in pairs[::50] for t in test_text)
+  assert all(r["query"] not in r["positive"] and r["positive"] != r["negative"] for r in pairs)
