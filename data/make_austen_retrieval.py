@@ -73,11 +73,13 @@ def train_pairs(text: str) -> list[dict]:
       if len(passage[longest].split()) < MIN_QUERY_WORDS:
         continue
       other = passages[i + 1] if i + 1 < len(passages) else passages[i - 1]
-      pairs.append({
-          "query": passage[longest],
-          "positive": " ".join(passage[:longest] + passage[longest + 1 :]),
-          "negative": " ".join(other),
-      })
+      pairs.append(
+          {
+              "query": passage[longest],
+              "positive": " ".join(passage[:longest] + passage[longest + 1 :]),
+              "negative": " ".join(other),
+          }
+      )
   return pairs
 
 
