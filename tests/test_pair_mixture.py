@@ -156,6 +156,10 @@ def test_resumes_exactly_on_another_host_count(pair_sets):
   assert loop._data_state(None, [{"phase": 0, "stream": old}] * 2, Log())["stream"] == old
   with pytest.raises(errors.ConfigError, match="a source can change its weight"):
     _stream(pair_sets, "short:0.5,noeval:0.5", state=saved)
+  with pytest.raises(errors.ConfigError, match="saved by a run on one pair dataset"):
+    _stream(pair_sets, "short:1", state=old)
+  with pytest.raises(errors.ConfigError, match="saved by a run mixing config.data.sources"):
+    pairs.PairStream(single.rows, SPECIAL, 16, 8, state=saved)
 
 
 def _contrastive(spec):

@@ -24,6 +24,7 @@ any host count, goes on exactly (`pairs.resume_state`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -128,6 +129,15 @@ class PairMixture:
     pass
 
 
+@functools.lru_cache(maxsize=None)  # said once per run, not at every evaluation
+def _say_left_out(names: tuple[str, ...]) -> None:
+  logging.warning(
+      "data: the held-out evaluation leaves out source(s) %s: no held-out pairs (prepare "
+      "them with --eval-fraction F > 0)",
+      ", ".join(names),
+  )
+
+
 def make(
     sources, *, seq_len, global_batch_size, process_index, process_count, seed, state, split
 ) -> PairMixture:
@@ -142,13 +152,9 @@ def make(
   check_negatives(named, metas)
   rows = [pairs.load_rows(path, split) for _, path, _ in sources]
   if split == "eval":
-    left_out = [n for (n, _, w), r in zip(sources, rows) if w > 0 and not r]
+    left_out = tuple(n for (n, _, w), r in zip(sources, rows) if w > 0 and not r)
     if left_out:
-      logging.warning(
-          "data: the held-out evaluation leaves out source(s) %s: no held-out pairs (prepare "
-          "them with --eval-fraction F > 0)",
-          ", ".join(left_out),
-      )
+      _say_left_out(left_out)
     kept = [(s, r) for s, r in zip(sources, rows) if s[2] > 0 and r]
     if not kept:
       raise errors.ConfigError(
@@ -157,6 +163,11 @@ def make(
       )
     sources, rows = [s for s, _ in kept], [r for _, r in kept]
   names = [n for n, _, _ in sources]
+  if state and "sources" not in state:
+    raise errors.ConfigError(
+        "the input state was saved by a run on one pair dataset (config.data.path); this run "
+        "mixes config.data.sources — resume with the config it was saved with"
+    )
   saved = sorted((state or {}).get("sources", {}))
   if state and saved != sorted(names):
     raise errors.ConfigError(

@@ -18,7 +18,9 @@ process its rows, so its state (epoch, position, the rows held back) is global: 
 exactly, on any host count. A row one of whose texts is already in the batch (as query,
 positive or negative) is held back to the next batch, as sentence-transformers'
 NoDuplicatesBatchSampler does; `rows_held_back` counts them, and those still held back when
-the data runs out are dropped (`rows_dropped`), both in the batches' metrics.
+the data runs out are dropped (`rows_dropped`), both in the batches' metrics. `RowOrder` is one
+dataset's order and rows held back; `pair_mixture` mixes several datasets' by weight
+(`config.data.sources`) with the same rule across them.
 """
 
 from __future__ import annotations
@@ -261,8 +263,8 @@ class RowOrder:
     self._candidates, self._held, self._rolled = list(self.state["held"]), [], False
 
   def take(self, seen: set[bytes]) -> int | None:
-    """The next row none of whose texts is in `seen` (which then takes them); None when this
-    batch has gone past a whole epoch's end without finding one."""
+    """The next row none of whose texts is in `seen` (its texts are then added to `seen`);
+    None when this batch has gone past a whole epoch's end without finding one."""
     s = self.state
     while True:
       if self._candidates:
@@ -323,7 +325,7 @@ def resume_state(saved: list[dict]) -> tuple[dict, str]:
   global batch the same on every host, so the hosts saved the same state."""
   if any(s != saved[0] for s in saved):
     raise errors.ConfigError(f"the saved pair-stream states of the {len(saved)} hosts disagree")
-  return saved[0], f"the pair stream's global position (the same on every host) goes on"
+  return saved[0], "the pair stream's global position (the same on every host) goes on"
 
 
 def local_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
@@ -357,13 +359,14 @@ class PairStream:
           f"the pair data holds {len(rows)} rows, fewer than one batch of "
           f"{global_batch_size} — lower config.train.batch_size"
       )
+    if state and "sources" in state:
+      raise errors.ConfigError(
+          "the input state was saved by a run mixing config.data.sources; this run reads one "
+          "pair dataset (config.data.path) — resume with the config it was saved with"
+      )
     self.rows, self.special, self.seq_len = rows, special, seq_len
     self.batch, self.seed = global_batch_size, seed
     self.order = RowOrder(rows, seed, {k: v for k, v in (state or {}).items() if k != "kind"})
-
-  @property
-  def state(self) -> dict:
-    return self.order.state
 
   def get_state(self) -> dict:
     return json.loads(json.dumps({"kind": KIND, **self.order.state}))
