@@ -280,3 +280,50 @@ def test_compile_the_chunked_step_needs_less_memory(capsys):
     assert "phase 1: contrastive" in out
     temporaries.append(float(out.split("temporaries ")[1].split(" GiB")[0]))
   assert temporaries[1] < temporaries[0], temporaries
+
+
+def _dot_flops(jaxpr) -> float:
+  """FLOPs of the matrix products of `jaxpr` (2 per multiply-add), a scan's body counted once
+  per iteration, nested calls included."""
+  from jax.extend import core as jcore
+
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    assert eqn.primitive.name != "while"  # no trip count to multiply by
+    if eqn.primitive.name == "dot_general":
+      (contracting, _), _ = eqn.params["dimension_numbers"]
+      k = np.prod([eqn.invars[0].aval.shape[d] for d in contracting])
+      total += 2.0 * np.prod(eqn.outvars[0].aval.shape) * k
+    times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          sub = sub.jaxpr
+        if isinstance(sub, jcore.Jaxpr):
+          total += times * _dot_flops(sub)
+  return total
+
+
+def test_flops_count_gradcache_second_forward():
+  """`flops_per_step` against the matrix products the step really traces: one pass, and in
+  GradCache chunks (the forward twice: 4/3 of the one-pass FLOPs), within 3%."""
+  from bertjax import model as model_lib
+
+  cfg = model_lib.BertConfig(
+      vocab_size=64, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128
+  )
+  rows, length = 8, 32
+  docs = jnp.ones((rows, 2, length), jnp.int32)
+  batch = dict(query_ids=docs[:, 0], query_mask=docs[:, 0], doc_ids=docs, doc_mask=docs)
+  counted, traced = {}, {}
+  for chunk in (0, 4):
+    obj = oc.Contrastive(cfg, oc.Spec(chunk_size=chunk))
+    params = jax.eval_shape(
+        lambda: obj.model.init(jax.random.PRNGKey(0), docs[:, 0], None, docs[:, 0])["params"]
+    )
+    step = lambda p, b: obj.grad(p, b, jax.random.PRNGKey(0), {"queries": jnp.float32(rows)})
+    traced[chunk] = _dot_flops(jax.make_jaxpr(step)(params, batch).jaxpr)
+    counted[chunk] = obj.flops_per_step(rows, length, 0)
+    assert counted[chunk] == pytest.approx(traced[chunk], rel=0.03), (chunk, counted, traced)
+  assert traced[4] / traced[0] == pytest.approx(4 / 3, rel=0.01)  # the forward, twice
+  assert counted[4] / counted[0] == pytest.approx(4 / 3)

@@ -18,7 +18,9 @@ process its rows, so its state (epoch, position, the rows held back) is global: 
 exactly, on any host count. A row one of whose texts is already in the batch (as query,
 positive or negative) is held back to the next batch, as sentence-transformers'
 NoDuplicatesBatchSampler does; `rows_held_back` counts them, and those still held back when
-the data runs out are dropped (`rows_dropped`), both in the batches' metrics.
+the data runs out are dropped (`rows_dropped`), both in the batches' metrics. `RowOrder` is one
+dataset's order and rows held back; `pair_mixture` mixes several datasets' by weight
+(`config.data.sources`) with the same rule across them.
 """
 
 from __future__ import annotations
@@ -238,10 +240,107 @@ def load_rows(path: str, split: str) -> list[list[np.ndarray]]:
   return rows
 
 
+class RowOrder:
+  """One pair dataset's rows in a new order each epoch (a permutation drawn from `seed` and the
+  epoch), and the rows held back. A batch is `start`, `take` per row, `finish`.
+
+  Its state (epoch, position, the rows held back, the counts) is global: every host builds the
+  same batches. A row one of whose texts the batch already holds is held back to the next
+  batch; those still held back when the epoch ends are dropped (the next epoch holds them)."""
+
+  def __init__(self, rows: list[list[np.ndarray]], seed: int, state: dict | None = None):
+    self.rows, self.seed = rows, seed
+    self.state = dict(epoch=0, position=0, held=[], held_back=0, dropped=0)
+    self.state.update(state or {})
+    self._cached = (-1, None)
+
+  def _order(self, epoch: int) -> np.ndarray:
+    if self._cached[0] != epoch:
+      self._cached = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.rows)))
+    return self._cached[1]
+
+  def start(self) -> None:
+    self._candidates, self._held, self._rolled = list(self.state["held"]), [], False
+
+  def take(self, seen: set[bytes]) -> int | None:
+    """The next row none of whose texts is in `seen` (its texts are then added to `seen`);
+    None when this batch has gone past a whole epoch's end without finding one."""
+    s = self.state
+    while True:
+      if self._candidates:
+        i = self._candidates.pop(0)
+      else:
+        if s["position"] >= len(self.rows):  # the epoch is over: what is still held back is lost
+          if self._rolled:
+            return None
+          self._rolled = True
+          s["dropped"] += len(self._held)
+          self._held = []
+          s["epoch"] += 1
+          s["position"] = 0
+        i = int(self._order(s["epoch"])[s["position"]])
+        s["position"] += 1
+      texts = {t.tobytes() for t in self.rows[i]}
+      if texts & seen:
+        self._held.append(i)
+        s["held_back"] += 1
+        continue
+      seen |= texts
+      return i
+
+  def finish(self) -> None:
+    self.state["held"] = self._held + self._candidates
+
+
+def frame_rows(rows: list[list[np.ndarray]], special: dict[str, int], seq_len: int) -> dict:
+  """`query_ids`/`query_mask` [b, L] and `doc_ids`/`doc_mask` [b, D, L] of `rows`: [CLS] text
+  [SEP], truncated and padded to `seq_len`."""
+  ids = np.full((len(rows), len(rows[0]), seq_len), special["pad"], np.int32)
+  mask = np.zeros(ids.shape, np.int32)
+  for r, row in enumerate(rows):
+    for t, text in enumerate(row):
+      body = text[: seq_len - 2]
+      ids[r, t, : len(body) + 2] = np.concatenate([[special["cls"]], body, [special["sep"]]])
+      mask[r, t, : len(body) + 2] = 1
+  return {
+      "query_ids": ids[:, 0],
+      "query_mask": mask[:, 0],
+      "doc_ids": ids[:, 1:],
+      "doc_mask": mask[:, 1:],
+  }
+
+
+def real_tokens(rows: list[list[np.ndarray]], seq_len: int) -> np.ndarray:
+  """[rows] the real (not padding) tokens of each row as framed: its texts, [CLS] and [SEP]."""
+  return np.array([sum(min(len(t), seq_len - 2) + 2 for t in row) for row in rows], np.float64)
+
+
+def is_state(state: dict | None) -> bool:
+  """Whether an input state is a pair stream's (one dataset's or a mixture's)."""
+  return bool(state) and (state.get("kind") == KIND or "held" in state)
+
+
+def resume_state(saved: list[dict]) -> tuple[dict, str]:
+  """The state every host resumes from, whatever the host count: the pair streams build each
+  global batch the same on every host, so the hosts saved the same state."""
+  if any(s != saved[0] for s in saved):
+    raise errors.ConfigError(f"the saved pair-stream states of the {len(saved)} hosts disagree")
+  return saved[0], "the pair stream's global position (the same on every host) goes on"
+
+
+def local_rows(global_batch_size: int, process_index: int, process_count: int) -> slice:
+  """This process's rows of the global batch; an error when the batch does not divide."""
+  if global_batch_size % process_count:
+    raise errors.ConfigError(
+        f"the batch of {global_batch_size} rows does not divide over {process_count} processes"
+    )
+  b = global_batch_size // process_count
+  return slice(process_index * b, (process_index + 1) * b)
+
+
 class PairStream:
-  """Batches of `query_ids`/`query_mask` [b, L] and `doc_ids`/`doc_mask` [b, D, L] (b: this
-  process's rows of the global batch), [CLS] text [SEP], truncated and padded to `seq_len`;
-  endless, in a new order each epoch (a permutation drawn from `seed` and the epoch)."""
+  """Batches of `frame_rows` of this process's rows of the global batch; endless, in a new
+  order each epoch (`RowOrder`)."""
 
   def __init__(
       self,
@@ -254,83 +353,45 @@ class PairStream:
       seed: int = 0,
       state: dict | None = None,
   ):
-    if global_batch_size % process_count:
-      raise errors.ConfigError(
-          f"the batch of {global_batch_size} rows does not divide over {process_count} processes"
-      )
+    self.local = local_rows(global_batch_size, process_index, process_count)
     if len(rows) < global_batch_size:
       raise errors.ConfigError(
           f"the pair data holds {len(rows)} rows, fewer than one batch of "
           f"{global_batch_size} — lower config.train.batch_size"
       )
+    if state and "sources" in state:
+      raise errors.ConfigError(
+          "the input state was saved by a run mixing config.data.sources; this run reads one "
+          "pair dataset (config.data.path) — resume with the config it was saved with"
+      )
     self.rows, self.special, self.seq_len = rows, special, seq_len
     self.batch, self.seed = global_batch_size, seed
-    self.local = slice(
-        process_index * global_batch_size // process_count,
-        (process_index + 1) * global_batch_size // process_count,
-    )
-    self.state = dict(epoch=0, position=0, held=[], held_back=0, dropped=0)
-    self.state.update(state or {})
+    self.order = RowOrder(rows, seed, {k: v for k, v in (state or {}).items() if k != "kind"})
 
   def get_state(self) -> dict:
-    return json.loads(json.dumps(self.state))
+    return json.loads(json.dumps({"kind": KIND, **self.order.state}))
 
   def __iter__(self):
     return self
 
-  def _order(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
-
   def _pick(self) -> list[int]:
     """The next global batch's row indices, none of whose texts repeats another's."""
-    s = self.state
-    order = self._order(s["epoch"])
-    chosen, seen, held = [], set(), []
-    candidates = list(s["held"])
-    epochs = 0
+    chosen, seen = [], set()
+    self.order.start()
     while len(chosen) < self.batch:
-      if candidates:
-        i = candidates.pop(0)
-      else:
-        if s["position"] >= len(order):  # the epoch is over: what is still held back is lost
-          epochs += 1
-          if epochs > 1:
-            raise errors.BadInputError(
-                f"the pair data cannot fill a batch of {self.batch} rows without repeating a "
-                f"text: a whole epoch gave {len(chosen)} (most rows share a query, positive "
-                "or negative) — lower config.train.batch_size or deduplicate the pairs"
-            )
-          s["dropped"] += len(held)
-          held = []
-          s["epoch"] += 1
-          s["position"], order = 0, self._order(s["epoch"])
-        i = int(order[s["position"]])
-        s["position"] += 1
-      texts = {t.tobytes() for t in self.rows[i]}
-      if texts & seen:
-        held.append(i)
-        s["held_back"] += 1
-        continue
-      seen |= texts
+      i = self.order.take(seen)
+      if i is None:
+        raise errors.BadInputError(
+            f"the pair data cannot fill a batch of {self.batch} rows without repeating a "
+            f"text: a whole epoch gave {len(chosen)} (most rows share a query, positive "
+            "or negative) — lower config.train.batch_size or deduplicate the pairs"
+        )
       chosen.append(i)
-    s["held"] = held + candidates
+    self.order.finish()
     return chosen
 
-  def _frame(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    out = np.full(self.seq_len, self.special["pad"], np.int32)
-    body = ids[: self.seq_len - 2]
-    out[: len(body) + 2] = np.concatenate([[self.special["cls"]], body, [self.special["sep"]]])
-    mask = np.zeros(self.seq_len, np.int32)
-    mask[: len(body) + 2] = 1
-    return out, mask
-
   def __next__(self) -> dict:
-    picked = self._pick()[self.local]
-    framed = [[self._frame(t) for t in self.rows[i]] for i in picked]
-    q = np.stack([f[0][0] for f in framed]), np.stack([f[0][1] for f in framed])
-    d_ids = np.stack([np.stack([t[0] for t in f[1:]]) for f in framed])
-    d_mask = np.stack([np.stack([t[1] for t in f[1:]]) for f in framed])
-    return {"query_ids": q[0], "query_mask": q[1], "doc_ids": d_ids, "doc_mask": d_mask}
+    return frame_rows([self.rows[i] for i in self._pick()[self.local]], self.special, self.seq_len)
 
   def close(self) -> None:
     pass

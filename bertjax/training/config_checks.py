@@ -485,23 +485,22 @@ def check_inputs(config, workdir: str) -> dict | None:
   if fs.path(workdir).exists() and not fs.path(workdir).is_dir():
     raise errors.ConfigError(f"workdir {workdir}: exists and is not a directory — choose another")
   meta = None
-  pairs_data = config.data.path and not config.data.get("sources")
+  pairs_data = config.data.path or config.data.get("sources")
   if config.get("objective") == "contrastive" and not pairs_data:
     raise errors.ConfigError(
-        "config.objective=contrastive trains on one pair dataset: set config.data.path=P "
-        "(`bertjax prepare --kind pairs ... --output P`); config.data.sources (mixtures) and "
-        "synthetic data are for the MLM and ELECTRA objectives"
+        "config.objective=contrastive trains on pair data: set config.data.path=P "
+        "(`bertjax prepare --kind pairs ... --output P`) or config.data.sources (a mixture of "
+        "them); synthetic data is for the MLM and ELECTRA objectives"
     )
   sources = _sources(config)
   if sources:
-    from bertjax.data import mixture
+    from bertjax.data import mixture, pair_mixture
 
-    metas = []
-    for s in sources:
-      where = f"config.data.sources ({s.name})"
-      metas.append(read_metadata(s.path, where))
-      check_data(config, metas[-1], where)
+    metas = [read_metadata(s.path, f"config.data.sources ({s.name})") for s in sources]
     mixture.check_tokenizers(sources, metas)
+    pair_mixture.check_negatives(sources, metas)  # among themselves first: one fix fits all
+    for s, meta in zip(sources, metas):
+      check_data(config, meta, f"config.data.sources ({s.name})")
     meta = metas[0]
   elif config.data.source == "prepared":
     if config.data.path:

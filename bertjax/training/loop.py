@@ -21,7 +21,7 @@ import jax
 
 from bertjax import errors
 from bertjax import model as model_lib
-from bertjax.data import bundled, mixture, prefetch, pretraining
+from bertjax.data import bundled, mixture, pairs, prefetch, pretraining
 from bertjax.runtime import distributed, fs, workdir_lock
 from bertjax.training import (
     checkpoint,
@@ -113,6 +113,18 @@ def _data_state(config, saved: list | None, writer) -> dict | None:
   if not saved:
     return None
   first = saved[0]
+  if pairs.is_state(first["stream"]):  # the same global state on every host, whatever their count
+    try:
+      state, what = pairs.resume_state([s["stream"] for s in saved])
+    except errors.ConfigError as e:
+      writer.log(f"warning: {e}; the input stream restarts")
+      return None
+    if len(saved) != jax.process_count():
+      writer.log(
+          f"input: the position saved by {len(saved)} process(es) carries over to "
+          f"{jax.process_count()}: {what}"
+      )
+    return {"phase": first["phase"], "stream": state}
   # States of several processes saved before the hosts shared blocks out go to resume_states,
   # which says why they cannot carry over.
   shared_out = "untouched_from" in first["stream"] or "sources" in first["stream"]

@@ -326,10 +326,14 @@ class Contrastive:
     }
 
   def flops_per_step(self, batch_size, seq_len, max_predictions):
-    """The encoder on the queries and on 1 + `hard_negatives` documents per row (forward and
-    backward; GradCache's second forward pass not counted); the scores are negligible."""
+    """The encoder on the queries and on 1 + `hard_negatives` documents per row, forward and
+    backward (2 + 4 FLOPs per weight and token); with `chunk_size` (GradCache) the forward
+    pass runs twice, once without gradient and again inside the backward pass, 8 in all. The
+    scores are negligible."""
     texts = 2 + self.spec.hard_negatives
-    return float(texts * flops.encoder_flops(self.bert_config, batch_size * seq_len, seq_len))
+    passes = 4 / 3 if self.spec.chunk_size else 1  # forward + backward = 3 forwards' FLOPs
+    encoder = flops.encoder_flops(self.bert_config, batch_size * seq_len, seq_len)
+    return float(texts * encoder * passes)
 
   def abstract_batch(self, batch_size: int, seq_len: int) -> dict[str, tuple[int, ...]]:
     """The shapes of a batch (`bertjax compile`)."""

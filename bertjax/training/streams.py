@@ -14,7 +14,7 @@ import os
 import jax
 import numpy as np
 
-from bertjax.data import mixture, pairs, prefetch, pretraining, records
+from bertjax.data import mixture, pair_mixture, pairs, prefetch, pretraining, records
 from bertjax.data.tokenizer import MASK_ID
 from bertjax.training import losses
 from bertjax.training.phases import Phase
@@ -78,16 +78,31 @@ def mlm_stream(config, phase: Phase, state: dict | None, split: str = "train"):
 
 
 def pair_stream(config, phase: Phase, state: dict | None, split: str = "train"):
-  """The contrastive objective's batches (`bertjax.data.pairs`)."""
+  """The contrastive objective's batches: one pair dataset's (`bertjax.data.pairs`), or a
+  mixture's (`config.data.sources`, `bertjax.data.pair_mixture`)."""
+  batch = phase.batch_size if split == "train" else config.eval.batch_size
+  seed = config.seed + (1000 if split == "eval" else 0)
+  sources = mixture.phase_weights(mixture.parse_sources(config.data.get("sources")), phase.index)
+  if sources:
+    return pair_mixture.make(
+        sources,
+        seq_len=phase.seq_len,
+        global_batch_size=batch,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        seed=seed,
+        state=state,
+        split=split,
+    )
   meta = records.load_metadata(config.data.path)
   return pairs.PairStream(
       pairs.load_rows(config.data.path, split),
       records.special_ids(meta),
       phase.seq_len,
-      phase.batch_size if split == "train" else config.eval.batch_size,
+      batch,
       jax.process_index(),
       jax.process_count(),
-      seed=config.seed + (1000 if split == "eval" else 0),
+      seed=seed,
       state=state,
   )
 
@@ -126,13 +141,19 @@ def pairs_evaluate(config, setup, params, phase: Phase, meta: dict | None) -> di
 
 
 def pairs_have_eval_data(config, meta: dict | None, writer) -> bool:
-  """False (with one warning) when the prepared pairs hold fewer held-out rows than one held-out
-  batch (each batch is its own negatives)."""
-  held = sum(s["documents"] for s in meta["shards"] if s["split"] == "eval")
+  """False (with one warning) when the prepared pairs (a mixture's: its sources') hold fewer
+  held-out rows than one held-out batch (each batch is its own negatives)."""
+  sources = mixture.parse_sources(config.data.get("sources"))
+  paths = [s.path for s in sources] or [config.data.path]
+  held = 0
+  for path in paths:
+    shards = (meta if path == config.data.path else records.load_metadata(path))["shards"]
+    held += sum(s["documents"] for s in shards if s["split"] == "eval")
   if held >= config.eval.batch_size:
     return True
+  where = "the sources of config.data.sources hold" if sources else f"{config.data.path} holds"
   writer.log(
-      f"warning: {config.data.path} holds {held} held-out pairs, fewer than "
+      f"warning: {where} {held} held-out pairs, fewer than "
       f"config.eval.batch_size={config.eval.batch_size}: training without held-out "
       "evaluation. Lower config.eval.batch_size, or prepare with a larger --eval-fraction"
   )
@@ -164,9 +185,17 @@ def describe(stream, config, phase: Phase) -> list[str]:
   if isinstance(stream, mixture.MixtureStream):
     shares = ", ".join(f"{name} {w:.0%} ({path})" for name, path, w in stream.cfg.sources if w > 0)
     lines.append(f"data: a mixture; shares of the real tokens: {shares}")
-  if isinstance(stream, pairs.PairStream):
+  if isinstance(stream, (pairs.PairStream, pair_mixture.PairMixture)):
+    each = [stream.rows] if isinstance(stream, pairs.PairStream) else stream.rows
+    if isinstance(stream, pair_mixture.PairMixture):
+      shares = ", ".join(
+          f"{name} {w:.0%} ({len(rows)} pairs)"
+          for name, w, rows in zip(stream.names, stream.weights, each)
+          if w > 0
+      )
+      lines.append(f"data: a mixture of pair datasets; shares of the real tokens: {shares}")
     lines.append(
-        f"data: {len(stream.rows)} pairs, each with {len(stream.rows[0]) - 2} hard "
+        f"data: {sum(map(len, each))} pairs, each with {len(each[0][0]) - 2} hard "
         f"negative(s); every batch's {phase.batch_size} rows share their documents as negatives"
     )
   elif stream.cfg.packing:

@@ -327,7 +327,11 @@ def batch_shape_metrics(batch: dict) -> dict:
   if "query_ids" in batch:  # pairs: the real tokens of the queries and documents
     masks = [batch["query_mask"], batch["doc_mask"]]
     real = sum(jnp.sum(m.astype(jnp.float32)) for m in masks) / sum(m.size for m in masks)
-    return dict(real_token_fraction=real, examples_per_row=jnp.ones((), jnp.float32))
+    out = dict(real_token_fraction=real, examples_per_row=jnp.ones((), jnp.float32))
+    if "sources" in batch:  # a mixture of pair datasets: each row's query and documents
+      real_B = jnp.sum(masks[0], 1).astype(jnp.float32) + jnp.sum(masks[1], (1, 2))
+      out["tokens_by_source"] = real_B @ batch["sources"].astype(jnp.float32)
+    return out
   rows = batch["input_ids"].shape[0]
   examples = (
       jnp.sum(batch["nsp_weights"].astype(jnp.float32)) / rows if "nsp_weights" in batch else 1.0
