@@ -17,7 +17,9 @@ from typing import Any
 
 from bertjax import errors
 from bertjax.training import fields, objective  # jax-free
-from bertjax.training.fields import CHOICES, PHASE2_RANGES, RANGES, Range, at_least
+from bertjax.training.fields import PHASE2_RANGES, RANGES, Range, at_least
+
+CHOICES: dict[str, tuple[str, ...]] = {"objective": objective.NAMES, **fields.CHOICES}
 
 _MISSING = object()
 

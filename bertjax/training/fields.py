@@ -16,7 +16,6 @@ from typing import Any
 import ml_collections
 
 from bertjax.data.masking import MaskSpec
-from bertjax.training import objective  # jax-free: the valid objective names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +108,10 @@ FIELDS: tuple[Field, ...] = (
     # mlm: BERT's masked LM (+ the pair task) | electra: replaced-token detection (Clark et al.
     # 2020), a generator beside the encoder (bertjax.model.electra, docs/training.md "ELECTRA")
     # | contrastive: the encoder as an embedding model on pairs (docs/training.md "Contrastive")
-    F("objective", "mlm", objective.NAMES, "one per branch of `objective.make`"),
+    # Its valid names: `objective.NAMES`, beside the branches of `objective.make` that build
+    # them; config_checks adds the choice (this table cannot import `objective`, whose
+    # `objective_contrastive` reads its defaults here)
+    F("objective", "mlm", None, "the pretraining objective"),
     # read only with objective "electra"
     F("electra.generator_hidden_fraction", 0.25,
       _float(0.0, 1.0, low_open=True, why="generator width / the encoder's; ELECTRA: 0.25"),
