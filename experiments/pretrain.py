@@ -140,14 +140,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
           "eval.batch_size": 256 if paper else min(batch, 64),
       }
   )
-  if paper:
+  if paper:  # accelerator runs of up to 1M steps
     c.model.dtype = "bfloat16"  # compute; params stay float32
     c.model.scan_layers = True  # one compiled layer: fast compiles for 12/24 layers
     # BERT's optimizer and schedule (google-research/bert); LAMB's are set below
     c.train.optimizer = "bert_adamw"
     c.train.schedule = "bert"
     c.phase2.fraction = 0.1  # BERT: the last 10% of the steps at seq 512
-    c.checkpoint.every_steps = 5000
+    c.checkpoint.every_steps = 5000  # saves, evaluations and log lines at the run's scale
     c.eval.every_steps = 10_000
     c.eval.steps = 100
     c.log_every_steps = 100
