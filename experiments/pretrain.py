@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from bertjax.data.masking import MaskSpec
+from bertjax.training import fields
 
 # variant -> (model preset, global batch, steps, peak lr, warmup steps)
 _SCALES = {
@@ -125,170 +125,32 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # bf16, scanned layers, BERT's optimizer
   paper = scale in ("base", "large", "modern_base", "electra_small", "electra_base")
 
-  c = ml_collections.ConfigDict()
-  c.variant = variant  # recorded in the workdir's config.json
-  c.seed = 0  # parameter init, dropout and data order
-  # mlm: BERT's masked LM (+ the pair task) | electra: replaced-token detection (Clark et al.
-  # 2020), a generator beside the encoder (bertjax.model.electra, docs/training.md "ELECTRA")
-  c.objective = "mlm"
-  c.electra = ml_collections.ConfigDict()  # read only with objective "electra"
-  c.electra.generator_hidden_fraction = 0.25  # generator width / the encoder's (paper: 1/4)
-  c.electra.disc_weight = 50.0  # λ: loss = generator MLM + λ · discriminator BCE (paper: 50)
-  # read only with objective "contrastive" (docs/training.md "Contrastive"; defaults:
-  # sentence-transformers' MultipleNegativesRankingLoss on a mean-pooled encoder)
-  c.contrastive = ml_collections.ConfigDict()
-  c.contrastive.pooling = "mean"  # mean over real tokens | cls: the [CLS] token's last state
-  c.contrastive.normalize = True  # cosine scores (sentence-transformers' cos_sim)
-  c.contrastive.scale = 20.0  # scores x scale (sentence-transformers: 20, temperature 0.05)
-  c.contrastive.learn_scale = False  # learn log(scale) from `scale` (CLIP), clipped at 100
-  c.contrastive.symmetric = False  # add the document->query term (averaged, as "per_direction")
-  c.contrastive.loss = "infonce"  # infonce | sigmoid (SigLIP: a logistic term per pair)
-  c.contrastive.sigmoid_bias = -10.0  # SigLIP's learned bias starts at -10
-  c.contrastive.matryoshka_dims = ()  # e.g. (768, 256, 64): loss summed over these prefixes
-  c.contrastive.chunk_size = 0  # GradCache rows per chunk (batches larger than memory); 0: off
-  # hard negatives per row: the pair data must hold this many (`prepare --kind pairs` records
-  # it); `bertjax compile` and the FLOPs count read it
-  c.contrastive.hard_negatives = 1
-
-  c.model = ml_collections.ConfigDict()
-  c.model.preset = preset  # tiny/mini/small/medium/base/large (bertjax.model.PRESETS)
-  c.model.vocab_size = ml_collections.FieldReference(None, field_type=int)  # None: from data
-  c.model.dtype = "bfloat16" if paper else "float32"  # compute; params stay float32
-  c.model.hidden_dropout_rate = 0.1  # BERT's dropout
-  c.model.attention_dropout_rate = 0.1
-  c.model.max_position_embeddings = 512  # phase 2 runs at 512
-  c.model.scan_layers = paper  # one compiled layer: fast compiles for 12/24 layers
-  c.model.remat = "none"  # "dots"/"full" trade FLOPs for activation memory
-  # The block's switches, BERT's values here; `_modern` sets ModernBERT's (docs/training.md).
-  c.model.type_vocab_size = 2  # segment A / segment B; 0: no token-type table
-  c.model.norm_placement = "post"  # post: LayerNorm after each residual add | pre: before
-  c.model.mlp_type = "dense"  # dense: act(x W1) W2 | glu: act(x W_in) * (x W_gate), then W_out
-  c.model.position_embedding = "learned"  # learned: absolute table | rope: rotary
-  c.model.rope_theta = 10000.0  # RoPE base of the global layers (rope only)
-  c.model.local_rope_theta = 10000.0  # RoPE base of the local layers (rope only)
-  c.model.use_bias = True  # biases of the dense layers and LayerNorms
-  c.model.local_attention = 0  # 0: every layer global | window (tokens) of the local layers
-  c.model.global_every = 1  # layer i is global when i % global_every == 0
-  c.model.embedding_size = 0  # 0: hidden_size | ELECTRA's factorised embeddings, projected
-
-  c.data = ml_collections.ConfigDict()
-  c.data.source = "prepared"  # prepared (TFRecord shards) | synthetic (random tokens, no TF)
-  c.data.path = ml_collections.FieldReference(None, field_type=str)  # None: bundled corpus
-  c.data.tokenizer = ml_collections.FieldReference(
-      None, field_type=str
-  )  # None: data/tokenizer.model
-  # Several prepared datasets mixed by weight instead of data.path (docs/data.md, "Mixtures"):
-  # 'NAME=PATH:WEIGHT[:PHASE2_WEIGHT],...'; a weight is the share of the real training tokens.
-  c.data.sources = ""
-  c.data.seq_len = 128  # tokens per example incl. [CLS]/[SEP]
-  c.data.max_predictions_per_seq = 20  # masked positions per example (0.15 * 128, rounded)
-  c.data.pair_mode = "nsp"  # nsp | sop | none (MLM only)
-  # The masking rates are BERT's, written once, in `bertjax.data.masking.MaskSpec`
-  c.data.mask_prob = MaskSpec.mask_prob  # share of tokens chosen for MLM (BERT: 15%)
-  # Mask every piece of a word together; on data prepared with `--word-segmenter`, every token
-  # of a segmenter's word (Chinese whole-word masking: docs/data.md)
-  c.data.whole_word_mask = False
-  c.data.mask_token_prob = MaskSpec.mask_token_prob  # of the chosen: [MASK] (BERT: 80%)
-  c.data.random_token_prob = MaskSpec.random_token_prob  # a random token (BERT: 10%); rest kept
-  c.data.prefetch = 2  # batches transferred ahead of the step
-  c.data.packing = False  # several whole examples per row (docs/training.md, "Packing")
-  # packed rows: at most this many examples (NSP labels) each; 0: measured on the corpus
-  c.data.max_examples_per_row = 0
-  # Processes that build the examples (docs/data.md, "Worker processes"); None: half the cores.
-  c.data.workers = ml_collections.FieldReference(None, field_type=int)
-
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = batch  # GLOBAL sequences per step, all hosts and devices together
-  c.train.steps = steps  # total optimizer steps, both phases
-  c.train.learning_rate = lr  # peak, reached after warmup
-  c.train.warmup_steps = warmup  # linear warmup from 0
-  # bert_adamw (google-research/bert's, no bias correction) | adamw (optax's, bias-corrected)
-  # | lamb (layer-wise). The paper recipes run BERT's optimizer and schedule; the small
-  # recipes keep adamw + warmup_linear, the pair their figures in docs/training.md were
-  # measured with; LAMB keeps warmup_linear for its restarted phase 2.
-  c.train.optimizer = "lamb" if lamb else "bert_adamw" if paper else "adamw"
-  # bert: peak * (1 - step/steps) from step 0, warmup overriding | warmup_linear: warmup, then
-  # linear from the peak to 0
-  c.train.schedule = "bert" if paper and not lamb else "warmup_linear"
-  c.train.b1 = 0.9  # Adam beta1, as BERT
-  c.train.b2 = 0.999  # Adam beta2, as BERT
-  c.train.eps = 1e-6  # Adam epsilon, as BERT
-  c.train.weight_decay = 0.01  # decoupled; not on LayerNorm or biases
-  c.train.clip_norm = 1.0  # global gradient norm clip, as BERT
-  c.train.microbatches = 1  # gradient accumulation: the batch is split into this many
-  c.train.decay_fraction = 0.1  # wsd: share of the steps in the final 1-sqrt decay
-  c.train.final_lr_fraction = 0.0  # wsd: the lr at the last step / the peak
-  c.train.peak_fraction = 0.5  # one_cycle: share of the steps rising to the peak (Cramming)
-  # Batch-size warmup through the accumulation count (needs microbatches > 1): the first
-  # batch_warmup_steps train on batch_warmup_start .. microbatches microbatches (0: off).
-  c.train.batch_warmup_steps = 0
-  c.train.batch_warmup_start = 1  # microbatches trained on at step 0
-  c.train.max_bad_steps = 0  # non-finite steps to skip before stopping (0: stop at the first)
-  c.train.init_from = ml_collections.FieldReference(
-      None, field_type=str
-  )  # save_pretrained dir / workdir to continue from
-  c.train.inject_nan_at_step = -1  # testing only: poison this step's loss to exercise the guard
-  # Continued pretraining from a checkpoint without a head this objective trains (a BertModel:
-  # no MLM head): that head trains alone for these first steps, then the whole network.
-  # -1: 10% of train.steps when a head starts untrained (0: off).
-  c.train.head_warmup_steps = -1
-
-  # Second phase (BERT: last 10% of steps at seq 512). fraction 0 = one phase.
-  c.phase2 = ml_collections.ConfigDict()
-  c.phase2.fraction = 0.1 if paper else 0.0  # share of train.steps run in phase 2
-  c.phase2.seq_len = 512  # phase 2 sequence length
-  c.phase2.max_predictions_per_seq = 80  # 0.15 * 512, as BERT's phase-2 data
-  c.phase2.batch_size = batch  # GLOBAL batch in phase 2
-  c.phase2.microbatches = 1  # gradient accumulation in phase 2
-  c.phase2.restart_schedule = False  # True: own warmup/decay (LAMB); False: one schedule
-  c.phase2.learning_rate = lr  # phase 2 peak (only with restart_schedule)
-  c.phase2.warmup_steps = 0  # phase 2 warmup (only with restart_schedule)
-  # Context extension: phase 2's own RoPE bases (None: config.model's).
-  c.phase2.rope_theta = ml_collections.FieldReference(None, field_type=float)
-  c.phase2.local_rope_theta = ml_collections.FieldReference(None, field_type=float)
-  # A restarted phase 2's wsd / one_cycle shape (None: config.train's).
-  c.phase2.decay_fraction = ml_collections.FieldReference(None, field_type=float)
-
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # pure data parallelism within a slice; -1 fills the devices left
-  c.mesh.fsdp = 1  # FSDP (params + optimizer state split) within a slice
-  c.mesh.tensor = 1  # tensor (model) parallelism within a slice
-  c.mesh.dcn_data = 1  # data parallelism across slices / hosts over DCN
-  c.mesh.dcn_fsdp = 1  # FSDP across slices (rarely worth it)
-  c.mesh.dcn_tensor = 1  # tensor parallelism across slices (never worth it)
-
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 500 if not paper else 5000  # async save interval
-  c.checkpoint.max_to_keep = 3  # newest checkpoints kept
-  c.checkpoint.keep_period = ml_collections.FieldReference(
-      None, field_type=int
-  )  # also keep every N-th step forever
-  c.checkpoint.async_save = True  # write in the background while training continues
-
-  c.eval = ml_collections.ConfigDict()
-  c.eval.every_steps = 500 if not paper else 10_000  # held-out evaluation interval (0: never)
-  c.eval.steps = 10 if not paper else 100  # eval batches per evaluation
-  c.eval.batch_size = min(batch, 64) if not paper else 256  # GLOBAL eval batch
-  # Time to target (MLPerf's BERT metric): the first step and wall time at which held-out MLM
-  # accuracy reaches this (None: not timed); stop_at_target ends the run there.
-  c.eval.target_mlm_accuracy = ml_collections.FieldReference(None, field_type=float)
-  c.eval.stop_at_target = False
-  # The held-out stream's own data settings (None: config.data's / config.seed). A sweep whose
-  # runs train on different data sets them so that every run is scored on the same masked
-  # examples: experiments/modern.py evaluates each rung at 15% masking on single unpacked
-  # segments from seed 0, whatever its training masking, pair task, packing or seed.
-  c.eval.mask_prob = ml_collections.FieldReference(None, field_type=float)  # share masked
-  c.eval.pair_mode = ml_collections.FieldReference(None, field_type=str)  # nsp | sop | none
-  c.eval.packing = ml_collections.FieldReference(None, field_type=bool)  # several per row
-  c.eval.seed = ml_collections.FieldReference(None, field_type=int)  # held-out order, masks
-  # whole words or single tokens on the held-out stream (None: config.data.whole_word_mask)
-  c.eval.whole_word_mask = ml_collections.FieldReference(None, field_type=bool)
-
-  c.log_every_steps = 50 if not paper else 100  # progress line / metrics.jsonl interval
-  c.tensorboard = True  # also write TensorBoard event files (needs TensorFlow)
-  c.peak_flops_per_device = ml_collections.FieldReference(
-      None, field_type=float
-  )  # MFU; None: from device kind
+  # Every field's default, comment and rule: bertjax/training/fields.py. Here: what the
+  # variant sets, with its source.
+  c = fields.base_config(
+      {
+          "variant": variant,  # recorded in the workdir's config.json
+          "model.preset": preset,
+          "train.batch_size": batch,
+          "train.steps": steps,
+          "train.learning_rate": lr,
+          "train.warmup_steps": warmup,
+          "phase2.batch_size": batch,  # phase 1's
+          "phase2.learning_rate": lr,  # phase 1's peak (read only with restart_schedule)
+          "eval.batch_size": 256 if paper else min(batch, 64),
+      }
+  )
+  if paper:  # accelerator runs of up to 1M steps
+    c.model.dtype = "bfloat16"  # compute; params stay float32
+    c.model.scan_layers = True  # one compiled layer: fast compiles for 12/24 layers
+    # BERT's optimizer and schedule (google-research/bert); LAMB's are set below
+    c.train.optimizer = "bert_adamw"
+    c.train.schedule = "bert"
+    c.phase2.fraction = 0.1  # BERT: the last 10% of the steps at seq 512
+    c.checkpoint.every_steps = 5000  # saves, evaluations and log lines at the run's scale
+    c.eval.every_steps = 10_000
+    c.eval.steps = 100
+    c.log_every_steps = 100
 
   if variant == "demo":  # minutes on CPU, a model that uses context (docs/training.md)
     # Short sequences first, as BERT's 128 -> 512: at seq 128 the tiny model stays on the
@@ -321,6 +183,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   if scale.startswith("contrastive"):
     _contrastive(c, pretrain=scale == "contrastive_pretrain")
   if lamb:  # You et al. 2019, table 4: 64k/32k mixed batch, 7038 + 1563 steps
+    c.train.optimizer = "lamb"
+    c.train.schedule = "warmup_linear"  # LAMB restarts it for phase 2
     c.train.batch_size = 65536
     c.train.steps = 7038 + 1563
     c.train.learning_rate = 6e-3

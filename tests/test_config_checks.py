@@ -9,7 +9,7 @@ import pytest
 from ml_collections import config_dict
 
 from bertjax import errors
-from bertjax.training import config_checks
+from bertjax.training import config_checks, fields, optim
 from experiments import layers, no_nsp, pretrain, size, sop
 
 CHECKED = (
@@ -38,8 +38,8 @@ RECIPES = [pretrain.get_config(v) for v in pretrain.VARIANTS] + [
 
 @pytest.mark.parametrize("config", RECIPES, ids=[c.variant for c in RECIPES])
 def test_every_numeric_field_of_every_recipe_is_checked(config):
-  fields = set(_numeric_fields(config))
-  assert fields - CHECKED == set(), "add a Range for these fields to config_checks.RANGES"
+  numeric = set(_numeric_fields(config))
+  assert numeric - CHECKED == set(), "add a Range for these fields to bertjax/training/fields.py"
   config_checks.validate(config)  # and every shipped recipe passes its own checks
 
 
@@ -111,14 +111,28 @@ def test_the_rules_read_as_the_messages_say():
   assert [mesh.accepts(v) for v in (-1, 0, 1, 2.0)] == [True, False, True, False]
 
 
+def test_the_table_writes_each_field_once_and_the_recipe_sets_its_own():
+  paths = [f.path for f in fields.FIELDS]
+  assert len(paths) == len(set(paths))
+  for name, read in optim.SCHEDULE_FIELDS.items():  # the schedules read their fields from it
+    assert {f"train.{k}" for k in read} <= set(fields.DEFAULTS), name
+  recipe = {f.path: 1 for f in fields.FIELDS if f.default is fields.RECIPE}
+  del recipe["train.steps"]
+  with pytest.raises(ValueError, match=r"lacks \['train.steps'\]"):
+    fields.base_config(recipe)
+  c = pretrain.get_config("tiny")
+  assert c.data.get_type("path") is str and c.data.path is None  # overridable as a string
+  assert "num_layers" not in c.model  # the preset's, unless a recipe sets it
+
+
 # ----------------------------------------------------------------------------- inputs
 
 
-def _synthetic(**fields):
+def _synthetic(**overrides):
   c = pretrain.get_config("tiny")
   c.data.source = "synthetic"
   c.model.vocab_size = 1000
-  for k, v in fields.items():
+  for k, v in overrides.items():
     node, _, key = k.rpartition(".")
     c[node][key] = v
   return c
@@ -219,7 +233,7 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fields, needles",
+    "changes, needles",
     [
         ({"model.local_attention": 127}, ["config.model: local_attention=127: must be even"]),
         ({"model.local_attention": -2}, ["config.model.local_attention=-2: must be an integer"]),
@@ -238,9 +252,9 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
         ({"model.type_vocab_size": -1}, ["config.model.type_vocab_size=-1: must be an integer"]),
     ],
 )
-def test_a_contradictory_modern_config_is_one_config_error(fields, needles):
+def test_a_contradictory_modern_config_is_one_config_error(changes, needles):
   c = pretrain.get_config("modern_base")
-  for k, v in fields.items():
+  for k, v in changes.items():
     node, _, key = k.rpartition(".")
     c[node][key] = v
   with pytest.raises(errors.ConfigError) as e:  # a range or a choice, else BertConfig's rules

@@ -1,9 +1,9 @@
 """Checks of a pretraining config that name the field and the fix, before anything is written.
 
 Two stages, each raising a `bertjax.errors.UserError` (one line from the command line):
-`validate` (no jax: every field's type and range, the choices) and `preflight` (jax: the model
-config, the mesh, the batch splits, then the files the run reads: prepared data, tokenizer,
-`init_from` checkpoint). `preflight` returns a `Plan` — the resolved config, the mesh, the
+`validate` (no jax: every field's range and choices, from the table of `fields`, then the
+rules between fields) and `preflight` (jax: the model config, the mesh, the batch splits, then
+the files the run reads: prepared data, tokenizer, `init_from` checkpoint). `preflight` returns a `Plan` — the resolved config, the mesh, the
 phases and the data's metadata — that `loop.train_and_evaluate` runs as it is, so nothing is
 read or checked twice and a config built in Python gets the same errors as the command line's.
 Rules between model fields (the local attention pattern, head sizes) are `BertConfig`'s own.
@@ -16,188 +16,12 @@ import math
 from typing import Any
 
 from bertjax import errors
-from bertjax.training import objective  # jax-free: the valid objective names
+from bertjax.training import fields, objective  # jax-free
+from bertjax.training.fields import PHASE2_RANGES, RANGES, Range, at_least
 
+CHOICES: dict[str, tuple[str, ...]] = {"objective": objective.NAMES, **fields.CHOICES}
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """The valid values of one numeric field."""
-
-  kind: type  # int or float (an int is a valid float)
-  low: float | None = None
-  high: float | None = None
-  low_open: bool = False  # `low` itself is out of range
-  high_open: bool = False
-  none_ok: bool = False  # None: filled in later (from the data, the preset, the device)
-  minus_one_ok: bool = False  # -1: "the devices left" (mesh axes)
-  why: str = ""
-
-  def accepts(self, v) -> bool:
-    if v is None:
-      return self.none_ok
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-      return False
-    if self.kind is int and not isinstance(v, int):
-      return False
-    if self.minus_one_ok and v == -1:
-      return True
-    if not math.isfinite(v):
-      return False
-    if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
-      return False
-    return self.high is None or (v < self.high or (not self.high_open and v == self.high))
-
-  def describe(self) -> str:
-    kind = "an integer" if self.kind is int else "a finite number"
-    if self.low is not None and self.high is not None:
-      left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-      rule = f"in {left}{self.low:g}, {self.high:g}{right}"
-    elif self.low is not None:
-      rule = f"{'>' if self.low_open else '>='} {self.low:g}"
-    else:
-      rule = ""
-    extra = " or -1" if self.minus_one_ok else ""
-    return f"{kind} {rule}{extra}".strip() + (" or None" if self.none_ok else "")
-
-
-def _at_least(low: int, why: str = "", **kw) -> Range:
-  return Range(int, low, why=why, **kw)
-
-
-_POSITIVE = dict(low=0.0, low_open=True)
-_RATE = Range(float, 0.0, 1.0, high_open=True, why="a dropout probability")
-_MESH = _at_least(1, "-1 fills the devices left", minus_one_ok=True)
-_MODEL_SIZE = _at_least(1, "None: the preset's", none_ok=True)
-
-# Every numeric field of experiments/pretrain.py (and of the files built on it) and its range.
-# tests/test_config_checks.py fails when a recipe gains a numeric field missing here.
-RANGES: dict[str, Range] = {
-    "seed": _at_least(0, "parameter init, dropout and data order"),
-    "model.vocab_size": _at_least(5, "the tokenizer's size; None: from the data", none_ok=True),
-    "model.num_layers": _MODEL_SIZE,
-    "model.hidden_size": _MODEL_SIZE,
-    "model.num_heads": _MODEL_SIZE,
-    "model.intermediate_size": _MODEL_SIZE,
-    "model.max_position_embeddings": _MODEL_SIZE,
-    "model.type_vocab_size": _at_least(0, "0: no token-type table (ModernBERT)", none_ok=True),
-    "model.hidden_dropout_rate": _RATE,
-    "model.attention_dropout_rate": _RATE,
-    "model.layer_norm_eps": Range(float, **_POSITIVE, none_ok=True),
-    "model.initializer_range": Range(float, **_POSITIVE, none_ok=True),
-    "model.rope_theta": Range(
-        float, **_POSITIVE, why="RoPE base of global layers; ModernBERT: 160000"
-    ),
-    "model.local_rope_theta": Range(
-        float, **_POSITIVE, why="RoPE base of local layers; ModernBERT: 10000"
-    ),
-    "model.local_attention": _at_least(0, "0: every layer global; ModernBERT: 128"),
-    "model.global_every": _at_least(1, "1: every layer global; ModernBERT: 3"),
-    "data.max_predictions_per_seq": _at_least(1, "masked positions per example"),
-    "data.mask_prob": Range(
-        float, 0.0, 1.0, low_open=True, why="share of tokens masked; BERT: 0.15"
-    ),
-    "data.mask_token_prob": Range(float, 0.0, 1.0, why="of the chosen tokens: [MASK]; BERT: 0.8"),
-    "data.random_token_prob": Range(
-        float, 0.0, 1.0, why="of the chosen tokens: a random token; BERT: 0.1"
-    ),
-    "contrastive.scale": Range(float, **_POSITIVE, why="scores x scale; sentence-transformers: 20"),
-    "contrastive.sigmoid_bias": Range(
-        float, why="the sigmoid loss's learned bias at start; SigLIP: -10"
-    ),
-    "contrastive.hard_negatives": _at_least(0, "hard negatives per row, as the pair data holds"),
-    "contrastive.chunk_size": _at_least(0, "rows per GradCache chunk; 0: one pass"),
-    "model.embedding_size": _at_least(0, "0: hidden_size; ELECTRA-Small: 128", none_ok=True),
-    "electra.generator_hidden_fraction": Range(
-        float, 0.0, 1.0, low_open=True, why="generator width / the encoder's; ELECTRA: 0.25"
-    ),
-    "electra.disc_weight": Range(
-        float, **_POSITIVE, why="λ on the discriminator loss; ELECTRA: 50"
-    ),
-    "data.prefetch": _at_least(1, "batches transferred ahead of the step"),
-    "data.workers": _at_least(1, "processes building examples; None: half the cores", none_ok=True),
-    "data.max_examples_per_row": Range(
-        int,
-        0,
-        64,
-        why="examples a packed row may hold: NSP labels per row; 0 (default): measured on the corpus",
-    ),
-    "train.batch_size": _at_least(1, "global sequences per step"),
-    "train.steps": _at_least(1, "total optimizer steps"),
-    "train.learning_rate": Range(float, **_POSITIVE, why="the peak learning rate"),
-    "train.warmup_steps": _at_least(0, "0 = no warmup"),
-    "train.b1": Range(float, 0.0, 1.0, high_open=True, why="Adam's beta1"),
-    "train.b2": Range(float, 0.0, 1.0, high_open=True, why="Adam's beta2"),
-    "train.eps": Range(float, **_POSITIVE, why="Adam's epsilon"),
-    "train.weight_decay": Range(float, 0.0, why="0 = none"),
-    "train.clip_norm": Range(float, 0.0, why="global gradient norm clip; 0 = none"),
-    "train.microbatches": _at_least(1, "1 = no gradient accumulation"),
-    "train.max_bad_steps": _at_least(0, "0 = stop at the first non-finite step"),
-    "train.inject_nan_at_step": _at_least(-1, "testing only; -1 = never"),
-    "train.head_warmup_steps": _at_least(-1, "-1 = 10% of the steps when a head starts untrained"),
-    "train.decay_fraction": Range(float, 0.0, 1.0, why="wsd: share of the steps in the decay"),
-    "train.final_lr_fraction": Range(float, 0.0, 1.0, why="wsd: last lr / peak; 0 = to zero"),
-    "train.peak_fraction": Range(float, 0.0, 1.0, why="one_cycle: share of the steps rising"),
-    "train.batch_warmup_steps": _at_least(0, "batch-size warmup steps; 0 = none"),
-    "train.batch_warmup_start": _at_least(1, "microbatches trained on at step 0"),
-    "phase2.fraction": Range(
-        float, 0.0, 1.0, high_open=True, why="share of config.train.steps in phase 2; 0 = one phase"
-    ),
-    "mesh.data": _MESH,
-    "mesh.fsdp": _MESH,
-    "mesh.tensor": _MESH,
-    "mesh.dcn_data": _at_least(1, "slices in data parallelism"),
-    "mesh.dcn_fsdp": _at_least(1, "slices in FSDP"),
-    "mesh.dcn_tensor": _at_least(1, "slices in tensor parallelism"),
-    "checkpoint.every_steps": _at_least(
-        1, "to save rarely, use a value above config.train.steps: the last step is always saved"
-    ),
-    "checkpoint.max_to_keep": _at_least(1, "None = keep all", none_ok=True),
-    "checkpoint.keep_period": _at_least(
-        1, "also keep every N-th step; None = only the newest", none_ok=True
-    ),
-    "eval.every_steps": _at_least(0, "0 = no held-out evaluation"),
-    "eval.steps": _at_least(0, "eval batches per evaluation; 0 = none"),
-    "eval.target_mlm_accuracy": Range(
-        float, 0.0, 1.0, none_ok=True, why="held-out MLM accuracy to time; None = not timed"
-    ),
-    "eval.mask_prob": Range(
-        float, 0.0, 1.0, low_open=True, none_ok=True, why="held-out masking; None: data's"
-    ),
-    "eval.seed": _at_least(0, "held-out order and masks; None: the run's seed", none_ok=True),
-    "log_every_steps": _at_least(1, "progress line interval"),
-    "peak_flops_per_device": Range(float, **_POSITIVE, none_ok=True, why="None: from the device"),
-}
-# Checked only when the second phase runs (config.phase2.fraction > 0).
-PHASE2_RANGES: dict[str, Range] = {
-    "phase2.seq_len": _at_least(3, "phase-2 tokens per example"),
-    "phase2.max_predictions_per_seq": _at_least(1, "phase-2 masked positions"),
-    "phase2.batch_size": _at_least(1, "global sequences per phase-2 step"),
-    "phase2.microbatches": _at_least(1, "1 = no gradient accumulation"),
-    "phase2.learning_rate": Range(float, **_POSITIVE, why="phase-2 peak (restart_schedule)"),
-    "phase2.warmup_steps": _at_least(0, "phase-2 warmup (restart_schedule)"),
-    "phase2.rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
-    "phase2.local_rope_theta": Range(float, **_POSITIVE, none_ok=True, why="None: config.model's"),
-    "phase2.decay_fraction": Range(float, 0.0, 1.0, none_ok=True, why="None: config.train's"),
-}
-CHOICES: dict[str, tuple[str, ...]] = {
-    "objective": objective.NAMES,  # one per branch of `objective.make`
-    "data.source": ("prepared", "synthetic"),
-    # objective_contrastive.POOLINGS / LOSSES, written out: this module must not import jax.
-    "contrastive.pooling": ("mean", "cls"),
-    "contrastive.loss": ("infonce", "sigmoid"),
-    "data.pair_mode": ("nsp", "sop", "none"),
-    "eval.pair_mode": ("nsp", "sop", "none"),  # None: data.pair_mode
-    # optim.OPTIMIZERS / optim.SCHEDULES, written out: this module must not import jax.
-    "train.optimizer": ("bert_adamw", "adamw", "lamb", "stable_adamw"),
-    "train.schedule": ("bert", "warmup_linear", "wsd", "one_cycle"),
-    "model.remat": ("none", "dots", "full"),
-    # bertjax.model.config's switches, written out for the same reason; BERT's value first.
-    "model.norm_placement": ("post", "pre"),
-    "model.mlp_type": ("dense", "glu"),
-    "model.position_embedding": ("learned", "rope"),
-}
 _MISSING = object()
-_NONE_OK = ("eval.pair_mode",)  # choices that may be None (meaning: as another field)
 
 
 def _get(config, path: str):
@@ -220,7 +44,11 @@ def check_range(config, path: str, rule: Range) -> None:
 
 def _check_choice(config, path: str, valid: tuple[str, ...]) -> None:
   value = _get(config, path)
-  if value is not _MISSING and value not in valid and not (path in _NONE_OK and value is None):
+  if (
+      value is not _MISSING
+      and value not in valid
+      and not (path in fields.CHOICES_NONE_OK and value is None)
+  ):
     raise errors.ConfigError(f"config.{path}={value!r}: valid: {', '.join(valid)}")
 
 
@@ -251,14 +79,14 @@ def validate(config) -> None:
         "(the rest of the chosen tokens stay as they are) — lower one of them"
     )
   # [CLS] and [SEP], plus a [SEP] and one token per segment for sentence pairs
-  check_range(config, "data.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
+  check_range(config, "data.seq_len", at_least(5 if pairs else 3, "tokens per example"))
   if _get(config, "eval.every_steps") and _get(config, "eval.steps"):
-    check_range(config, "eval.batch_size", _at_least(1, "global eval batch"))
+    check_range(config, "eval.batch_size", at_least(1, "global eval batch"))
   seq_lens = [("data.seq_len", _get(config, "data.seq_len"))]
   if (_get(config, "phase2.fraction") or 0) > 0:
     for path, rule in PHASE2_RANGES.items():
       check_range(config, path, rule)
-    check_range(config, "phase2.seq_len", _at_least(5 if pairs else 3, "tokens per example"))
+    check_range(config, "phase2.seq_len", at_least(5 if pairs else 3, "tokens per example"))
     seq_lens.append(("phase2.seq_len", _get(config, "phase2.seq_len")))
   for path, n in seq_lens:  # the masked arrays are P wide in a row of L tokens
     budget_path = path.replace("seq_len", "max_predictions_per_seq")

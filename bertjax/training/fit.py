@@ -222,8 +222,8 @@ def _abstract_batch(ph, batch_sharding, data=None, objective=None) -> dict:
         k: jax.ShapeDtypeStruct(v, jax.numpy.int32, sharding=batch_sharding)
         for k, v in shapes.items()
     }
-  packed = bool(data is not None and data.get("packing", False))
-  e = data.get("max_examples_per_row", 0) if packed else 1
+  packed = bool(data is not None and data.packing)
+  e = data.max_examples_per_row if packed else 1
   # Measured on the corpus (0): the largest E that may be measured, so a fit holds for any corpus.
   e = e or pretraining.auto_examples_cap(l)
   if packed:

@@ -41,10 +41,10 @@ def non_embedding_params(cfg) -> int:
   """Parameters of the encoder layers (and ELECTRA's `embeddings_project`, E -> H, a matmul
   every token goes through): everything except lookup tables."""
   h, f, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-  glu, bias = getattr(cfg, "mlp_type", "dense") == "glu", getattr(cfg, "use_bias", True)
+  glu, bias = cfg.mlp_type == "glu", cfg.use_bias
   attention = 4 * h * h + (4 * h if bias else 0)
   mlp = (3 if glu else 2) * h * f + ((2 * f if glu else f) + h if bias else 0)  # GLU: W_in is 2F
-  e = getattr(cfg, "embedding_size", 0) or h
+  e = cfg.embedding_size or h
   project = e * h if e != h else 0
   return n * (attention + mlp + (4 * h if bias else 2 * h)) + project  # and 2 LayerNorms
 
@@ -52,7 +52,7 @@ def non_embedding_params(cfg) -> int:
 def attended_keys(cfg, seq_len: int) -> int:
   """Keys each query attends to, summed over the layers: all `seq_len` in a global layer, the
   window (|i - j| <= local_attention // 2) in a local one."""
-  window, every = getattr(cfg, "local_attention", 0), getattr(cfg, "global_every", 1)
+  window, every = cfg.local_attention, cfg.global_every
   local = min(seq_len, window + 1) if window else seq_len
   return sum(seq_len if i % every == 0 else local for i in range(cfg.num_layers))
 
@@ -71,7 +71,7 @@ def pretraining_flops_per_step(
   if generator is not None:
     return electra_flops_per_step(cfg, generator, batch_size, seq_len, max_predictions)
   h, v = cfg.hidden_size, cfg.vocab_size
-  e = getattr(cfg, "embedding_size", 0) or h
+  e = cfg.embedding_size or h
   tokens = batch_size * seq_len
   mlm_head = 6 * (h * e + e * v) * batch_size * max_predictions
   nsp_head = 6 * (h * h + 2 * h) * batch_size

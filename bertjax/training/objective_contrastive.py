@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from bertjax import errors
 from bertjax.model import bert as bert_lib
 from bertjax.model.config import BertConfig
-from bertjax.training import flops, streams
+from bertjax.training import fields, flops, streams
 from bertjax.training.objective_mlm import grad_of_sums
 
 Array = jax.Array
@@ -46,20 +46,23 @@ LOSSES = ("infonce", "sigmoid")
 MAX_SCALE = 100.0  # CLIP clips its learned scale at 100 so that training stays stable
 
 
+_D = fields.DEFAULTS  # config.contrastive's defaults, written once (bertjax/training/fields.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """config.contrastive, read once."""
 
-  pooling: str = "mean"
-  normalize: bool = True
-  scale: float = 20.0  # the scale, or the learned scale's start
-  learn_scale: bool = False
-  symmetric: bool = False
-  loss: str = "infonce"
-  sigmoid_bias: float = -10.0  # SigLIP's learned bias starts at -10 (and its scale at 10)
-  matryoshka_dims: tuple[int, ...] = ()  # () : the whole embedding only
-  chunk_size: int = 0  # rows per GradCache chunk; 0: one pass
-  hard_negatives: int = 1  # per row: the batch's documents per row are 1 + this
+  pooling: str = _D["contrastive.pooling"]
+  normalize: bool = _D["contrastive.normalize"]
+  scale: float = _D["contrastive.scale"]  # the scale, or the learned scale's start
+  learn_scale: bool = _D["contrastive.learn_scale"]
+  symmetric: bool = _D["contrastive.symmetric"]
+  loss: str = _D["contrastive.loss"]
+  sigmoid_bias: float = _D["contrastive.sigmoid_bias"]  # SigLIP's (and its scale at 10)
+  matryoshka_dims: tuple[int, ...] = _D["contrastive.matryoshka_dims"]  # (): the whole only
+  chunk_size: int = _D["contrastive.chunk_size"]  # rows per GradCache chunk; 0: one pass
+  hard_negatives: int = _D["contrastive.hard_negatives"]  # documents per row: 1 + this
 
   @classmethod
   def from_config(cls, config, hidden_size: int) -> "Spec":
@@ -74,7 +77,7 @@ class Spec:
         sigmoid_bias=float(c.sigmoid_bias),
         matryoshka_dims=tuple(int(d) for d in (c.matryoshka_dims or ())),
         chunk_size=int(c.chunk_size),
-        hard_negatives=int(c.get("hard_negatives", 1)),
+        hard_negatives=int(c.hard_negatives),
     )
     spec.check(hidden_size)
     return spec

@@ -147,10 +147,10 @@ SCHEDULES = {
     "one_cycle": one_cycle_schedule,
 }
 # Fields of config.train a schedule reads besides peak, warmup and steps (phase 2 may override
-# them under a restarted schedule), with their defaults.
+# them under a restarted schedule); their defaults: bertjax/training/fields.py.
 SCHEDULE_FIELDS = {
-    "wsd": {"decay_fraction": 0.1, "final_lr_fraction": 0.0},
-    "one_cycle": {"peak_fraction": 0.5},
+    "wsd": ("decay_fraction", "final_lr_fraction"),
+    "one_cycle": ("peak_fraction",),
 }
 
 
@@ -165,8 +165,8 @@ def _shape(train_cfg, override=None):
   name = train_cfg.schedule
   shape = _pick(SCHEDULES, name, "schedule")
   kw = {}
-  for field, default in SCHEDULE_FIELDS.get(name, {}).items():
-    kw[field] = train_cfg.get(field, default)
+  for field in SCHEDULE_FIELDS.get(name, ()):
+    kw[field] = train_cfg[field]
     if override is not None and override.get(field) is not None:
       kw[field] = override.get(field)
   return lambda peak, warmup, total: shape(peak, warmup, total, **kw)
@@ -181,7 +181,7 @@ def make_schedule(train_cfg, phase2_cfg=None) -> optax.Schedule:
   """
   total = train_cfg.steps
   boundary = phase2_start(train_cfg, phase2_cfg)
-  if boundary >= total or not phase2_cfg.get("restart_schedule", False):
+  if boundary >= total or not phase2_cfg.restart_schedule:
     return _shape(train_cfg)(train_cfg.learning_rate, train_cfg.warmup_steps, total)
   first = _shape(train_cfg)(train_cfg.learning_rate, train_cfg.warmup_steps, boundary)
   second = _shape(train_cfg, phase2_cfg)(
@@ -192,7 +192,7 @@ def make_schedule(train_cfg, phase2_cfg=None) -> optax.Schedule:
 
 def phase2_start(train_cfg, phase2_cfg) -> int:
   """First step of phase 2 (== steps when there is no second phase)."""
-  if phase2_cfg is None or not phase2_cfg.get("fraction", 0.0):
+  if phase2_cfg is None or not phase2_cfg.fraction:
     return train_cfg.steps
   return int(round(train_cfg.steps * (1.0 - phase2_cfg.fraction)))
 

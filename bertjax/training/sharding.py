@@ -130,9 +130,9 @@ def mesh_from_config(mesh_cfg) -> Mesh:
       mesh_cfg.data,
       mesh_cfg.fsdp,
       mesh_cfg.tensor,
-      dcn_data=mesh_cfg.get("dcn_data", 1),
-      dcn_fsdp=mesh_cfg.get("dcn_fsdp", 1),
-      dcn_tensor=mesh_cfg.get("dcn_tensor", 1),
+      dcn_data=mesh_cfg.dcn_data,
+      dcn_fsdp=mesh_cfg.dcn_fsdp,
+      dcn_tensor=mesh_cfg.dcn_tensor,
   )
 
 
