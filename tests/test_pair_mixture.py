@@ -1,7 +1,7 @@
 """Pair datasets mixed by weight (bertjax.data.pair_mixture, `config.data.sources` with the
 contrastive objective): the realised token shares follow the weights, no batch holds a text
 twice whichever sources it came from, the stream resumes exactly on another host count, the
-sources must agree (tokenizer, hard negatives), the held-out stream says which sources it
+sources must agree (tokenizer, hard negatives, prompts), the held-out stream says which sources it
 covers, and the step counts each source's tokens."""
 
 import json
@@ -36,7 +36,7 @@ def _rows(n, seed, words, negatives=1, shared=()):
 def _build(root):
   """Pair sets sharing one vocab: `short` (4-word texts), `long` (12-word texts); both draw
   their negatives from the same 60 texts. `two` holds 2 negatives per row, `noeval` no
-  held-out rows, `othertok` another tokenizer."""
+  held-out rows, `othertok` another tokenizer, `prompted` a query prompt."""
   vocab = write_vocab(root / "vocab.txt", 120)
   other = write_vocab(root / "other.txt", 130)
   rng = np.random.default_rng(9)
@@ -47,6 +47,7 @@ def _build(root):
       "two": (_rows(50, 2, 4, negatives=2), vocab, 0.05),
       "noeval": (_rows(50, 3, 4), vocab, 0.0),
       "othertok": (_rows(50, 4, 4), other, 0.05),
+      "prompted": (_rows(50, 5, 4), vocab, 0.05),
   }
   for name, (rows, tok, held) in sets.items():
     (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -57,6 +58,7 @@ def _build(root):
             inputs=(str(root / f"{name}.jsonl"),),
             negative_fields=("negative",),
             eval_fraction=held,
+            query_prompt="fox: " if name == "prompted" else "",
         )
     )
 
@@ -168,13 +170,15 @@ def _contrastive(spec):
   return c
 
 
-def test_sources_must_share_tokenizer_and_hard_negatives(pair_sets):
+def test_sources_must_share_tokenizer_hard_negatives_and_prompts(pair_sets):
   """One line naming the source and the field: another count of negatives, another tokenizer,
-  a corpus among pairs; two agreeing pair sources pass the run's checks."""
+  other prompts; two agreeing pair sources pass the run's checks."""
   p = lambda name: f"{name}={pair_sets / name}:1"
   cases = {
       f"{p('short')},{p('two')}": r"two \(.*\) holds 2 hard negative\(s\) per row .*`negatives`",
       f"{p('short')},{p('othertok')}": r"othertok \(.*\) was prepared with another tokenizer",
+      f"{p('short')},{p('prompted')}": r"prompted \(.*\) was prepared with prompts query 'fox: ' "
+      r"\(metadata.json `prompts`\), short \(.*\) with none; .* --query-prompt",
   }
   for spec, message in cases.items():
     with pytest.raises(errors.ConfigError, match=message) as e:
@@ -182,6 +186,8 @@ def test_sources_must_share_tokenizer_and_hard_negatives(pair_sets):
     assert str(e.value).startswith("config.data.sources: ") and "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="holds 2 hard negative"):  # the stream, too
     _stream(pair_sets, "short:1,two:1")
+  with pytest.raises(errors.ConfigError, match="prepared with prompts"):
+    _stream(pair_sets, "short:1,prompted:1")
   meta = config_checks.check_inputs(_contrastive(f"{p('short')},{p('long')}"), "run")
   assert meta["kind"] == "pairs"
 

@@ -147,7 +147,8 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   """`bertjax prepare --kind pairs --tokenizer DIR`, then `pretrain --config contrastive
   --init DIR` on it for 4 steps, DIR a transformers BertModel (no pooler, no MLM head), batch
   16: the loss, in-batch accuracy and mean rank logged, held-out metrics, the held-back rows
-  counted, a checkpoint recording the objective."""
+  counted, a checkpoint recording the objective and the data's prompts; exported, the
+  directory declares them and embeds as `bertjax embed` does."""
   transformers = pytest.importorskip("transformers")
   hf = tmp_path / "hf"
   hf_cfg = transformers.BertConfig(
@@ -160,7 +161,9 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   )
   transformers.BertModel(hf_cfg, add_pooling_layer=False).save_pretrained(hf)
   write_vocab(hf / "vocab.txt", 120)
-  _prepare(hf, tmp_path / "p", _jsonl(tmp_path / "pairs.jsonl", _rows(400)))
+  prompts = {"query": "fox: ", "document": "dog: "}
+  extra = ["--query-prompt", prompts["query"], "--document-prompt", prompts["document"]]
+  _prepare(hf, tmp_path / "p", _jsonl(tmp_path / "pairs.jsonl", _rows(400)), extra=extra)
   argv = ["pretrain", "--config", "contrastive", "--init", str(hf)]
   argv += ["--config.data.path", str(tmp_path / "p"), "--workdir", str(tmp_path / "run")]
   for k, v in {
@@ -186,6 +189,7 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   meta = json.loads((tmp_path / "run" / "checkpoints" / "4" / "meta" / "metadata").read_text())
   assert meta["objective"] == "contrastive" and meta["contrastive"]["scale"] == 20.0
   assert meta["bert_config"]["hidden_size"] == 32  # the network of --init
+  assert meta["prompts"] == prompts
 
   # Exported as a transformers BertModel, its mean-pooled embeddings are bertjax's.
   import torch
@@ -227,3 +231,19 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
       theirs / np.linalg.norm(theirs, axis=1, keepdims=True),
       atol=1e-5,
   )
+
+  # The data's prompts, declared by the directory (no default), applied by name; `bertjax
+  # embed --init RUN --prompt query` applies the same.
+  st_cfg = json.loads((st_out / "config_sentence_transformers.json").read_text())
+  assert st_cfg["prompts"] == prompts and st_cfg["default_prompt_name"] is None
+  texts = [" ".join(r.values()) for r in _rows(5, seed=3, negatives=False)]
+  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+  argv = ["embed", "--init", str(tmp_path / "run"), "--input", str(tmp_path / "texts.txt")]
+  assert cli.main(argv + ["--prompt", "query", "--output", str(tmp_path / "q.npy")]) == 0
+  want = st.encode(texts, prompt_name="query", convert_to_numpy=True)
+  assert not np.allclose(want, st.encode(texts, convert_to_numpy=True), atol=1e-3)
+  np.testing.assert_allclose(np.load(tmp_path / "q.npy"), want, atol=1e-5)
+  from bertjax.tasks import encoder as encoder_lib
+
+  head = encoder_lib.load_encoder(str(tmp_path / "run")).sentence  # what retrieval reads
+  assert (head.pooling, head.normalize, head.prompts) == ("mean", True, prompts)

@@ -325,8 +325,10 @@ def _save(
     return ", ".join(written)
   if args.dst_kind == "sentence-transformers":  # the encoder only, never a head
     from bertjax.interop import sentence_transformers as st_lib
+    from bertjax.training import checkpoint
 
-    trained = _trained_pooling(args) if args.src_kind == "bertjax" else None
+    # a contrastive run's pooling, normalisation and prompts: the directory embeds as it did
+    trained = checkpoint.read_embedding(args.src) if args.src_kind == "bertjax" else None
     head = st_lib.export_head(args.src, args.pooling, trained)
     written = st_lib.save(out, cfg, params, head)
     if tok is not None:
@@ -370,15 +372,6 @@ def _save(
   if vocab is not None and not is_wordpiece:
     fs.path(vocab).copy(out / "tokenizer.model", overwrite=True)
   return f"{google_ckpt.CKPT_NAME}.*, {google_ckpt.CONFIG_NAME}"
-
-
-def _trained_pooling(args) -> dict | None:
-  """The pooling a bertjax run trained with (`config.contrastive` of a contrastive run), so
-  that `--to sentence-transformers` embeds as the run did; None for any other run."""
-  from bertjax.training import checkpoint
-
-  run = checkpoint.read_run_config(args.src) or {}
-  return run.get("contrastive") if run.get("objective") == "contrastive" else None
 
 
 def _is_link(path: epath.Path) -> bool:

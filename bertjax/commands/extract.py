@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
       action=argparse.BooleanOptionalAction,
       default=None,
       help="with --pooling: unit-length vectors, per layer (default: if --init is a "
-      "sentence-transformers directory with a Normalize module)",
+      "sentence-transformers directory with a Normalize module, or a contrastive run trained "
+      "with normalize)",
   )
   p.add_argument(
       "--batch-size",

@@ -7,7 +7,8 @@ The sources are named and weighted as a corpus mixture's (`mixture.parse_sources
 WEIGHT[:PHASE2_WEIGHT], weights normalised per phase), and a weight means the same: **the
 source's share of the real training tokens** (a row's tokens: its query's and its documents',
 [CLS] and [SEP] included, as truncated to the sequence length). Every source was prepared with
-the same tokenizer and holds the same number of hard negatives per row (`check_negatives`).
+the same tokenizer, holds the same number of hard negatives per row (`check_negatives`) and
+has the same query and document prompts (`check_prompts`), which the run records.
 
 How a batch is drawn. Each source is one dataset's `pairs.RowOrder` (its own order each epoch,
 from a seed derived from the run's seed and the source's name, and its rows held back). For
@@ -50,6 +51,26 @@ def check_negatives(sources: list[mixture.Source], metas: list[dict]) -> None:
           f"{first_meta.get('negatives')}; every source needs the same count — prepare them "
           "with the same number of --negative-fields"
       )
+
+
+def check_prompts(sources: list[mixture.Source], metas: list[dict]) -> None:
+  """Every pair source was prepared with the same query and document prompts, the ones the
+  run records for its embeddings (one line naming the source otherwise)."""
+  pair = [(s, pairs.prompts_of(m)) for s, m in zip(sources, metas) if pairs.is_pairs(m)]
+  for s, prompts in pair[1:]:
+    first, first_prompts = pair[0]
+    if prompts != first_prompts:
+      raise errors.ConfigError(
+          f"config.data.sources: {s.name} ({s.path}) was prepared with prompts "
+          f"{_shown(prompts)} (metadata.json `prompts`), {first.name} ({first.path}) with "
+          f"{_shown(first_prompts)}; the run records one query and one document prompt for "
+          "its embeddings — prepare every source with the same --query-prompt and "
+          "--document-prompt"
+      )
+
+
+def _shown(prompts: dict[str, str]) -> str:
+  return ", ".join(f"{k} {v!r}" for k, v in sorted(prompts.items())) or "none"
 
 
 class PairMixture:
@@ -150,6 +171,7 @@ def make(
   named = [mixture.Source(n, p, (w,)) for n, p, w in sources]
   mixture.check_tokenizers(named, metas)
   check_negatives(named, metas)
+  check_prompts(named, metas)
   rows = [pairs.load_rows(path, split) for _, path, _ in sources]
   if split == "eval":
     left_out = tuple(n for (n, _, w), r in zip(sources, rows) if w > 0 and not r)

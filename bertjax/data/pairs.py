@@ -228,6 +228,14 @@ def is_pairs(meta: dict | None) -> bool:
   return bool(meta) and meta.get("kind") == KIND
 
 
+def prompts_of(meta: dict | None) -> dict[str, str] | None:
+  """The prompts pair data was prepared with (`query`, `document`; an empty one left out, as in
+  data prepared before prompts were recorded); None for data that is not pairs."""
+  if not is_pairs(meta):
+    return None
+  return {k: str(v) for k, v in (meta.get("prompts") or {}).items() if v}
+
+
 # ----------------------------------------------------------------------------- the stream
 
 

@@ -294,17 +294,26 @@ def save(out: epath.Path, cfg, params, head: SentenceHead) -> list[str]:
   return ["model.safetensors", "config.json", "modules.json"] + [p for _, p in modules[1:]]
 
 
+def trained_head(trained: dict) -> SentenceHead:
+  """The head of a bertjax contrastive run (`trained`: its `checkpoint.embedding`): the
+  pooling and normalisation it trained with and its data's prompts; no default prompt, so a
+  text is prompted only when asked (`prompt_name="query"`), as it was in training."""
+  return SentenceHead(
+      pooling=trained.get("pooling", "mean"),
+      normalize=bool(trained.get("normalize", False)),
+      prompts={str(k): str(v) for k, v in (trained.get("prompts") or {}).items()},
+  )
+
+
 def export_head(src: str, pooling: str | None, trained: dict | None = None) -> SentenceHead:
   """The head `convert --to sentence-transformers` writes: a sentence-transformers SRC's own
-  (`pooling` overriding its pooling); else the pooling and normalisation a run was trained
-  with (`trained`: its `config.contrastive`), `pooling` overriding; else `pooling` (default
-  mean) and nothing more."""
+  (`pooling` overriding its pooling); else a contrastive run's (`trained`: its
+  `checkpoint.embedding`: pooling, normalisation, prompts), `pooling` overriding; else
+  `pooling` (default mean) and nothing more."""
   if is_directory(src):
     head = read_head(src)
     return dataclasses.replace(head, pooling=pooling or head.pooling)
   if trained:
-    return SentenceHead(
-        pooling=pooling or trained.get("pooling", "mean"),
-        normalize=bool(trained.get("normalize", False)),
-    )
+    head = trained_head(trained)
+    return dataclasses.replace(head, pooling=pooling or head.pooling)
   return SentenceHead(pooling=pooling or "mean")

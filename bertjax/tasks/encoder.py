@@ -3,7 +3,8 @@
 `load_encoder(init)` reads any of the places a BERT can come from:
   a `bertjax pretrain` workdir, one of its checkpoints/<step> dirs, or a `save_pretrained` dir
       (`bertjax.training.checkpoint.load_pretrained`; the tokenizer recorded with it; of an
-      ELECTRA run, the discriminator's encoder, its pooler fresh),
+      ELECTRA run, the discriminator's encoder, its pooler fresh; of a contrastive run, in
+      `sentence`, the pooling, normalisation and prompts it trained with, as its export),
   a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
       vocab.txt, tokenizer.model or, as ModernBERT ships, tokenizer.json), or an ELECTRA one
       (ElectraForPreTraining / ElectraModel: the discriminator's encoder),
@@ -58,7 +59,8 @@ class Encoder:
   bert_params: Any  # the "bert" subtree of BertForPreTraining (unscanned); None for random
   tokenizer: Tokenizer
   source: str  # what was restored, for logs and best.json
-  # what a sentence-transformers directory declares (pooling, length, prompts); None otherwise
+  # what a sentence-transformers directory declares (pooling, length, prompts), or a bertjax
+  # contrastive run (its pooling, normalisation, prompts); None otherwise
   sentence: st_lib.SentenceHead | None = None
 
 
@@ -133,22 +135,33 @@ def read_encoder(
   checkpoint; kind is "bertjax", "hf" or "google". A Hugging Face directory's heads that start
   fresh are named in `fresh` (`convert.load_hf`). A remote Hugging Face or Google checkpoint
   is read by `convert` and `google_ckpt`, which copy its weight files locally."""
+  cfg, bert_params, tok, kind, _ = _read(path, fresh)
+  return cfg, bert_params, tok, kind
+
+
+def _read(path: fs.PathLike, fresh: list[str] | None):
+  """`read_encoder`'s, and the `SentenceHead` the checkpoint declares: a sentence-transformers
+  directory's, or a bertjax contrastive run's (the pooling, normalisation and prompts it
+  trained with, as `convert --to sentence-transformers` writes them); None otherwise."""
   path = fs.path(path)
   kind = checkpoint_kind(path)
   if kind == "hf":
     cfg, params = convert.load_hf(path, fresh=fresh)
     tok = st_lib.tokenizer_file(path) or _tokenizer_in(st_lib.transformer_dir(path))
-    return cfg, params["bert"], tok, "hf"
+    head = st_lib.read_head(path) if st_lib.is_directory(path) else None
+    return cfg, params["bert"], tok, "hf", head
   if kind == "google":
     cfg, params = google_ckpt.load_google(path)
-    return cfg, params["bert"], _tokenizer_in(path if path.is_dir() else path.parent), "google"
+    tok = _tokenizer_in(path if path.is_dir() else path.parent)
+    return cfg, params["bert"], tok, "google", None
   loaded = load_bertjax(path)
   bert_params = loaded.params["bert"]
   if "pooler" not in bert_params:  # an ELECTRA run: its discriminator was never pooled
     bert_params = dict(bert_params, pooler=convert._fresh_heads(loaded.config)["pooler"])
     if fresh is not None:
       fresh.append("the pooler")
-  return loaded.config, bert_params, loaded.tokenizer_path, "bertjax"
+  head = st_lib.trained_head(loaded.embedding) if loaded.embedding else None
+  return loaded.config, bert_params, loaded.tokenizer_path, "bertjax", head
 
 
 def load_bertjax(path: fs.PathLike) -> checkpoint.Pretrained:
@@ -209,9 +222,8 @@ def load_encoder(
   if checkpoint_kind(init) is None:
     raise errors.BadInputError(f"{n['init']} {init}: not a checkpoint — expected {KINDS}")
   fresh: list[str] = []
-  cfg, bert_params, recorded, kind = read_encoder(init, fresh)
+  cfg, bert_params, recorded, kind, sentence = _read(init, fresh)
   if "the pooler" in fresh:  # a BertForMaskedLM or a ModernBERT: a head's input starts fresh
     print(f"{n['init']} {init}: has no pooler; it starts fresh, like the task's head", flush=True)
   tok = _checkpoint_tokenizer(cfg, tokenizer or recorded, f"{n['init']} {init}", n, lower_case)
-  sentence = st_lib.read_head(init) if st_lib.is_directory(init) else None
   return Encoder(cfg, bert_params, tok, f"{kind}:{init}", sentence)

@@ -4,7 +4,8 @@ A `bertjax pretrain` workdir:
 
     WORKDIR/checkpoints/<step>/state   params, optimizer state, step, dropout RNG (orbax, sharded)
     WORKDIR/checkpoints/<step>/data    every process's input-stream position (JSON)
-    WORKDIR/checkpoints/<step>/meta    BertConfig, tokenizer file name + sha256, run config (JSON)
+    WORKDIR/checkpoints/<step>/meta    BertConfig, tokenizer file name + sha256, run config,
+                                       the objective's record, pair data's prompts (JSON)
     WORKDIR/tokenizer/<file>           the tokenizer the data was prepared with
 
 A `save_pretrained` directory (params only, self-contained, what GLUE and conversion read):
@@ -341,6 +342,23 @@ class Pretrained:
   # The heads ("mlm", "nsp", "pooler") that never trained: started fresh, updated by no step.
   # `bertjax convert` exports none of them.
   untrained_heads: tuple[str, ...] = ()
+  # A contrastive run's embedding as it trained (`embedding`); None for any other checkpoint.
+  embedding: dict | None = None
+
+
+def embedding(meta: dict) -> dict | None:
+  """How a step of a contrastive run embeds text: {"pooling", "normalize"} of its
+  `config.contrastive` and "prompts", its pair data's non-empty query and document prompts
+  ({} for none); None for a step of another objective. `bertjax convert --to
+  sentence-transformers` writes it, `embed` and `retrieval --init RUN` apply it."""
+  if meta.get("objective") != "contrastive":
+    return None
+  trained = meta.get("contrastive") or {}
+  return {
+      "pooling": trained.get("pooling", "mean"),
+      "normalize": bool(trained.get("normalize", False)),
+      "prompts": dict(meta.get("prompts") or {}),
+  }
 
 
 def untrained_heads(meta: dict) -> tuple[str, ...]:
@@ -483,13 +501,13 @@ def read_generator_config(path: str) -> model_lib.BertConfig | None:
   return model_lib.BertConfig.from_dict(gen).replace(scan_layers=False) if gen else None
 
 
-def read_run_config(path: str) -> dict | None:
-  """The training config (a dict) of the run whose step `load_pretrained(path)` would load;
-  None for a `save_pretrained` directory, which keeps none."""
+def read_embedding(path: str) -> dict | None:
+  """`Pretrained.embedding` of what `load_pretrained(path)` would load, without its params;
+  None for a `save_pretrained` directory, which keeps no run record."""
   kind, d = _resolve(absolute(path))
   if kind == "pretrained":
     return None
-  return json.loads((d / "meta" / "metadata").read_text()).get("config")
+  return embedding(json.loads((d / "meta" / "metadata").read_text()))
 
 
 def read_untrained_heads(path: str) -> tuple[str, ...]:
@@ -547,4 +565,5 @@ def load_pretrained(path: str, shardings: Any | None = None) -> Pretrained:
       int(meta["step"]),
       gen,
       untrained_heads(meta),
+      embedding(meta),
   )

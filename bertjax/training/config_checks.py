@@ -327,6 +327,7 @@ def check_inputs(config, workdir: str) -> dict | None:
     metas = [read_metadata(s.path, f"config.data.sources ({s.name})") for s in sources]
     mixture.check_tokenizers(sources, metas)
     pair_mixture.check_negatives(sources, metas)  # among themselves first: one fix fits all
+    pair_mixture.check_prompts(sources, metas)
     for s, meta in zip(sources, metas):
       check_data(config, meta, f"config.data.sources ({s.name})")
     meta = metas[0]

@@ -78,11 +78,14 @@ def _meta(
     metrics_partial: dict,
     progress: dict | None = None,
     untrained_heads=(),
+    data_meta: dict | None = None,
 ) -> dict:
   return dict(
       untrained_heads=sorted(untrained_heads),  # never exported as trained (`bertjax convert`)
       bert_config=setup.bert_config.to_dict(),
       **setup.objective.record(),  # `objective`, and ELECTRA's `generator_config`
+      # the pair data's prompts (None: not pairs), which the exported embedder applies
+      prompts=pairs.prompts_of(data_meta),
       step=int(step),
       tokenizer=tokenizer_rel,
       optimizer=config.train.optimizer,
@@ -327,6 +330,7 @@ class _Run:
         self.meter.partial(),
         self.clock.state(),
         self.untrained - set(self.setups[0].objective.trained_heads()),  # it trained a step
+        self.plan.meta,
     )
     self.mngr.save(self.at, self.state, data, meta, force=True)
 
