@@ -147,7 +147,7 @@ def _quiet_tensorflow() -> None:
 class _StepMetadataFilter(logging.Filter):
   """Drops orbax's warning that a pytree inside a step dir has no `_CHECKPOINT_METADATA`.
 
-  `bertjax.training.checkpoint.load_pretrained` reads `checkpoints/<step>/state` directly; that file
+  `bertjax.training.pretrained.load_pretrained` reads `checkpoints/<step>/state` directly; that file
   belongs to the step directory, not to its items, so its absence there is expected.
   """
 

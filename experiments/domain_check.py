@@ -30,7 +30,7 @@ import numpy as np
 from bertjax import locations
 from bertjax import model as model_lib
 from bertjax.data import wordpiece
-from bertjax.training import checkpoint
+from bertjax.training import pretrained
 
 _DATA = locations.DATA_DIR
 SEQ_LEN, MAX_MASKED = 64, 10
@@ -48,7 +48,7 @@ def sentences_of_corpus(path: pathlib.Path, n: int, seed: int) -> list[str]:
 
 
 def mask_accuracy(pre, tok, sentences: list[str], seed: int = 1) -> dict:
-  """Accuracy at [MASK] of `pre` (checkpoint.load_pretrained) on `sentences`."""
+  """Accuracy at [MASK] of `pre` (pretrained.load_pretrained) on `sentences`."""
   rng = random.Random(seed)
   ids_rows, pos_rows, lab_rows = [], [], []
   for s in sentences:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--sentences", type=int, default=600, help="corpus lines to sample")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
-  pre = checkpoint.load_pretrained(args.init)
+  pre = pretrained.load_pretrained(args.init)
   if not pre.tokenizer_path:
     raise SystemExit(f"domain_check: {args.init}: no tokenizer recorded with the checkpoint")
   tok = wordpiece.load_tokenizer(pre.tokenizer_path)

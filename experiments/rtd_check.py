@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
   import ml_collections
 
   from bertjax.model import electra as electra_lib
-  from bertjax.training import checkpoint, loop, phases as phases_lib
+  from bertjax.training import loop, phases as phases_lib, pretrained
 
   run = pathlib.Path(args.init)
   config = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
   if config.get("objective") != "electra":
     raise SystemExit(f"rtd_check: {run}: config.objective is not electra; give an ELECTRA run")
-  pre = checkpoint.load_pretrained(str(run))
+  pre = pretrained.load_pretrained(str(run))
   model = electra_lib.ElectraForPreTraining(pre.config, pre.generator_config)
   stream = loop.make_stream(config, phases_lib.phases(config)[0], None, split="eval")
   rng = np.random.default_rng(args.seed)

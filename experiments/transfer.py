@@ -106,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--length-bucket", type=int, default=8, help="bertjax glue --length-bucket")
   args = p.parse_args(argv)
 
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
-  pre = checkpoint.load_pretrained(args.init)
+  pre = pretrained.load_pretrained(args.init)
   layers, hidden = pre.config.num_layers, pre.config.hidden_size
   # a name for the rows; the random-init row takes the checkpoint's whole config, whatever it is
   preset = next((n for n, shape in _presets().items() if shape == (layers, hidden)), None)

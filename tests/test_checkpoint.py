@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors
-from bertjax.training import checkpoint, loop, sharding, train
+from bertjax.training import checkpoint, loop, pretrained, sharding, train
 from conftest import loop_config, metrics_rows, pretrain_cmd, REPO, run_until, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -43,18 +43,18 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
     assert restored.meta == meta
   mngr.close()
   for path in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "7"):
-    pre = checkpoint.load_pretrained(str(path))
+    pre = pretrained.load_pretrained(str(path))
     assert pre.step == 7 and pre.config == s8.bert_config
-    assert checkpoint.read_config(str(path)) == pre.config  # the same, without the params
+    assert pretrained.read_config(str(path)) == pre.config  # the same, without the params
     _equal(pre.params, state.params)
   # save_pretrained -> load_pretrained onto given shardings, with the tokenizer copied.
   out = tmp_path / "export"
-  checkpoint.save_pretrained(
+  pretrained.save_pretrained(
       str(out), s8.bert_config, state.params, str(REPO / "data" / "tokenizer.model"), step=7
   )
   one = train.setup(c, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]))
-  pre = checkpoint.load_pretrained(str(out), shardings=one.state_shardings.params)
-  assert checkpoint.read_config(str(out)) == pre.config == s8.bert_config
+  pre = pretrained.load_pretrained(str(out), shardings=one.state_shardings.params)
+  assert pretrained.read_config(str(out)) == pre.config == s8.bert_config
   assert (
       pathlib.Path(pre.tokenizer_path).read_bytes()
       == (REPO / "data" / "tokenizer.model").read_bytes()
@@ -67,7 +67,7 @@ def test_restore_on_another_mesh_and_load_pretrained(tmp_path):
 def test_scanned_run_loads_unscanned(tmp_path):
   c = loop_config(2, **{"model.scan_layers": True, "eval.every_steps": 0})
   assert loop.train_and_evaluate(c, str(tmp_path)) == 0
-  pre = checkpoint.load_pretrained(str(tmp_path))
+  pre = pretrained.load_pretrained(str(tmp_path))
   enc = pre.params["bert"]["encoder"]
   assert set(enc) == {"layer_0", "layer_1"} and not pre.config.scan_layers
   # and continues pretraining from it (init_from) in a fresh unscanned run
@@ -261,7 +261,7 @@ def test_no_good_checkpoint_is_one_error(tmp_path):
   ):
     loop.train_and_evaluate(loop_config(9, **kw), str(tmp_path))
   with pytest.raises(errors.InputNotFoundError, match="no checkpoint found"):  # both set aside
-    checkpoint.load_pretrained(str(tmp_path))
+    pretrained.load_pretrained(str(tmp_path))
 
 
 @pytest.mark.slow

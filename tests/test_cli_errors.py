@@ -386,8 +386,8 @@ def test_resume_mismatch_is_one_line(trained_workdir):
 
 @pytest.mark.slow
 def test_checkpoint_load_has_no_orbax_metadata_warning(trained_workdir, tmp_path):
-  code = "from bertjax.training import checkpoint; import sys; "
-  code += "checkpoint.load_pretrained(sys.argv[1])"
+  code = "from bertjax.training import pretrained; import sys; "
+  code += "pretrained.load_pretrained(sys.argv[1])"
   control = subprocess.run(
       [sys.executable, "-c", code, str(trained_workdir)],
       cwd=REPO,

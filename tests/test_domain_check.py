@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bertjax import model as model_lib
-from bertjax.training import checkpoint
+from bertjax.training import pretrained
 from conftest import REPO
 from experiments import domain_check
 
@@ -21,12 +21,12 @@ def test_counts_the_masked_positions_and_reports_both_texts(tmp_path, capsys):
   params = net.init(jax.random.key(0), d["input_ids"], masked_positions_BxP=d["masked_positions"])
   ckpt = tmp_path / "ckpt"
   params = nn.unbox(params)["params"]
-  checkpoint.save_pretrained(str(ckpt), cfg, params, str(REPO / "data/tokenizer.model"))
+  pretrained.save_pretrained(str(ckpt), cfg, params, str(REPO / "data/tokenizer.model"))
   task = REPO / "data" / "movie_snippets" / "dev.tsv"
   assert domain_check.main(["--init", str(ckpt), "--sentences", "20", "--task", str(task)]) == 0
   results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert len(results) == 2
-  pre = checkpoint.load_pretrained(str(ckpt))
+  pre = pretrained.load_pretrained(str(ckpt))
   tok = domain_check.wordpiece.load_tokenizer(pre.tokenizer_path)
   sents = domain_check.sentences_of_tsv(task, "sentence")[:20]
   # 15% of each sentence's tokens with [CLS]/[SEP], at least 1 and at most 10

@@ -234,7 +234,7 @@ def test_flops_count_the_generator():
 @pytest.mark.slow
 def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
   from bertjax.tasks import encoder as encoder_lib
-  from bertjax.training import checkpoint
+  from bertjax.training import checkpoint, pretrained
   from experiments import pretrain
 
   def config():
@@ -257,7 +257,7 @@ def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
   for k in ("loss", "disc_accuracy_replaced", "disc_accuracy_original", "replaced_fraction"):
     np.testing.assert_allclose(a[6][k], b[6][k], rtol=1e-5, err_msg=k)
   assert "eval_disc_accuracy" in ev[-1] and "eval_mlm_accuracy" in ev[-1]
-  pre = checkpoint.load_pretrained(str(tmp_path / "a"))
+  pre = pretrained.load_pretrained(str(tmp_path / "a"))
   assert pre.generator_config.hidden_size == 32
   fresh = []
   cfg, bert, _, _ = encoder_lib.read_encoder(tmp_path / "a", fresh)
@@ -295,7 +295,7 @@ def test_loop_metrics_checkpoints_resume_and_finetuning_reader(tmp_path):
   )
   back = tmp_path / "back"
   assert convert_cmd.main(["--from", "hf", str(hf), "--to", "bertjax", str(back)]) == 0
-  again = checkpoint.load_pretrained(str(back))
+  again = pretrained.load_pretrained(str(back))
   assert again.generator_config == pre.generator_config
 
 

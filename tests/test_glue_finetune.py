@@ -52,7 +52,7 @@ def _sentiment_glue_dir(root, n_train=256, n_dev=64, n_test=10) -> float:
 def _save_checkpoint_from_8_devices(path):
   import jax
 
-  from bertjax.training import checkpoint, sharding
+  from bertjax.training import pretrained, sharding
 
   from bertjax import model as model_lib
 
@@ -70,7 +70,7 @@ def _save_checkpoint_from_8_devices(path):
   )
   emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert len({str(s.index) for s in emb.addressable_shards}) == 8  # really split 8 ways
-  checkpoint.save_pretrained(str(path), cfg, params, tokenizer_path=TOKENIZER, step=7)
+  pretrained.save_pretrained(str(path), cfg, params, tokenizer_path=TOKENIZER, step=7)
 
 
 def _one_device_env():

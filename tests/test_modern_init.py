@@ -87,7 +87,7 @@ def converted_dir(tmp_path_factory):
   import jax
 
   from bertjax import model as model_lib
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   root = tmp_path_factory.mktemp("modern")
   cfg = model_lib.BertConfig(
@@ -114,7 +114,7 @@ def converted_dir(tmp_path_factory):
       d["attention_mask"],
       d["masked_positions"],
   )["params"]
-  checkpoint.save_pretrained(
+  pretrained.save_pretrained(
       str(root / "ckpt"), cfg, nn.unbox(params), tokenizer_path=SENTENCEPIECE, step=1
   )
   out = root / "hf"

@@ -184,10 +184,10 @@ def test_a_mix_of_bert_and_modernbert_is_refused():
 
 
 def test_convert_cli_to_hf_and_back(tmp_path, capsys):
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   params = _init(MODERN, seed=5)
-  checkpoint.save_pretrained(str(tmp_path / "run"), MODERN, params)
+  pretrained.save_pretrained(str(tmp_path / "run"), MODERN, params)
   run = lambda *a: cli.main(["convert", *map(str, a)])
   assert run("--from", "bertjax", tmp_path / "run", "--to", "hf", tmp_path / "hf") == 0
   m = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
@@ -195,13 +195,13 @@ def test_convert_cli_to_hf_and_back(tmp_path, capsys):
   logits, _ = _ours(MODERN, params, ids, mask)
   assert _max_diff(logits, _hf_outputs(m, ids, mask)[0], mask) <= 1e-4
   assert run("--from", "hf", tmp_path / "hf", "--to", "bertjax", tmp_path / "back") == 0
-  back = checkpoint.load_pretrained(str(tmp_path / "back"))
+  back = pretrained.load_pretrained(str(tmp_path / "back"))
   assert back.config == MODERN
   assert _max_diff(_ours(back.config, back.params, ids, mask)[0], logits, mask) <= 1e-5
   # A mix is refused in one line, and nothing is written.
   capsys.readouterr()
   mixed = MODERN.replace(mlp_type="dense")
-  checkpoint.save_pretrained(str(tmp_path / "mixed"), mixed, _init(mixed))
+  pretrained.save_pretrained(str(tmp_path / "mixed"), mixed, _init(mixed))
   assert run("--from", "bertjax", tmp_path / "mixed", "--to", "hf", tmp_path / "x") == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "mlp_type='dense'" in err[0] and "neither" in err[0], err

@@ -194,14 +194,14 @@ def test_pretrain_contrastive_end_to_end(vocab, tmp_path):
   # Exported as a transformers BertModel, its mean-pooled embeddings are bertjax's.
   import torch
 
-  from bertjax.training import checkpoint, objective_contrastive as oc
+  from bertjax.training import objective_contrastive as oc, pretrained
 
   out = tmp_path / "hf_out"
   assert (
       cli.main(["convert", "--from", "bertjax", "--to", "hf", str(tmp_path / "run"), str(out)]) == 0
   )
   assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
-  loaded = checkpoint.load_pretrained(str(tmp_path / "run"))
+  loaded = pretrained.load_pretrained(str(tmp_path / "run"))
   encoder = {k: v for k, v in loaded.params["bert"].items() if k != "pooler"}
   ids = np.array([[2, 10, 11, 12, 3, 0], [2, 13, 3, 0, 0, 0]], np.int32)
   mask = (ids > 0).astype(np.int32)

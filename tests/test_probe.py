@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bertjax import model as model_lib
-from bertjax.training import checkpoint
+from bertjax.training import pretrained
 from conftest import REPO
 from experiments import probe
 
@@ -26,7 +26,7 @@ def test_a_word_that_decides_the_label_is_found_in_the_mean_of_the_embeddings(tm
   d = model_lib.dummy_inputs(1, 8)
   params = net.init(jax.random.key(0), d["input_ids"], masked_positions_BxP=d["masked_positions"])
   ckpt = tmp_path / "ckpt"
-  checkpoint.save_pretrained(
+  pretrained.save_pretrained(
       str(ckpt), cfg, nn.unbox(params)["params"], str(REPO / "data/tokenizer.model")
   )
   words = "the house was quiet and she read a letter by the window".split()

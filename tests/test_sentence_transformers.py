@@ -34,7 +34,7 @@ def test_bertjax_run_with_sentencepiece_to_sentence_transformers(tmp_path, monke
   from bertjax import model as model_lib
   from bertjax.tasks import embed as embed_lib
   from bertjax.tasks import encoder as encoder_lib
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   tokenizer = REPO / "data" / "tokenizer.model"
   cfg = model_lib.from_preset("tiny", vocab_size=8000, max_position_embeddings=64)
@@ -51,7 +51,7 @@ def test_bertjax_run_with_sentencepiece_to_sentence_transformers(tmp_path, monke
       lambda x: np.asarray(x) + rng.normal(size=np.shape(x)).astype(np.float32) * 0.05,
       nn.unbox(params),
   )
-  checkpoint.save_pretrained(str(tmp_path / "run"), cfg, params, tokenizer_path=str(tokenizer))
+  pretrained.save_pretrained(str(tmp_path / "run"), cfg, params, tokenizer_path=str(tokenizer))
   monkeypatch.chdir(tmp_path)
   assert (
       cli.main(["convert", "--from", "bertjax", "run", "--to", "sentence-transformers", "st"]) == 0

@@ -181,7 +181,7 @@ def test_a_context_extension_phase_computes_with_its_own_rope_theta(tmp_path):
   """ModernBERT's context extension as phase 2: a longer sequence and a new global RoPE base.
   Phase 1 trains exactly as without the change, phase 2 differs, the checkpoint records the
   phase-2 model, and a resume inside phase 2 repeats the uninterrupted run."""
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   kw = {
       "model.position_embedding": "rope",
@@ -200,8 +200,8 @@ def test_a_context_extension_phase_computes_with_its_own_rope_theta(tmp_path):
   rows_ext, _ = metrics_rows(ext)
   assert [rows_ext[s]["loss"] for s in (1, 2)] == [rows_base[s]["loss"] for s in (1, 2)]
   assert all(rows_ext[s]["loss"] != rows_base[s]["loss"] for s in (3, 4))
-  assert checkpoint.read_config(str(ext)).rope_theta == 160_000.0
-  assert checkpoint.read_config(str(base)).rope_theta == 10_000.0
+  assert pretrained.read_config(str(ext)).rope_theta == 160_000.0
+  assert pretrained.read_config(str(base)).rope_theta == 10_000.0
   part = tmp_path / "part"
   run_until(loop_config(4, **kw), part, 3)
   assert loop.train_and_evaluate(loop_config(4, **kw), str(part)) == 0

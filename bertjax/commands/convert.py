@@ -325,10 +325,10 @@ def _save(
     return ", ".join(written)
   if args.dst_kind == "sentence-transformers":  # the encoder only, never a head
     from bertjax.interop import sentence_transformers as st_lib
-    from bertjax.training import checkpoint
+    from bertjax.training import pretrained
 
     # a contrastive run's pooling, normalisation and prompts: the directory embeds as it did
-    trained = checkpoint.read_embedding(args.src) if args.src_kind == "bertjax" else None
+    trained = pretrained.read_embedding(args.src) if args.src_kind == "bertjax" else None
     head = st_lib.export_head(args.src, args.pooling, trained)
     written = st_lib.save(out, cfg, params, head)
     if tok is not None:
@@ -343,9 +343,9 @@ def _save(
       written += write_hf_tokenizer(tok, out, cfg.max_position_embeddings)
     return ", ".join(written) + f" ({cls})"
   if args.dst_kind == "bertjax":
-    from bertjax.training import checkpoint
+    from bertjax.training import pretrained
 
-    checkpoint.save_pretrained(
+    pretrained.save_pretrained(
         str(out),
         cfg,
         params,

@@ -81,13 +81,13 @@ def fill_mask(workdir, data_dir, n: int = 5, k: int = 5) -> list[str]:
   """Lines showing the top-`k` predictions for one masked word in `n` held-out sentences."""
   import numpy as np
 
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   from bertjax import model as model_lib
 
   from bertjax.data import tokenizer as tokenizer_lib
 
-  pre = checkpoint.load_pretrained(str(workdir))
+  pre = pretrained.load_pretrained(str(workdir))
   tok = tokenizer_lib.SentencePieceTokenizer(pre.tokenizer_path)
   if pre.generator_config is not None:  # ELECTRA: the generator fills the mask
     from bertjax.model import electra

@@ -295,7 +295,7 @@ def save(out: epath.Path, cfg, params, head: SentenceHead) -> list[str]:
 
 
 def trained_head(trained: dict) -> SentenceHead:
-  """The head of a bertjax contrastive run (`trained`: its `checkpoint.embedding`): the
+  """The head of a bertjax contrastive run (`trained`: its `pretrained.embedding`): the
   pooling and normalisation it trained with and its data's prompts; no default prompt, so a
   text is prompted only when asked (`prompt_name="query"`), as it was in training."""
   return SentenceHead(
@@ -308,7 +308,7 @@ def trained_head(trained: dict) -> SentenceHead:
 def export_head(src: str, pooling: str | None, trained: dict | None = None) -> SentenceHead:
   """The head `convert --to sentence-transformers` writes: a sentence-transformers SRC's own
   (`pooling` overriding its pooling); else a contrastive run's (`trained`: its
-  `checkpoint.embedding`: pooling, normalisation, prompts), `pooling` overriding; else
+  `pretrained.embedding`: pooling, normalisation, prompts), `pooling` overriding; else
   `pooling` (default mean) and nothing more."""
   if is_directory(src):
     head = read_head(src)

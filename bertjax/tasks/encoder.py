@@ -2,7 +2,7 @@
 
 `load_encoder(init)` reads any of the places a BERT can come from:
   a `bertjax pretrain` workdir, one of its checkpoints/<step> dirs, or a `save_pretrained` dir
-      (`bertjax.training.checkpoint.load_pretrained`; the tokenizer recorded with it; of an
+      (`bertjax.training.pretrained.load_pretrained`; the tokenizer recorded with it; of an
       ELECTRA run, the discriminator's encoder, its pooler fresh; of a contrastive run, in
       `sentence`, the pooling, normalisation and prompts it trained with, as its export),
   a Hugging Face BertForPreTraining or ModernBertForMaskedLM dir (config.json + weights; its
@@ -38,7 +38,7 @@ from bertjax.data.tokenizer import Tokenizer
 from bertjax.interop import convert, google_ckpt
 from bertjax.interop import sentence_transformers as st_lib
 from bertjax.runtime import fs
-from bertjax.training import checkpoint
+from bertjax.training import pretrained
 
 BERTJAX_KINDS = (
     "a `bertjax pretrain` workdir (or one of its checkpoints/<step>) or a save_pretrained dir"
@@ -164,8 +164,8 @@ def _read(path: fs.PathLike, fresh: list[str] | None):
   return loaded.config, bert_params, loaded.tokenizer_path, "bertjax", head
 
 
-def load_bertjax(path: fs.PathLike) -> checkpoint.Pretrained:
-  """`checkpoint.load_pretrained`, with a path that holds no bertjax checkpoint refused first,
+def load_bertjax(path: fs.PathLike) -> pretrained.Pretrained:
+  """`pretrained.load_pretrained`, with a path that holds no bertjax checkpoint refused first,
   naming it."""
   shown = epath.Path(path)  # as the caller spelt it
   path = fs.path(path)
@@ -173,7 +173,7 @@ def load_bertjax(path: fs.PathLike) -> checkpoint.Pretrained:
     raise errors.InputNotFoundError(f"{shown}: no such checkpoint or directory")
   if checkpoint_kind(path) != "bertjax":
     raise errors.BadInputError(f"{shown}: not a bertjax checkpoint — expected {BERTJAX_KINDS}")
-  return checkpoint.load_pretrained(str(path))
+  return pretrained.load_pretrained(str(path))
 
 
 def _tokenizer_in(directory: epath.Path) -> str | None:

@@ -87,7 +87,7 @@ def _tokenizer_in(directory) -> str | None:
 def describe(path: str) -> Source:
   """What DIR is and the network it holds (configs only; no weights read)."""
   from bertjax.interop import convert, google_ckpt
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   d = fs.path(path)
   field = f"config.train.init_from={path}"
@@ -109,9 +109,9 @@ def describe(path: str) -> Source:
   if (d / google_ckpt.CONFIG_NAME).is_file():
     cfg = google_ckpt.read_config(d / google_ckpt.CONFIG_NAME)
     return Source(path, "google", "Google BERT checkpoint", cfg, _tokenizer_in(d))
-  cfg = checkpoint.read_config(path)
-  tok = checkpoint.read_tokenizer(path)
-  objective = "electra" if checkpoint.read_generator_config(path) is not None else "mlm"
+  cfg = pretrained.read_config(path)
+  tok = pretrained.read_tokenizer(path)
+  objective = "electra" if pretrained.read_generator_config(path) is not None else "mlm"
   return Source(path, "bertjax", "bertjax run", cfg, tok, objective)
 
 
@@ -136,7 +136,7 @@ def load(source: Source, place=None) -> tuple[dict, list[str]]:
   (a transformers directory): each parameter placed as soon as it is read, so the checkpoint
   is never whole in host memory beside its placed copy; otherwise host numpy arrays."""
   from bertjax.interop import convert, google_ckpt
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   fresh: list[str] = []
   if source.kind == "transformers":
@@ -144,7 +144,7 @@ def load(source: Source, place=None) -> tuple[dict, list[str]]:
   elif source.kind == "google":
     _, params = google_ckpt.load_google(source.path, fresh=fresh)
   else:
-    loaded = checkpoint.load_pretrained(source.path)
+    loaded = pretrained.load_pretrained(source.path)
     params = loaded.params
     fresh = [f"the {_HEAD_NAMES[h]}" for h in loaded.untrained_heads if h in _HEAD_NAMES]
   return params, fresh
@@ -164,12 +164,12 @@ def untrained_heads(source: Source) -> tuple[str, ...]:
   """The heads (`convert.HEADS`) `source` holds untrained: absent from a transformers or Google
   checkpoint (they start fresh), or recorded so by a bertjax run. Reads names, not weights."""
   from bertjax.interop import convert, google_ckpt
-  from bertjax.training import checkpoint
+  from bertjax.training import pretrained
 
   if source.objective != "mlm":
     return ()
   if source.kind == "bertjax":
-    return checkpoint.read_untrained_heads(source.path)
+    return pretrained.read_untrained_heads(source.path)
   if source.kind == "transformers":
     names = list(convert.read_hf_state(source.path).keys())
   else:

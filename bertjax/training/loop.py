@@ -29,6 +29,7 @@ from bertjax.training import (
     init_from as init_from_lib,
     metrics_writer,
     objective as objective_lib,
+    pretrained,
     progress,
     streams,
     train,
@@ -185,7 +186,7 @@ class _Run:
     if restored:
       self.state = restored.state
       data_state = _data_state(config, restored.data_states, writer)
-      self.untrained = set(checkpoint.untrained_heads(restored.meta))
+      self.untrained = set(pretrained.untrained_heads(restored.meta))
       writer.log(f"resumed from {mngr.directory / str(restored.step)}")
     else:
       self.state = setups[0].init_state(config.seed)
