@@ -28,6 +28,7 @@ def test_bench_contrastive_report(capsys):
   assert abs(row["first_loss_bertjax"] - row["first_loss_sentence-transformers"]) <= 1e-4
   for side in ("bertjax", "sentence-transformers"):
     assert row[f"{side}_steps_per_s"] > 0 and row[f"{side}_step_ms"] > 0
+  assert row["speedup_sentence-transformers_cpu"] > 0
   assert row["speedup_sentence-transformers"] == pytest.approx(
       row["sentence-transformers_step_ms"] / row["bertjax_step_ms"]
   )
@@ -37,12 +38,12 @@ def test_bench_contrastive_report(capsys):
     "extra, message",
     [
         (
-            ["--config", "base"],
-            "--config base: the step benchmark takes a contrastive recipe — " "valid: contrastive",
+            ["--config", "contrastive_pretrain"],
+            "--config contrastive_pretrain: not a recipe this benchmark times — valid: contrastive",
         ),
         (
             ["--config", "contrastive", "--compare", "hf-torch"],
-            "--compare hf-torch: with " "--config contrastive — valid: sentence-transformers",
+            "--compare hf-torch: with --config contrastive — valid: sentence-transformers",
         ),
         (["--config", "contrastive", "--data", "d"], "--data: times the MLM step only"),
     ],
