@@ -67,13 +67,6 @@ def check(recipe: str, compare: tuple[str, ...], spec: BenchSpec) -> None:
     raise errors.ConfigError(f"--dtype {spec.dtype}: {ST} runs float32 only — drop --dtype")
 
 
-def train_config(spec: BenchSpec, recipe: str):
-  """The recipe's config with the benchmark's model, batch and length."""
-  c = pretraining.train_config(spec, recipe)
-  c.data.pair_mode = "none"  # (train_config's MLM overrides leave the recipe's pair settings)
-  return c
-
-
 def synthetic_pairs(spec: BenchSpec, hard_negatives: int) -> dict[str, np.ndarray]:
   """queries [B, L] and documents [B, 1 + hard_negatives, L] (positive first), ids and masks."""
   rng = np.random.default_rng(spec.seed)
@@ -112,7 +105,7 @@ def _bertjax_side(spec: BenchSpec, config, host_batch: dict) -> tuple[Any, dict,
   t0 = time.perf_counter()
   compiled = setup.train_step.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
-  figures = {"first_loss": loss, "compile_s": compile_s, "devices": mesh.devices.size}
+  figures = {"first_loss": loss, "compile_s": compile_s}
   return pretraining._stepper(compiled, state, batch), figures, setup, params
 
 
@@ -228,7 +221,7 @@ def _step_figures(spec: BenchSpec, wall: list[float], cpu: list[float]) -> dict:
 def run(spec: BenchSpec, recipe: str = "contrastive", compare: tuple[str, ...] = ()) -> dict:
   """The benchmark's figures, one flat JSON-able dict."""
   check(recipe, compare, spec)
-  config = train_config(spec, recipe)
+  config = pretraining.train_config(spec, recipe)  # the recipe with the benchmark's shape
   hard_negatives = int(config.contrastive.hard_negatives)
   host_batch = synthetic_pairs(spec, hard_negatives)
   _progress(
