@@ -84,8 +84,9 @@ def device_peak(devices: list[jax.Device], spec: BenchSpec) -> tuple[float, str]
 _PRETRAIN_CONFIG = str(locations.REPO_ROOT / "experiments" / "pretrain.py")
 
 
-def train_config(spec: BenchSpec):
-  """experiments/pretrain.py's config for `spec.preset`, with the benchmark's shape and numerics.
+def train_config(spec: BenchSpec, recipe: str = ""):
+  """experiments/pretrain.py's config for `spec.preset` (or for `recipe`, with the model of
+  `spec.preset`), with the benchmark's shape and numerics.
 
   The optimizer, clipping, loss and step are exactly those of `bertjax pretrain`; only what the
   benchmark varies is overridden (a preset's paper defaults such as bf16 and scan_layers too,
@@ -101,7 +102,8 @@ def train_config(spec: BenchSpec):
   mod_spec = importlib.util.spec_from_file_location("bertjax_pretrain_config", _PRETRAIN_CONFIG)
   mod = importlib.util.module_from_spec(mod_spec)
   mod_spec.loader.exec_module(mod)
-  c = mod.get_config(spec.preset)
+  c = mod.get_config(recipe or spec.preset)
+  c.model.preset = spec.preset
   c.seed = spec.seed
   c.model.vocab_size = spec.vocab_size
   c.model.dtype = spec.dtype

@@ -4,6 +4,11 @@ keras-hub.
   bertjax bench --preset mini --batch-size 32 --seq-len 128 --compare hf-torch,hf-flax
   bertjax bench --preset base --batch-size 16 --seq-len 128 --json
   bertjax bench --preset mini --seq-len 512 --batch-size 4 --data DIR --compare-packing
+  bertjax bench --config contrastive --compare sentence-transformers
+                               the contrastive objective's training steps/s beside
+                               sentence-transformers' MultipleNegativesRankingLoss in PyTorch,
+                               same weights and batch (bertjax/bench/contrastive.py); defaults:
+                               --preset mini --batch-size 32 --seq-len 128, one hard negative
   bertjax bench input ...      the input pipeline's throughput (prepare, readers, stream)
   bertjax bench finetune ...   one fine-tuning epoch + dev eval beside Hugging Face PyTorch
                                (and keras-hub on Keras's JAX backend: --compare keras-hub)
@@ -41,10 +46,35 @@ from bertjax.commands.args import (
 
 # ----------------------------------------------------------------------------------- flags
 
+# `--config contrastive`'s defaults where they differ from the MLM step's: minutes on 2 cores.
+CONTRASTIVE_DEFAULTS = {"preset": "mini", "batch_size": 32}
+MLM_DEFAULTS = {"preset": "base", "batch_size": 16}
+# The MLM step's flags that mean nothing for a recipe's step.
+MLM_ONLY = ("num_masked", "peak_flops", "profile", "data", "packing", "compare_packing")
+
 
 def _pretraining_flags(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--preset", default="base", help="model preset: tiny mini small medium base large")
-  p.add_argument("--batch-size", type=positive_int, default=16, help="global sequences per step")
+  p.add_argument(
+      "--preset",
+      default=None,
+      help="model preset: tiny mini small medium base large (default base; with --config "
+      f"contrastive: {CONTRASTIVE_DEFAULTS['preset']})",
+  )
+  p.add_argument(
+      "--batch-size",
+      type=positive_int,
+      default=None,
+      help="global sequences per step (default 16; with --config contrastive: "
+      f"{CONTRASTIVE_DEFAULTS['batch_size']} queries, each with its positive and a hard negative)",
+  )
+  p.add_argument(
+      "--config",
+      default="",
+      metavar="RECIPE",
+      help="time this recipe of experiments/pretrain.py instead of the MLM step: contrastive "
+      "(the contrastive objective; --compare sentence-transformers: MultipleNegativesRanking"
+      "Loss in PyTorch on the same weights and batch, in turns; docs/retrieval.md)",
+  )
   p.add_argument("--seq-len", type=positive_int, default=128, help="tokens per sequence (<= 512)")
   p.add_argument(
       "--num-masked",
@@ -79,7 +109,8 @@ def _pretraining_flags(p: argparse.ArgumentParser) -> None:
       "--compare",
       default="",
       help="comma-separated peers: hf-torch, hf-torch-compile, hf-flax, keras-hub (keras-hub's "
-      "BertMaskedLM on Keras's JAX backend, in a child process; MLM only, no NSP)",
+      "BertMaskedLM on Keras's JAX backend, in a child process; MLM only, no NSP); with "
+      "--config contrastive: sentence-transformers",
   )
   p.add_argument(
       "--peak-flops",
@@ -284,19 +315,32 @@ def _peers(text: str) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ pretraining
 
 
-def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
-  from bertjax.runtime import fs
-
-  if args.profile and fs.path(args.profile).exists() and not fs.path(args.profile).is_dir():
-    raise errors.ConfigError(
-        f"--profile {args.profile}: is a file — name a directory for the trace"
-    )
+def _set_xla_flags(args) -> None:
   if args.xla_flags:
     if "jax" in sys.modules:
       raise errors.UsageError(
           "--xla-flags must be set before JAX starts — run `bertjax bench` on its own"
       )
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}".strip()
+
+
+def _with_defaults(args, defaults: dict) -> None:
+  for dest, value in defaults.items():
+    if getattr(args, dest) is None:
+      setattr(args, dest, value)
+
+
+def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
+  from bertjax.runtime import fs
+
+  if args.config:
+    return _bench_recipe(args, p)
+  _with_defaults(args, MLM_DEFAULTS)
+  if args.profile and fs.path(args.profile).exists() and not fs.path(args.profile).is_dir():
+    raise errors.ConfigError(
+        f"--profile {args.profile}: is a file — name a directory for the trace"
+    )
+  _set_xla_flags(args)
   from bertjax.bench import pretraining as bench, profile, spec as bench_spec
 
   with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
@@ -330,6 +374,34 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
   if args.profile and not args.json:
     print()
     print(profile.format_profile(prof, args.profile_top))
+  return 0
+
+
+def _bench_recipe(args, p: argparse.ArgumentParser) -> int:
+  """`bench --config contrastive`: the recipe's step, beside sentence-transformers'."""
+  given = [d for d in MLM_ONLY if getattr(args, d) != p.get_default(d)]
+  if given:
+    flag = "--" + given[0].replace("_", "-")
+    raise errors.UsageError(f"{flag}: times the MLM step only — drop it or --config")
+  _with_defaults(args, CONTRASTIVE_DEFAULTS)
+  _set_xla_flags(args)
+  from bertjax.bench import contrastive, spec as bench_spec
+
+  with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
+    spec = bench_spec.BenchSpec(
+        preset=args.preset,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        vocab_size=args.vocab_size,
+        dtype=args.dtype,
+        remat=args.remat,
+        scan_layers=args.scan_layers,
+        attention_dropout=args.attention_dropout,
+        warmup=args.warmup,
+        steps=args.steps,
+    )
+    result = contrastive.run(spec, args.config, _peers(args.compare))
+  print(json.dumps(result) if args.json else contrastive.format_report(result))
   return 0
 
 
