@@ -16,9 +16,16 @@ Command (after the checkpoints exist; docs/experiments.md gives the commands tha
 
 Writes OUT/results.json, OUT/results.md and OUT/retrieval_transfer.png (a dot per seed);
 each run under OUT/ARM/seedS/ (`run/`, the contrastive workdir, and `retrieval/`) and the
-scores before training under OUT/ARM/before/. A rerun keeps every finished run and scoring.
+scores before training under OUT/ARM/before/ (the first arm's with BM25 beside, for framing:
+`pip install 'bertjax[retrieval]'`). A rerun keeps every finished run and scoring.
 Hardware: 2 CPU cores, about 3-4 minutes per tiny-model run at the defaults (126 steps of 64
 pairs at 128 tokens) and 15-30 s per scoring.
+
+Expected result: at scale, contrastive training starts from a pretrained encoder (Contriever,
+E5, Nomic and ModernBERT's retrieval recipe all do; Izacard et al. 2022 report random init far
+behind), so every pretrained arm should end above random init. At the demo's budget the
+pretrained encoders did not transfer to classification (docs/experiments.md, "Does
+pretraining transfer?"), so here too they may not.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ def _bertjax(*argv: str, log: pathlib.Path) -> None:
 
 
 def _score(init_args: list[str], args, out: pathlib.Path) -> dict:
-  """`bertjax retrieval` of one encoder (kept if already scored); its four measures."""
+  """`bertjax retrieval` of one encoder (kept if already scored); its four measures, and
+  BM25's under "bm25" where it was scored beside (`init_args` with --bm25)."""
   results = out / "results.json"
   if not results.exists():
     _bertjax(
@@ -62,7 +70,10 @@ def _score(init_args: list[str], args, out: pathlib.Path) -> dict:
         log=out.parent / f"{out.name}.log",
     )
   r = json.loads(results.read_text())
-  return {k: r[k] for k in _MEASURES}
+  scores = {k: r[k] for k in _MEASURES}
+  if "bm25" in r:
+    scores["bm25"] = {k: r["bm25"][k] for k in _MEASURES}
+  return scores
 
 
 def _arm_flags(init: str) -> tuple[list[str], list[str]]:
@@ -143,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     pretrain_flags, score_flags = _arm_flags(init)
     if init.startswith("random:"):
       score_flags += ["--tokenizer", args.tokenizer]
+    if "bm25" not in results:  # BM25 on the same queries, for framing: beside the first arm
+      score_flags += ["--bm25"]
     arm = {"init": init, "before": _score(score_flags, args, args.out / name / "before")}
+    if "bm25" in arm["before"]:
+      results["bm25"] = arm["before"].pop("bm25")
     arm["after"] = {}
     for seed in seeds:
       run = args.out / name / f"seed{seed}" / "run"
@@ -202,6 +217,12 @@ def _table(results: dict) -> str:
         f"{', '.join(f'{v:.4f}' for v in after)} | {arm['before']['recall_at_100']:.4f} → "
         f"{statistics.mean(recall):.4f} |"
     )
+  if "bm25" in results:
+    bm25 = results["bm25"]
+    md.append(
+        f"| BM25 (bm25s defaults), for framing | {bm25['ndcg_at_10']:.4f} | – | – | "
+        f"{bm25['recall_at_100']:.4f} |"
+    )
   return "\n".join(md) + "\n"
 
 
@@ -224,6 +245,8 @@ def _plot(results: dict, path: pathlib.Path) -> None:
         marker="x",
         label="before" if i == 0 else None,
     )
+  if "bm25" in results:
+    ax.axhline(results["bm25"]["ndcg_at_10"], color="gray", linestyle="--", label="BM25")
   ax.set_xticks(range(len(names)), names)
   ax.set_ylabel("nDCG@10, bundled task")
   ax.set_title(

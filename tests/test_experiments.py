@@ -13,6 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import ablate, layers, modern, no_nsp, objective, pretrain, rtd_check, size, sop  # noqa: E402
+from experiments import retrieval_transfer  # noqa: E402
 from bertjax import model as model_lib
 from bertjax.training import train  # noqa: E402
 
@@ -144,10 +145,25 @@ def test_config_files_load_by_path_from_anywhere(tmp_path):
 
 
 def test_every_experiment_file_has_the_docstring_sections():
-  for mod in (no_nsp, sop, layers, size, modern, objective, rtd_check):
+  for mod in (no_nsp, sop, layers, size, modern, objective, rtd_check, retrieval_transfer):
     doc = mod.__doc__
     for section in ("Purpose", "Command", "Hardware", "Expected result"):
       assert section in doc, (mod.__name__, section)
+
+
+def test_retrieval_transfer_arms_and_table():
+  """An arm's flags (random init of a preset: no dropout, as the checkpoints it is compared
+  with) and the table's mean ± sd over the seeds."""
+  pretrain_flags, score_flags = retrieval_transfer._arm_flags("random:tiny")
+  assert "--config.model.preset=tiny" in pretrain_flags and "--init" not in pretrain_flags
+  assert "--config.model.hidden_dropout_rate=0.0" in pretrain_flags
+  assert score_flags == ["--init", "random", "--preset", "tiny"]
+  assert retrieval_transfer._arm_flags("runs/demo") == (["--init", "runs/demo"],) * 2
+  scores = lambda n: dict(ndcg_at_10=n, mrr_at_10=0, recall_at_100=0.5, map_at_100=0)
+  results = {"arms": {"demo": {"init": "runs/demo", "before": scores(0.01)}}}
+  results["arms"]["demo"]["after"] = {0: scores(0.02), 1: scores(0.04)}
+  row = retrieval_transfer._table(results).splitlines()[2]
+  assert "| 0.0100 | 0.0300 ± 0.0141 | 0.0200, 0.0400 | 0.5000 → 0.5000 |" in row, row
 
 
 def test_rtd_check_auc_is_the_share_of_correctly_ordered_pairs():
