@@ -98,6 +98,15 @@ def test_fix_hint_cheapest_first():
     config.model.remat = "full"
   r = fit.PhaseResult(1, 6, 512, 1, 100, {"data": 1, "fsdp": 4, "tensor": 1})
   assert fit.fix_hint(config, r, 4) == "a larger slice"
+  # The contrastive step splits its batch into GradCache chunks, never into microbatches
+  # (they would split the negatives).
+  with config.unlocked():
+    config.objective = "contrastive"
+  r = fit.PhaseResult(0, 256, 128, 1, 100, {"data": 4, "fsdp": 4, "tensor": 1})
+  assert fit.fix_hint(config, r, 4) == "config.contrastive.chunk_size=64"
+  with config.unlocked():
+    config.contrastive.chunk_size = 32
+  assert fit.fix_hint(config, r, 4) == "config.contrastive.chunk_size=8"
 
 
 # --------------------------------------------------------------------------------- suggest

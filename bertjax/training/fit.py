@@ -331,7 +331,11 @@ def fix_hint(config, r: PhaseResult, chips: int) -> str:
   field = "train" if r.index == 0 else "phase2"
   shards = r.mesh.get("data", 1) * r.mesh.get("fsdp", 1)
   k = r.microbatches * 4
-  if r.batch % (k * shards) == 0:
+  if config.objective == "contrastive":  # microbatches would split the negatives: chunks do not
+    chunk = config.contrastive.chunk_size or r.batch
+    if chunk // 4 and r.batch % (chunk // 4) == 0:  # a chunk must divide the queries
+      tries.append(f"config.contrastive.chunk_size={chunk // 4}")
+  elif r.batch % (k * shards) == 0:
     tries.append(f"config.{field}.microbatches={k}")
   return ", ".join(tries) or "a larger slice"
 
