@@ -345,18 +345,9 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
 
   with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
     bench.check_peers(_peers(args.compare))
-    spec = bench_spec.BenchSpec(
-        preset=args.preset,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
+    spec = _spec(
+        args,
         num_masked=args.num_masked,
-        vocab_size=args.vocab_size,
-        dtype=args.dtype,
-        remat=args.remat,
-        scan_layers=args.scan_layers,
-        attention_dropout=args.attention_dropout,
-        warmup=args.warmup,
-        steps=args.steps,
         peak_flops=args.peak_flops,
         data=args.data or "",
         packing=args.packing,
@@ -377,6 +368,25 @@ def _bench_pretraining(args, p: argparse.ArgumentParser) -> int:
   return 0
 
 
+def _spec(args, **step_flags):
+  """The BenchSpec of the flags both steps share, and `step_flags` (the MLM step's own)."""
+  from bertjax.bench import spec as bench_spec
+
+  return bench_spec.BenchSpec(
+      preset=args.preset,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      vocab_size=args.vocab_size,
+      dtype=args.dtype,
+      remat=args.remat,
+      scan_layers=args.scan_layers,
+      attention_dropout=args.attention_dropout,
+      warmup=args.warmup,
+      steps=args.steps,
+      **step_flags,
+  )
+
+
 def _bench_recipe(args, p: argparse.ArgumentParser) -> int:
   """`bench --config contrastive`: the recipe's step, beside sentence-transformers'."""
   given = [d for d in MLM_ONLY if getattr(args, d) != p.get_default(d)]
@@ -385,21 +395,10 @@ def _bench_recipe(args, p: argparse.ArgumentParser) -> int:
     raise errors.UsageError(f"{flag}: times the MLM step only — drop it or --config")
   _with_defaults(args, CONTRASTIVE_DEFAULTS)
   _set_xla_flags(args)
-  from bertjax.bench import contrastive, spec as bench_spec
+  from bertjax.bench import contrastive
 
   with args_lib.in_flag_words(_flag_names(p, "BenchSpec")):
-    spec = bench_spec.BenchSpec(
-        preset=args.preset,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        vocab_size=args.vocab_size,
-        dtype=args.dtype,
-        remat=args.remat,
-        scan_layers=args.scan_layers,
-        attention_dropout=args.attention_dropout,
-        warmup=args.warmup,
-        steps=args.steps,
-    )
+    spec = _spec(args)
     result = contrastive.run(spec, args.config, _peers(args.compare))
   print(json.dumps(result) if args.json else contrastive.format_report(result))
   return 0
