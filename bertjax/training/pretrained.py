@@ -55,10 +55,10 @@ def embedding(meta: dict) -> dict | None:
   sentence-transformers` writes it, `embed` and `retrieval --init RUN` apply it."""
   if meta.get("objective") != "contrastive":
     return None
-  trained = meta.get("contrastive") or {}
+  trained = meta["contrastive"]  # the objective's record: every contrastive step holds it
   return {
-      "pooling": trained.get("pooling", "mean"),
-      "normalize": bool(trained.get("normalize", False)),
+      "pooling": trained["pooling"],
+      "normalize": bool(trained["normalize"]),
       "prompts": dict(meta.get("prompts") or {}),
   }
 
